@@ -1,0 +1,231 @@
+"""The root command: global options, lazy plugin subcommands, and error rendering.
+
+Invariants:
+- ``meshctl --help`` lists plugins from their manifests and imports none of them.
+- A subcommand's plugin is imported only when that subcommand runs (or its own ``--help``).
+- Expected failures print ``Error: ...`` and ``Hint: ...`` on stderr and exit 1/2/3; tracebacks
+  only with ``--debug``. Global options work before or after the subcommand, like kubectl's.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import typer
+import typer.core
+
+# Typer >= 0.28 vendors click as ``typer._click``; the Typer group and its exceptions come from
+# there (the separate ``click`` distribution is not the same classes). Pinned to a minor range.
+from typer import _click as click
+
+from meshctl import __version__, config, logs
+from meshctl.errors import EXIT_RUNTIME, EXIT_USAGE, MeshctlError
+from meshctl.plugins import PluginInfo, discover, load
+
+log = logging.getLogger(__name__)
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+# Global flags that may appear anywhere before "--"; value-taking ones consume the next word.
+_GLOBAL_FLAGS = {"--debug": False, "--log-level": True, "--log-format": True,
+                 "--kubeconfig": True, "--context": True, "--config": True}
+
+
+class PluginGroup(typer.core.TyperGroup):
+    """A group whose subcommands are entry-point plugins, imported on first use."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plugins: dict[str, PluginInfo] | None = None
+        self._loaded: dict[str, click.Command] = {}
+
+    @property
+    def plugins(self) -> dict[str, PluginInfo]:
+        if self._plugins is None:
+            self._plugins = discover()
+        return self._plugins
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(name for name, p in self.plugins.items() if not p.hidden)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self._loaded:
+            return self._loaded[cmd_name]
+        info = self.plugins.get(cmd_name)
+        if info is None:
+            return None
+        command = _as_click_command(load(info), info)
+        self._loaded[cmd_name] = command
+        return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in self.plugins:
+            known = self.list_commands(ctx)
+            close = difflib.get_close_matches(name, known, n=1)
+            guess = f"; did you mean {close[0]!r}?" if close else ""
+            listing = ", ".join(known) or "none installed"
+            raise click.exceptions.UsageError(
+                f"unknown command {name!r} (commands: {listing}){guess}", ctx)
+        return super().resolve_command(ctx, args)
+
+    # Help rows come from manifests; the inherited version would import every plugin.
+    # (rich_markup_mode=None on the app keeps the root help plain, so rich is not imported.)
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = [(name, self.plugins[name].help) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def _as_click_command(obj: object, info: PluginInfo) -> click.Command:
+    if isinstance(obj, typer.Typer):
+        command = typer.main.get_command(obj)
+    elif isinstance(obj, click.Command):
+        command = obj
+    else:
+        raise MeshctlError(
+            f"plugin {info.name!r} ({info.target}) is a {type(obj).__name__}, not a typer.Typer",
+            hint=f"report this to the maintainers of {info.distribution}",
+        )
+    command.name = info.name
+    if not command.help and info.help:
+        command.help = info.help
+    return command
+
+
+app = typer.Typer(
+    cls=PluginGroup,
+    name="meshctl",
+    help="meshctl: a service mesh in one binary (Istio's ports and conventions).",
+    context_settings=CONTEXT_SETTINGS,
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    debug: Annotated[bool | None, typer.Option("--debug", help="Show tracebacks and debug logs.")
+                     ] = None,
+    log_level: Annotated[str | None, typer.Option(
+        "--log-level", metavar="LEVEL", help="debug|info|warning|error [env MESHCTL_LOG_LEVEL]")
+                         ] = None,
+    log_format: Annotated[str | None, typer.Option(
+        "--log-format", metavar="FORMAT", help="text|json [env MESHCTL_LOG_FORMAT]")] = None,
+    kubeconfig: Annotated[str | None, typer.Option(
+        "--kubeconfig", metavar="PATH", help="Kubeconfig file [env KUBECONFIG]")] = None,
+    context: Annotated[str | None, typer.Option(
+        "--context", metavar="NAME", help="Kubeconfig context to use")] = None,
+    config_file: Annotated[str | None, typer.Option(
+        "--config", metavar="PATH",
+        help="Settings file [env MESHCTL_CONFIG, default ~/.config/meshctl/config.yaml]")] = None,
+) -> None:
+    """meshctl: a service mesh in one binary (Istio's ports and conventions)."""
+    flags = {"debug": debug, "log_level": log_level, "log_format": log_format,
+             "kubeconfig": kubeconfig, "context": context, "config_file": config_file}
+    data, file_name = config.load_file(config_file)
+    settings = config.resolve(config.GlobalSettings, flags=flags, file=_globals_of(data),
+                              file_name=file_name)
+    logs.configure("debug" if settings.debug else settings.log_level, settings.log_format)
+    # Subcommands read shared settings from ctx.obj and their own section from ctx.meta.
+    ctx.obj = settings
+    ctx.meta["meshctl.settings_file"] = (data, file_name)
+
+
+def _globals_of(data: dict[str, Any]) -> dict[str, Any]:
+    """Top-level scalar keys are global settings; mappings are subcommand sections."""
+    return {k: v for k, v in data.items() if not isinstance(v, dict)}
+
+
+def hoist_global_flags(argv: Sequence[str]) -> list[str]:
+    """Move global flags found after the subcommand to the front, as cobra's persistent flags."""
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--":
+            rest.extend(argv[i:])
+            break
+        name = word.split("=", 1)[0]
+        if name in _GLOBAL_FLAGS:
+            front.append(word)
+            if _GLOBAL_FLAGS[name] and "=" not in word and i + 1 < len(argv):
+                front.append(argv[i + 1])
+                i += 1
+        else:
+            rest.append(word)
+        i += 1
+    return front + rest
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run meshctl with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    args = hoist_global_flags(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or config._to_bool(os.environ.get("MESHCTL_DEBUG") or "false")
+    command = typer.main.get_command(app)
+    try:
+        command.main(args=args, prog_name="meshctl", standalone_mode=False)
+    except MeshctlError as exc:
+        if debug:
+            log.exception("failed")
+        return _report(exc.message, exc.hint, exc.exit_code)
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        # A bare group prints its help and succeeds, as kubectl and istioctl do.
+        if exc.ctx is not None:
+            print(exc.ctx.get_help())
+        return 0
+    except click.exceptions.UsageError as exc:
+        hint = "run 'meshctl --help' for usage"
+        if exc.ctx is not None and exc.ctx.command_path != "meshctl":
+            hint = f"run '{exc.ctx.command_path} --help' for usage"
+        return _report(exc.format_message(), hint, EXIT_USAGE)
+    except click.exceptions.ClickException as exc:
+        return _report(exc.format_message(), None, exc.exit_code)
+    except typer.Abort:
+        return _report("aborted", None, 130)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # last resort: never show a traceback without --debug
+        if debug:
+            raise
+        return _report(f"internal error: {type(exc).__name__}: {exc}",
+                       "rerun with --debug and report the traceback", EXIT_RUNTIME)
+    return 0
+
+
+def _report(message: str, hint: str | None, code: int) -> int:
+    message = " ".join(message.split())
+    print(f"Error: {message}", file=sys.stderr)
+    if hint:
+        print(f"Hint: {hint}", file=sys.stderr)
+    return code
+
+
+def run() -> None:
+    """Console-script entrypoint."""
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # stdout was closed early (piped into head): silence the interpreter's flush at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = EXIT_RUNTIME
+    sys.exit(code)
+
+
+__all__ = ["__version__", "app", "main", "run"]

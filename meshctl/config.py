@@ -1,0 +1,179 @@
+"""Settings: the one place environment variables and settings files are read.
+
+Every settings class is a frozen dataclass whose fields name their env var in metadata. ``resolve``
+builds one from three sources with a fixed precedence: flags > env > file > default. A value that
+cannot be used raises ``ConfigError`` naming the source (flag, env var or file) and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from meshctl.errors import ConfigError
+
+T = TypeVar("T")
+
+CONFIG_ENV = "MESHCTL_CONFIG"
+DEFAULT_CONFIG_PATH = Path("~/.config/meshctl/config.yaml")
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+
+def setting(
+    default: Any = None,
+    *,
+    env: str | None = None,
+    flag: str | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """A dataclass field that knows its env var, its flag spelling and its allowed values."""
+    return field(default=default, metadata={"env": env, "flag": flag, "choices": choices})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GlobalSettings:
+    """Options every subcommand shares; built once by the root command."""
+
+    debug: bool = setting(False, env="MESHCTL_DEBUG", flag="--debug")
+    log_level: str = setting("warning", env="MESHCTL_LOG_LEVEL", flag="--log-level",
+                             choices=LOG_LEVELS)
+    log_format: str = setting("text", env="MESHCTL_LOG_FORMAT", flag="--log-format",
+                              choices=LOG_FORMATS)
+    kubeconfig: str | None = setting(None, env="KUBECONFIG", flag="--kubeconfig")
+    context: str | None = setting(None, env="MESHCTL_CONTEXT", flag="--context")
+    config_file: str | None = setting(None, env=CONFIG_ENV, flag="--config")
+
+
+def resolve(
+    cls: type[T],
+    *,
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    file: Mapping[str, Any] | None = None,
+    file_name: str = "config file",
+) -> T:
+    """Build ``cls`` from flags > env > file > defaults. ``None`` in ``flags`` means "not given"."""
+    flags = flags or {}
+    env = os.environ if env is None else env
+    file = file or {}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        meta = f.metadata
+        flag_name = meta.get("flag") or "--" + f.name.replace("_", "-")
+        env_name = meta.get("env")
+        if flags.get(f.name) is not None:
+            raw, source = flags[f.name], f"flag {flag_name}"
+        elif env_name and env.get(env_name, "") != "":
+            raw, source = env[env_name], f"env {env_name}"
+        elif f.name.replace("_", "-") in file or f.name in file:
+            key = f.name.replace("_", "-") if f.name.replace("_", "-") in file else f.name
+            raw, source = file[key], f"{file_name} key {key!r}"
+        else:
+            continue
+        values[f.name] = _coerce(raw, hints[f.name], meta.get("choices"), source)
+    unknown = sorted(set(file) - {n for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+                                  for n in (f.name, f.name.replace("_", "-"))})
+    if unknown:
+        raise ConfigError(f"{file_name}: unknown key(s) {', '.join(unknown)}",
+                          hint="check the spelling against 'meshctl --help'")
+    return cls(**values)
+
+
+def load_file(path: str | None, *, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], str]:
+    """Read the settings file: ``path``, else ``$MESHCTL_CONFIG``, else the default if it exists.
+
+    Returns the mapping and a name for messages. A file named explicitly must exist.
+    """
+    env = os.environ if env is None else env
+    explicit = path or env.get(CONFIG_ENV) or None
+    target = Path(explicit).expanduser() if explicit else DEFAULT_CONFIG_PATH.expanduser()
+    if not explicit and not target.is_file():
+        return {}, str(target)
+    import yaml  # deferred: most invocations have no settings file
+
+    try:
+        data = yaml.safe_load(target.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read settings file {target}: {exc.strerror or exc}",
+                          hint=f"fix the path given by --config or ${CONFIG_ENV}") from exc
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise ConfigError(f"settings file {target} is not valid YAML{at}",
+                          hint="fix the YAML syntax") from exc
+    if data is None:
+        return {}, str(target)
+    if not isinstance(data, dict):
+        raise ConfigError(f"settings file {target} must hold a mapping, not {type(data).__name__}",
+                          hint="write 'key: value' lines, e.g. 'log-level: info'")
+    return data, str(target)
+
+
+def section(data: Mapping[str, Any], name: str, file_name: str) -> dict[str, Any]:
+    """The mapping under ``name`` in a settings file (a subcommand's own settings)."""
+    value = data.get(name, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{file_name}: section {name!r} must be a mapping",
+                          hint=f"write '{name}:' followed by indented 'key: value' lines")
+    return value
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _coerce(raw: Any, hint: Any, choices: tuple[str, ...] | None, source: str) -> Any:
+    """Turn a raw flag/env/file value into the field's type, or explain why it cannot be."""
+    target = _strip_optional(hint)
+    try:
+        if target is bool:
+            value: Any = _to_bool(raw)
+        elif target is int:
+            if isinstance(raw, bool):
+                raise ValueError("expected an integer")
+            value = int(raw)
+        elif target is str:
+            if not isinstance(raw, str | int | float) or isinstance(raw, bool):
+                raise ValueError("expected a string")
+            value = str(raw)
+        elif typing.get_origin(target) is tuple:
+            items = raw.split(",") if isinstance(raw, str) else list(raw)
+            value = tuple(str(i).strip() for i in items if str(i).strip())
+        else:
+            value = raw
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"{source}: invalid value {raw!r}: {exc}",
+                          hint="see 'meshctl --help' for the expected form") from exc
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{source}: invalid value {raw!r}",
+                          hint=f"use one of: {', '.join(choices)}")
+    return value
+
+
+def _to_bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError("expected true or false")
+
+
+def _strip_optional(hint: Any) -> Any:
+    """``X | None`` -> ``X``; other hints unchanged."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) == 1:
+            return args[0]
+    return hint

@@ -1,0 +1,85 @@
+"""Connecting to the Kubernetes API: kubeconfig file and context, or in-cluster config.
+
+Invariant: every failure to build a client is a ``KubeError`` or ``ConfigError`` with a one-line
+message naming the kubeconfig, context or in-cluster source; nothing from the ``kubernetes``
+package escapes except inside ``Kube`` (used by the verb modules of this package only).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meshctl.errors import ConfigError, KubeError
+
+DEFAULT_KUBECONFIG = Path("~/.kube/config")
+SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KubeSettings:
+    """Where to find the cluster; ``kubeconfig`` may be a ``:``-separated list like kubectl's."""
+
+    kubeconfig: str | None = None
+    context: str | None = None
+    request_timeout: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Kube:
+    """A connected client. ``api`` is a ``kubernetes.client.ApiClient``; only kube/ touches it."""
+
+    api: Any
+    source: str  # "kubeconfig <path> (context <name>)" or "in-cluster", for messages
+    request_timeout: float
+
+
+def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kube:
+    """A client from ``--kubeconfig``/``--context``, else in-cluster config, else ~/.kube/config."""
+    env = os.environ if env is None else env
+    # Deferred: importing the kubernetes package costs ~0.3 s; only kube-facing commands pay it.
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
+    if settings.kubeconfig is None and settings.context is None and env.get(SERVICE_HOST_ENV):
+        try:
+            configuration = client.Configuration()
+            config.load_incluster_config(client_configuration=configuration)
+        except ConfigException as exc:
+            raise KubeError(f"in-cluster config unusable: {exc}",
+                            hint="mount the service-account token or pass --kubeconfig") from exc
+        return Kube(client.ApiClient(configuration), "in-cluster", settings.request_timeout)
+
+    paths = _kubeconfig_paths(settings.kubeconfig)
+    for path in paths:
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ConfigError(
+                f"kubeconfig {path} is not a readable file",
+                hint="pass --kubeconfig PATH or set KUBECONFIG to a readable kubeconfig",
+            )
+    source = ":".join(str(p) for p in paths)
+    try:
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=source, context=settings.context,
+                                client_configuration=configuration)
+    except ConfigException as exc:
+        raise ConfigError(f"kubeconfig {source}: {exc}",
+                          hint="check the file and the --context name") from exc
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        # The loader raises these for structurally broken files (e.g. YAML that is a list).
+        raise ConfigError(f"kubeconfig {source} is malformed: {type(exc).__name__}: {exc}",
+                          hint="compare it with 'kubectl config view'") from exc
+    except Exception as exc:  # the YAML parser's own errors, without importing yaml here
+        raise ConfigError(f"kubeconfig {source} cannot be parsed: {exc}",
+                          hint="compare it with 'kubectl config view'") from exc
+    where = f"kubeconfig {source}" + (f" (context {settings.context})" if settings.context else "")
+    return Kube(client.ApiClient(configuration), where, settings.request_timeout)
+
+
+def _kubeconfig_paths(value: str | None) -> list[Path]:
+    if value:
+        return [Path(p).expanduser() for p in value.split(os.pathsep) if p]
+    return [DEFAULT_KUBECONFIG.expanduser()]

@@ -1,0 +1,24 @@
+"""Reading the API server's version (``GET /version``): the smallest proof a client works."""
+
+from __future__ import annotations
+
+from meshctl.errors import KubeError
+from meshctl.kube.client import Kube
+
+
+def server_version(kube: Kube) -> dict[str, str]:
+    """``gitVersion``, ``platform`` and friends from ``/version``, as plain strings."""
+    from kubernetes.client import VersionApi
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    try:
+        info = VersionApi(kube.api).get_code(_request_timeout=kube.request_timeout)
+    except ApiException as exc:
+        raise KubeError(f"API server ({kube.source}) answered {exc.status} {exc.reason}",
+                        hint="check your credentials and RBAC") from exc
+    except (HTTPError, OSError) as exc:
+        raise KubeError(f"API server ({kube.source}) unreachable: {type(exc).__name__}",
+                        hint="is the cluster running and the kubeconfig's server address right?",
+                        ) from exc
+    return {k: str(v) for k, v in info.to_dict().items() if v is not None}

@@ -1,0 +1,1 @@
+"""``meshctl version``: what this binary is made of."""

@@ -1,0 +1,35 @@
+"""Collecting version facts about the running meshctl: pure lookups of installed metadata."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sys
+from typing import Any
+
+import meshctl
+
+# The distributions whose versions matter when reading a bug report, by distribution name.
+KEY_DEPENDENCIES = (
+    "typer", "click", "kubernetes", "pyroute2", "python-iptables", "uvloop", "h2",
+    "cryptography", "PyYAML",
+)
+
+
+def client_info() -> dict[str, Any]:
+    """meshctl's version, the interpreter, the platform, frozen or not, and dependency versions."""
+    return {
+        "meshctl": meshctl.__version__,
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": f"{sys.platform}/{platform.machine()}",
+        "frozen": bool(getattr(sys, "frozen", False)),
+        "dependencies": {name: _version_of(name) for name in KEY_DEPENDENCIES},
+    }
+
+
+def _version_of(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
