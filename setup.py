@@ -11,6 +11,8 @@ PLUGINS_PACKAGE = "meshctl_plugins"
 
 setup(
     packages=find_packages(include=["meshctl", "meshctl.*"])
-    + [PLUGINS_PACKAGE + name[len(PLUGINS_DIR):]
-       for name in find_packages(include=[PLUGINS_DIR, PLUGINS_DIR + ".*"])],
+    + [
+        PLUGINS_PACKAGE + name[len(PLUGINS_DIR) :]
+        for name in find_packages(include=[PLUGINS_DIR, PLUGINS_DIR + ".*"])
+    ],
 )

@@ -32,8 +32,14 @@ log = logging.getLogger(__name__)
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 # Global flags that may appear anywhere before "--"; value-taking ones consume the next word.
-_GLOBAL_FLAGS = {"--debug": False, "--log-level": True, "--log-format": True,
-                 "--kubeconfig": True, "--context": True, "--config": True}
+_GLOBAL_FLAGS = {
+    "--debug": False,
+    "--log-level": True,
+    "--log-format": True,
+    "--kubeconfig": True,
+    "--context": True,
+    "--config": True,
+}
 
 
 class PluginGroup(typer.core.TyperGroup):
@@ -73,7 +79,8 @@ class PluginGroup(typer.core.TyperGroup):
             guess = f"; did you mean {close[0]!r}?" if close else ""
             listing = ", ".join(known) or "none installed"
             raise click.exceptions.UsageError(
-                f"unknown command {name!r} (commands: {listing}){guess}", ctx)
+                f"unknown command {name!r} (commands: {listing}){guess}", ctx
+            )
         return super().resolve_command(ctx, args)
 
     # Help rows come from manifests; the inherited version would import every plugin.
@@ -116,31 +123,52 @@ app = typer.Typer(
 @app.callback()
 def root(
     ctx: typer.Context,
-    debug: Annotated[bool | None, typer.Option("--debug", help="Show tracebacks and debug logs.")
-                     ] = None,
-    log_level: Annotated[str | None, typer.Option(
-        "--log-level", metavar="LEVEL", help="debug|info|warning|error [env MESHCTL_LOG_LEVEL]")
-                         ] = None,
-    log_format: Annotated[str | None, typer.Option(
-        "--log-format", metavar="FORMAT", help="text|json [env MESHCTL_LOG_FORMAT]")] = None,
-    kubeconfig: Annotated[str | None, typer.Option(
-        "--kubeconfig", metavar="PATH", help="Kubeconfig file [env KUBECONFIG]")] = None,
-    context: Annotated[str | None, typer.Option(
-        "--context", metavar="NAME", help="Kubeconfig context to use")] = None,
-    config_file: Annotated[str | None, typer.Option(
-        "--config", metavar="PATH",
-        help="Settings file [env MESHCTL_CONFIG, default ~/.config/meshctl/config.yaml]")] = None,
+    debug: Annotated[
+        bool | None, typer.Option("--debug", help="Show tracebacks and debug logs.")
+    ] = None,
+    log_level: Annotated[
+        str | None,
+        typer.Option(
+            "--log-level", metavar="LEVEL", help="debug|info|warning|error [env MESHCTL_LOG_LEVEL]"
+        ),
+    ] = None,
+    log_format: Annotated[
+        str | None,
+        typer.Option("--log-format", metavar="FORMAT", help="text|json [env MESHCTL_LOG_FORMAT]"),
+    ] = None,
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option("--kubeconfig", metavar="PATH", help="Kubeconfig file [env KUBECONFIG]"),
+    ] = None,
+    context: Annotated[
+        str | None, typer.Option("--context", metavar="NAME", help="Kubeconfig context to use")
+    ] = None,
+    config_file: Annotated[
+        str | None,
+        typer.Option(
+            "--config",
+            metavar="PATH",
+            help="Settings file [env MESHCTL_CONFIG, default ~/.config/meshctl/config.yaml]",
+        ),
+    ] = None,
 ) -> None:
     """meshctl: a service mesh in one binary (Istio's ports and conventions)."""
-    flags = {"debug": debug, "log_level": log_level, "log_format": log_format,
-             "kubeconfig": kubeconfig, "context": context, "config_file": config_file}
+    flags = {
+        "debug": debug,
+        "log_level": log_level,
+        "log_format": log_format,
+        "kubeconfig": kubeconfig,
+        "context": context,
+        "config_file": config_file,
+    }
     data, file_name = config.load_file(config_file)
-    settings = config.resolve(config.GlobalSettings, flags=flags, file=_globals_of(data),
-                              file_name=file_name)
+    settings = config.resolve(
+        config.GlobalSettings, flags=flags, file=_globals_of(data), file_name=file_name
+    )
     logs.configure("debug" if settings.debug else settings.log_level, settings.log_format)
     # Subcommands read shared settings from ctx.obj and their own section from ctx.meta.
     ctx.obj = settings
-    ctx.meta["meshctl.settings_file"] = (data, file_name)
+    ctx.meta[config.SETTINGS_FILE_META] = (data, file_name)
 
 
 def _globals_of(data: dict[str, Any]) -> dict[str, Any]:
@@ -170,7 +198,7 @@ def hoist_global_flags(argv: Sequence[str]) -> list[str]:
     return front + rest
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit per error kind)
     """Run meshctl with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     args = hoist_global_flags(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or config._to_bool(os.environ.get("MESHCTL_DEBUG") or "false")
@@ -202,8 +230,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # last resort: never show a traceback without --debug
         if debug:
             raise
-        return _report(f"internal error: {type(exc).__name__}: {exc}",
-                       "rerun with --debug and report the traceback", EXIT_RUNTIME)
+        return _report(
+            f"internal error: {type(exc).__name__}: {exc}",
+            "rerun with --debug and report the traceback",
+            EXIT_RUNTIME,
+        )
     return 0
 
 

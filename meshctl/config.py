@@ -43,10 +43,12 @@ class GlobalSettings:
     """Options every subcommand shares; built once by the root command."""
 
     debug: bool = setting(False, env="MESHCTL_DEBUG", flag="--debug")
-    log_level: str = setting("warning", env="MESHCTL_LOG_LEVEL", flag="--log-level",
-                             choices=LOG_LEVELS)
-    log_format: str = setting("text", env="MESHCTL_LOG_FORMAT", flag="--log-format",
-                              choices=LOG_FORMATS)
+    log_level: str = setting(
+        "warning", env="MESHCTL_LOG_LEVEL", flag="--log-level", choices=LOG_LEVELS
+    )
+    log_format: str = setting(
+        "text", env="MESHCTL_LOG_FORMAT", flag="--log-format", choices=LOG_FORMATS
+    )
     kubeconfig: str | None = setting(None, env="KUBECONFIG", flag="--kubeconfig")
     context: str | None = setting(None, env="MESHCTL_CONTEXT", flag="--context")
     config_file: str | None = setting(None, env=CONFIG_ENV, flag="--config")
@@ -80,15 +82,25 @@ def resolve(
         else:
             continue
         values[f.name] = _coerce(raw, hints[f.name], meta.get("choices"), source)
-    unknown = sorted(set(file) - {n for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-                                  for n in (f.name, f.name.replace("_", "-"))})
+    unknown = sorted(
+        set(file)
+        - {
+            n
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            for n in (f.name, f.name.replace("_", "-"))
+        }
+    )
     if unknown:
-        raise ConfigError(f"{file_name}: unknown key(s) {', '.join(unknown)}",
-                          hint="check the spelling against 'meshctl --help'")
+        raise ConfigError(
+            f"{file_name}: unknown key(s) {', '.join(unknown)}",
+            hint="check the spelling against 'meshctl --help'",
+        )
     return cls(**values)
 
 
-def load_file(path: str | None, *, env: Mapping[str, str] | None = None) -> tuple[dict[str, Any], str]:
+def load_file(
+    path: str | None, *, env: Mapping[str, str] | None = None
+) -> tuple[dict[str, Any], str]:
     """Read the settings file: ``path``, else ``$MESHCTL_CONFIG``, else the default if it exists.
 
     Returns the mapping and a name for messages. A file named explicitly must exist.
@@ -103,27 +115,46 @@ def load_file(path: str | None, *, env: Mapping[str, str] | None = None) -> tupl
     try:
         data = yaml.safe_load(target.read_text(encoding="utf-8"))
     except OSError as exc:
-        raise ConfigError(f"cannot read settings file {target}: {exc.strerror or exc}",
-                          hint=f"fix the path given by --config or ${CONFIG_ENV}") from exc
+        raise ConfigError(
+            f"cannot read settings file {target}: {exc.strerror or exc}",
+            hint=f"fix the path given by --config or ${CONFIG_ENV}",
+        ) from exc
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
-        raise ConfigError(f"settings file {target} is not valid YAML{at}",
-                          hint="fix the YAML syntax") from exc
+        raise ConfigError(
+            f"settings file {target} is not valid YAML{at}", hint="fix the YAML syntax"
+        ) from exc
     if data is None:
         return {}, str(target)
     if not isinstance(data, dict):
-        raise ConfigError(f"settings file {target} must hold a mapping, not {type(data).__name__}",
-                          hint="write 'key: value' lines, e.g. 'log-level: info'")
+        raise ConfigError(
+            f"settings file {target} must hold a mapping, not {type(data).__name__}",
+            hint="write 'key: value' lines, e.g. 'log-level: info'",
+        )
     return data, str(target)
+
+
+SETTINGS_FILE_META = "meshctl.settings_file"
+
+
+def file_section(meta: Mapping[str, Any], name: str) -> tuple[dict[str, Any], str]:
+    """A subcommand's section of the settings file the root command loaded, and its name.
+
+    ``meta`` is the click context's ``meta`` mapping (shared by every nested command).
+    """
+    data, file_name = meta.get(SETTINGS_FILE_META, ({}, "config file"))
+    return section(data, name, file_name), f"{file_name} section {name!r}"
 
 
 def section(data: Mapping[str, Any], name: str, file_name: str) -> dict[str, Any]:
     """The mapping under ``name`` in a settings file (a subcommand's own settings)."""
     value = data.get(name, {})
     if not isinstance(value, dict):
-        raise ConfigError(f"{file_name}: section {name!r} must be a mapping",
-                          hint=f"write '{name}:' followed by indented 'key: value' lines")
+        raise ConfigError(
+            f"{file_name}: section {name!r} must be a mapping",
+            hint=f"write '{name}:' followed by indented 'key: value' lines",
+        )
     return value
 
 
@@ -138,25 +169,36 @@ def _coerce(raw: Any, hint: Any, choices: tuple[str, ...] | None, source: str) -
         if target is bool:
             value: Any = _to_bool(raw)
         elif target is int:
-            if isinstance(raw, bool):
-                raise ValueError("expected an integer")
-            value = int(raw)
+            value = _to_int(raw)
         elif target is str:
-            if not isinstance(raw, str | int | float) or isinstance(raw, bool):
-                raise ValueError("expected a string")
-            value = str(raw)
+            value = _to_str(raw)
         elif typing.get_origin(target) is tuple:
             items = raw.split(",") if isinstance(raw, str) else list(raw)
             value = tuple(str(i).strip() for i in items if str(i).strip())
         else:
             value = raw
     except (ValueError, TypeError, AttributeError) as exc:
-        raise ConfigError(f"{source}: invalid value {raw!r}: {exc}",
-                          hint="see 'meshctl --help' for the expected form") from exc
+        raise ConfigError(
+            f"{source}: invalid value {raw!r}: {exc}",
+            hint="see 'meshctl --help' for the expected form",
+        ) from exc
     if choices is not None and value not in choices:
-        raise ConfigError(f"{source}: invalid value {raw!r}",
-                          hint=f"use one of: {', '.join(choices)}")
+        raise ConfigError(
+            f"{source}: invalid value {raw!r}", hint=f"use one of: {', '.join(choices)}"
+        )
     return value
+
+
+def _to_int(raw: Any) -> int:
+    if isinstance(raw, bool):  # YAML's `true` is an int subclass, never a port or a count
+        raise TypeError("expected an integer")
+    return int(raw)
+
+
+def _to_str(raw: Any) -> str:
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise TypeError("expected a string")
+    return str(raw)
 
 
 def _to_bool(raw: Any) -> bool:

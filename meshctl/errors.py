@@ -17,7 +17,9 @@ class MeshctlError(Exception):
 
     exit_code: int = EXIT_RUNTIME
 
-    def __init__(self, message: str, *, hint: str | None = None, exit_code: int | None = None):
+    def __init__(
+        self, message: str, *, hint: str | None = None, exit_code: int | None = None
+    ) -> None:
         super().__init__(message)
         self.message = _one_line(message)
         self.hint = _one_line(hint) if hint else None
@@ -46,7 +48,7 @@ class NetError(MeshctlError):
     """The kernel refused a network change (netns, link, iptables) (exit 1)."""
 
 
-class CheckFailed(MeshctlError):
+class CheckFailedError(MeshctlError):
     """A check ran and found problems (exit 3); the details went to stdout already."""
 
     exit_code = EXIT_CHECK_FAILED

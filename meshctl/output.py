@@ -67,6 +67,8 @@ def _align(rows: list[list[str]]) -> str:
     if not rows:
         return ""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = ("   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
-             for row in rows)
+    lines = (
+        "   ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
     return "\n".join(lines) + "\n"

@@ -49,8 +49,10 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
             configuration = client.Configuration()
             config.load_incluster_config(client_configuration=configuration)
         except ConfigException as exc:
-            raise KubeError(f"in-cluster config unusable: {exc}",
-                            hint="mount the service-account token or pass --kubeconfig") from exc
+            raise KubeError(
+                f"in-cluster config unusable: {exc}",
+                hint="mount the service-account token or pass --kubeconfig",
+            ) from exc
         return Kube(client.ApiClient(configuration), "in-cluster", settings.request_timeout)
 
     paths = _kubeconfig_paths(settings.kubeconfig)
@@ -63,18 +65,24 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
     source = ":".join(str(p) for p in paths)
     try:
         configuration = client.Configuration()
-        config.load_kube_config(config_file=source, context=settings.context,
-                                client_configuration=configuration)
+        config.load_kube_config(
+            config_file=source, context=settings.context, client_configuration=configuration
+        )
     except ConfigException as exc:
-        raise ConfigError(f"kubeconfig {source}: {exc}",
-                          hint="check the file and the --context name") from exc
+        raise ConfigError(
+            f"kubeconfig {source}: {exc}", hint="check the file and the --context name"
+        ) from exc
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         # The loader raises these for structurally broken files (e.g. YAML that is a list).
-        raise ConfigError(f"kubeconfig {source} is malformed: {type(exc).__name__}: {exc}",
-                          hint="compare it with 'kubectl config view'") from exc
+        raise ConfigError(
+            f"kubeconfig {source} is malformed: {type(exc).__name__}: {exc}",
+            hint="compare it with 'kubectl config view'",
+        ) from exc
     except Exception as exc:  # the YAML parser's own errors, without importing yaml here
-        raise ConfigError(f"kubeconfig {source} cannot be parsed: {exc}",
-                          hint="compare it with 'kubectl config view'") from exc
+        raise ConfigError(
+            f"kubeconfig {source} cannot be parsed: {exc}",
+            hint="compare it with 'kubectl config view'",
+        ) from exc
     where = f"kubeconfig {source}" + (f" (context {settings.context})" if settings.context else "")
     return Kube(client.ApiClient(configuration), where, settings.request_timeout)
 

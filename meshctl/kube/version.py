@@ -15,10 +15,13 @@ def server_version(kube: Kube) -> dict[str, str]:
     try:
         info = VersionApi(kube.api).get_code(_request_timeout=kube.request_timeout)
     except ApiException as exc:
-        raise KubeError(f"API server ({kube.source}) answered {exc.status} {exc.reason}",
-                        hint="check your credentials and RBAC") from exc
+        raise KubeError(
+            f"API server ({kube.source}) answered {exc.status} {exc.reason}",
+            hint="check your credentials and RBAC",
+        ) from exc
     except (HTTPError, OSError) as exc:
-        raise KubeError(f"API server ({kube.source}) unreachable: {type(exc).__name__}",
-                        hint="is the cluster running and the kubeconfig's server address right?",
-                        ) from exc
+        raise KubeError(
+            f"API server ({kube.source}) unreachable: {type(exc).__name__}",
+            hint="is the cluster running and the kubeconfig's server address right?",
+        ) from exc
     return {k: str(v) for k, v in info.to_dict().items() if v is not None}

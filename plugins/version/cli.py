@@ -17,10 +17,12 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 @app.command()
 def version(
     ctx: typer.Context,
-    output: Annotated[OutputFormat, typer.Option("-o", "--output", help="Output format.")
-                      ] = OutputFormat.TABLE,
-    server: Annotated[bool, typer.Option(
-        "--server", help="Also ask the Kubernetes API server for its version.")] = False,
+    output: Annotated[
+        OutputFormat, typer.Option("-o", "--output", help="Output format.")
+    ] = OutputFormat.TABLE,
+    server: Annotated[
+        bool, typer.Option("--server", help="Also ask the Kubernetes API server for its version.")
+    ] = False,
 ) -> None:
     """Print meshctl's version, Python and key dependency versions."""
     data: dict[str, Any] = client_info()

@@ -11,8 +11,15 @@ import meshctl
 
 # The distributions whose versions matter when reading a bug report, by distribution name.
 KEY_DEPENDENCIES = (
-    "typer", "click", "kubernetes", "pyroute2", "python-iptables", "uvloop", "h2",
-    "cryptography", "PyYAML",
+    "typer",
+    "click",
+    "kubernetes",
+    "pyroute2",
+    "python-iptables",
+    "uvloop",
+    "h2",
+    "cryptography",
+    "PyYAML",
 )
 
 

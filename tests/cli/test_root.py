@@ -20,7 +20,10 @@ def meshctl(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     """Run meshctl in a fresh interpreter, as the console script does."""
     return subprocess.run(
         [sys.executable, "-c", "from meshctl.cli import run; run()", *args],
-        capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
         check=False,
     )
 
@@ -35,8 +38,9 @@ def test_help_lists_plugins_without_importing_them():
         loaded = sorted(m for m in sys.modules if m.startswith("meshctl_plugins."))
         print(rc, "{PLUGIN_MODULE}" in sys.modules, loaded, "version  Print" in out.getvalue())
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
     assert result.stdout.split(None, 2)[:2] == ["0", "False"]
     assert result.stdout.strip().endswith("[] True")
 
@@ -49,8 +53,9 @@ def test_running_a_subcommand_imports_only_its_plugin():
             main(["version", "-o", "json"])
         print("meshctl_plugins.version.cli" in sys.modules, "kubernetes" in sys.modules)
     """)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
     assert result.stdout.split() == ["True", "False"]
 
 
@@ -61,8 +66,15 @@ def test_version_json_is_valid_and_complete():
     assert data["meshctl"] == "0.1.0"
     assert data["frozen"] is False
     assert data["python"].startswith("3.11")
-    assert set(data["dependencies"]) >= {"typer", "kubernetes", "pyroute2", "python-iptables",
-                                         "uvloop", "h2", "cryptography"}
+    assert set(data["dependencies"]) >= {
+        "typer",
+        "kubernetes",
+        "pyroute2",
+        "python-iptables",
+        "uvloop",
+        "h2",
+        "cryptography",
+    }
     assert all(data["dependencies"].values())
 
 
@@ -82,8 +94,11 @@ def test_version_yaml_and_table_render_the_same_facts():
         (["version", "--bad"], 2, "Hint: run 'meshctl version --help' for usage"),
         (["version", "-o", "xml"], 2, "'xml' is not one of"),
         (["--log-level", "loud", "version"], 2, "flag --log-level: invalid value 'loud'"),
-        (["version", "--server", "--kubeconfig", "/nonexistent/kubeconfig"], 2,
-         "Error: kubeconfig /nonexistent/kubeconfig is not a readable file"),
+        (
+            ["version", "--server", "--kubeconfig", "/nonexistent/kubeconfig"],
+            2,
+            "Error: kubeconfig /nonexistent/kubeconfig is not a readable file",
+        ),
     ],
 )
 def test_bad_input_is_one_error_line_without_traceback(args, code, needle):
@@ -108,14 +123,16 @@ def test_unreadable_kubeconfig_names_the_file(tmp_path: Path):
 def test_unreachable_api_server_is_a_runtime_error(tmp_path: Path):
     # Port 9 on loopback (discard) is closed here: the connection is refused at once.
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(textwrap.dedent("""
+    kubeconfig.write_text(
+        textwrap.dedent("""
         apiVersion: v1
         kind: Config
         clusters: [{name: c, cluster: {server: "https://127.0.0.1:9"}}]
         users: [{name: u, user: {token: t}}]
         contexts: [{name: x, context: {cluster: c, user: u}}]
         current-context: x
-    """))
+    """)
+    )
     result = meshctl("--kubeconfig", str(kubeconfig), "version", "--server")
     assert result.returncode == 1
     assert "unreachable" in result.stderr
@@ -136,9 +153,19 @@ def test_no_arguments_prints_help_and_succeeds():
 
 def test_global_flags_may_follow_the_subcommand():
     assert hoist_global_flags(["version", "--kubeconfig", "k", "-o", "json", "--debug"]) == [
-        "--kubeconfig", "k", "--debug", "version", "-o", "json"]
+        "--kubeconfig",
+        "k",
+        "--debug",
+        "version",
+        "-o",
+        "json",
+    ]
     assert hoist_global_flags(["version", "--context=x", "--", "--debug"]) == [
-        "--context=x", "version", "--", "--debug"]
+        "--context=x",
+        "version",
+        "--",
+        "--debug",
+    ]
 
 
 def test_settings_file_supplies_global_defaults(tmp_path: Path, capsys):
@@ -189,9 +216,21 @@ def third_party_site(tmp_path_factory) -> Path:
     (src / "acme_hello" / "cli.py").write_text(THIRD_PARTY_CLI)
     target = tmp_path_factory.mktemp("acme-site")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--target", str(target), str(src)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     return target
 
@@ -213,6 +252,7 @@ def test_broken_third_party_plugin_fails_alone(third_party_site: Path):
     result = meshctl("broken", env=env)
     assert result.returncode == 1
     assert "plugin 'broken' (acme_hello.missing:app, from acme-meshctl-hello) failed to load" in (
-        result.stderr)
+        result.stderr
+    )
     assert "Traceback" not in result.stderr
     assert meshctl("version", env=env).returncode == 0

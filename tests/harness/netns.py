@@ -16,6 +16,7 @@ import socket
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyroute2 import NetNS, netns
@@ -39,11 +40,18 @@ class Netns:
     def path(self) -> str:
         return f"{RUN_DIR}/{self.name}"
 
-    def run(self, argv: Sequence[str], *, check: bool = True, timeout: float = 30,
-            **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, argv: Sequence[str], *, check: bool = True, timeout: float = 30, **kwargs: Any
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` inside the namespace and wait (text mode, output captured)."""
-        return subprocess.run(["ip", "netns", "exec", self.name, *argv], check=check,
-                              timeout=timeout, capture_output=True, text=True, **kwargs)
+        return subprocess.run(
+            ["ip", "netns", "exec", self.name, *argv],
+            check=check,
+            timeout=timeout,
+            capture_output=True,
+            text=True,
+            **kwargs,
+        )
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         """Start ``argv`` inside the namespace; the caller owns the process."""
@@ -58,8 +66,7 @@ class Netns:
         finally:
             netns.popns()
 
-    def socket(self, family: int = socket.AF_INET, kind: int = socket.SOCK_STREAM
-               ) -> socket.socket:
+    def socket(self, family: int = socket.AF_INET, kind: int = socket.SOCK_STREAM) -> socket.socket:
         """A socket that belongs to this namespace, usable from any thread of this process."""
         with self.entered():
             return socket.socket(family, kind)
@@ -104,7 +111,7 @@ def exists(name: str) -> bool:
 
 def host_link_names() -> set[str]:
     """Interface names in the test process's own (host) namespace."""
-    return set(os.listdir("/sys/class/net"))
+    return {p.name for p in Path("/sys/class/net").iterdir()}
 
 
 class NetnsFactory:
@@ -123,8 +130,9 @@ class NetnsFactory:
             destroy(self.created.pop())
 
 
-def veth_pair(a: Netns, b: Netns, *, a_addr: str, b_addr: str,
-              a_name: str = "eth0", b_name: str = "eth0") -> None:
+def veth_pair(
+    a: Netns, b: Netns, *, a_addr: str, b_addr: str, a_name: str = "eth0", b_name: str = "eth0"
+) -> None:
     """Join ``a`` and ``b`` with a veth pair; addresses are CIDRs like ``10.1.0.1/30``."""
     tmp = f"v{secrets.token_hex(4)}"
     with a.ipr() as ipr:
@@ -170,8 +178,12 @@ class Node:
         ip = str(self.subnet.network_address + 10 + len(self.pods))
         host_veth = f"vh{secrets.token_hex(4)}"
         with pod_ns.ipr() as ipr:
-            ipr.link("add", ifname="eth0", kind="veth",
-                     peer={"ifname": host_veth, "net_ns_fd": self.ns.name})
+            ipr.link(
+                "add",
+                ifname="eth0",
+                kind="veth",
+                peer={"ifname": host_veth, "net_ns_fd": self.ns.name},
+            )
         with self.ns.ipr() as ipr:
             bridge_idx = ipr.link_lookup(ifname=self.bridge)[0]
             idx = ipr.link_lookup(ifname=host_veth)[0]
@@ -196,8 +208,7 @@ def random_subnet() -> ipaddress.IPv4Network:
 
 
 @contextlib.contextmanager
-def node_with_pods(pods: int = 2, *, subnet: ipaddress.IPv4Network | None = None
-                   ) -> Iterator[Node]:
+def node_with_pods(pods: int = 2, *, subnet: ipaddress.IPv4Network | None = None) -> Iterator[Node]:
     """A node namespace with bridge ``br0`` (gateway .1) and ``pods`` pod namespaces on it."""
     factory = NetnsFactory()
     try:

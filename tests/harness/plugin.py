@@ -44,8 +44,9 @@ def netns_unavailable_reason() -> str | None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
-                              ) -> Generator[None, pytest.TestReport, None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
     outcome = yield
     report: pytest.TestReport = outcome.get_result()
     privileged = [m for m in PRIVILEGED_MARKERS if item.get_closest_marker(m)]

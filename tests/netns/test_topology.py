@@ -24,8 +24,9 @@ def _echo_once(server: socket.socket, received: list[bytes]) -> None:
         conn.sendall(data[::-1])
 
 
-def _exchange(server_ns: netns_mod.Netns, server_ip: str, client_ns: netns_mod.Netns,
-              payload: bytes) -> tuple[bytes, bytes]:
+def _exchange(
+    server_ns: netns_mod.Netns, server_ip: str, client_ns: netns_mod.Netns, payload: bytes
+) -> tuple[bytes, bytes]:
     """Send ``payload`` from a client socket in ``client_ns`` to a server in ``server_ns``."""
     received: list[bytes] = []
     with server_ns.socket() as server:
@@ -64,12 +65,17 @@ def test_two_pods_on_a_bridge_exchange_bytes_and_everything_is_removed():
     assert netns_mod.host_link_names() == host_links_before
 
 
-def test_cleanup_happens_when_the_test_body_fails():
-    names: list[str] = []
-    with pytest.raises(RuntimeError), netns_mod.node_with_pods(1) as node:
-        names = [ns.name for ns in node.namespaces()]
+def _fail_inside_a_node(names: list[str]) -> None:
+    with netns_mod.node_with_pods(1) as node:
+        names.extend(ns.name for ns in node.namespaces())
         node.ns.popen(["sleep", "300"])  # a process left inside must not keep it alive
         raise RuntimeError("boom")
+
+
+def test_cleanup_happens_when_the_test_body_fails():
+    names: list[str] = []
+    with pytest.raises(RuntimeError, match="boom"):
+        _fail_inside_a_node(names)
     assert names
     assert not any(netns_mod.exists(n) for n in names)
 

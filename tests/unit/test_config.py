@@ -37,8 +37,9 @@ def test_empty_env_var_counts_as_unset():
 
 
 def test_values_are_coerced_to_field_types():
-    got = resolve(Sample, env={"SAMPLE_RANGES": "10.0.0.0/8, 192.168.0.0/16",
-                               "SAMPLE_DRY_RUN": "yes"})
+    got = resolve(
+        Sample, env={"SAMPLE_RANGES": "10.0.0.0/8, 192.168.0.0/16", "SAMPLE_DRY_RUN": "yes"}
+    )
     assert got.ranges == ("10.0.0.0/8", "192.168.0.0/16")
     assert got.dry_run is True
     assert resolve(Sample, env={}, file={"dry-run": False, "ranges": ["a"]}).ranges == ("a",)
@@ -97,3 +98,14 @@ def test_broken_settings_file_is_a_config_error(tmp_path: Path, content, needle)
 def test_named_settings_file_must_exist(tmp_path: Path):
     with pytest.raises(ConfigError, match="cannot read settings file"):
         config.load_file(None, env={"MESHCTL_CONFIG": str(tmp_path / "absent.yaml")})
+
+
+def test_file_section_reads_what_the_root_command_loaded():
+    meta = {config.SETTINGS_FILE_META: ({"version": {"output": "json"}}, "/etc/m.yaml")}
+    assert config.file_section(meta, "version") == (
+        {"output": "json"},
+        "/etc/m.yaml section 'version'",
+    )
+    assert config.file_section({}, "version") == ({}, "config file section 'version'")
+    with pytest.raises(ConfigError, match="section 'version' must be a mapping"):
+        config.file_section({config.SETTINGS_FILE_META: ({"version": 3}, "f")}, "version")

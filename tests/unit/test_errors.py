@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from meshctl.errors import CheckFailed, ConfigError, KubeError, MeshctlError, NetError, UserError
+from meshctl.errors import (
+    CheckFailedError,
+    ConfigError,
+    KubeError,
+    MeshctlError,
+    NetError,
+    UserError,
+)
 
 
 def test_exit_codes_follow_the_convention():
@@ -11,7 +18,7 @@ def test_exit_codes_follow_the_convention():
     assert NetError("x").exit_code == 1
     assert UserError("x").exit_code == 2
     assert ConfigError("x").exit_code == 2
-    assert CheckFailed("x").exit_code == 3
+    assert CheckFailedError("x").exit_code == 3
     assert MeshctlError("x", exit_code=126).exit_code == 126
 
 
