@@ -12,8 +12,9 @@ from pathlib import Path
 
 
 def run(binary: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=60,
-                          check=False)
+    return subprocess.run(
+        [str(binary), *args], capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def check(binary: Path) -> list[str]:
@@ -21,7 +22,9 @@ def check(binary: Path) -> list[str]:
     problems: list[str] = []
     helped = run(binary, "--help")
     if helped.returncode != 0 or "version" not in helped.stdout:
-        problems.append(f"--help: exit {helped.returncode}, 'version' not listed: {helped.stderr!r}")
+        problems.append(
+            f"--help: exit {helped.returncode}, 'version' not listed: {helped.stderr!r}"
+        )
     shown = run(binary, "version", "-o", "json")
     try:
         data = json.loads(shown.stdout)
