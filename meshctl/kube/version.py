@@ -24,4 +24,6 @@ def server_version(kube: Kube) -> dict[str, str]:
             f"API server ({kube.source}) unreachable: {type(exc).__name__}",
             hint="is the cluster running and the kubeconfig's server address right?",
         ) from exc
-    return {k: str(v) for k, v in info.to_dict().items() if v is not None}
+    # sanitize_for_serialization gives the wire (camelCase) names, as `kubectl version` shows.
+    wire = kube.api.sanitize_for_serialization(info)
+    return {k: str(v) for k, v in wire.items() if v is not None}

@@ -1,0 +1,1 @@
+"""Tests against a real kube-apiserver + etcd (harness: tests/harness/kube.py)."""
