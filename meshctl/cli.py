@@ -10,10 +10,11 @@ Invariants:
 from __future__ import annotations
 
 import difflib
+import inspect
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
 import typer
@@ -24,7 +25,7 @@ import typer.core
 from typer import _click as click
 
 from meshctl import __version__, config, logs
-from meshctl.errors import EXIT_RUNTIME, EXIT_USAGE, MeshctlError
+from meshctl.errors import EXIT_RUNTIME, EXIT_USAGE, MeshctlError, format_error
 from meshctl.plugins import PluginInfo, discover, load
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,9 @@ class PluginGroup(typer.core.TyperGroup):
 
 
 def _as_click_command(obj: object, info: PluginInfo) -> click.Command:
-    if isinstance(obj, typer.Typer):
+    if inspect.isfunction(obj):
+        command = _raw_command(obj, info)
+    elif isinstance(obj, typer.Typer):
         command = typer.main.get_command(obj)
     elif isinstance(obj, click.Command):
         command = obj
@@ -106,6 +109,24 @@ def _as_click_command(obj: object, info: PluginInfo) -> click.Command:
     if not command.help and info.help:
         command.help = info.help
     return command
+
+
+def _raw_command(function: Callable[[list[str]], int], info: PluginInfo) -> click.Command:
+    """A raw plugin reached after global flags: hand it every remaining argument untouched."""
+    wrapper = typer.Typer(add_completion=False, rich_markup_mode=None)
+
+    @wrapper.command(
+        name=info.name,
+        help=info.help,
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+    def invoke(ctx: typer.Context) -> None:
+        code = function(list(ctx.args))
+        if code:
+            raise typer.Exit(code)
+
+    return typer.main.get_command(wrapper)
 
 
 app = typer.Typer(
@@ -204,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit p
     debug = "--debug" in args or config._to_bool(os.environ.get("MESHCTL_DEBUG") or "false")
     command = typer.main.get_command(app)
     try:
-        command.main(args=args, prog_name="meshctl", standalone_mode=False)
+        # Without standalone mode click returns typer.Exit's code instead of raising it.
+        result = command.main(args=args, prog_name="meshctl", standalone_mode=False)
     except MeshctlError as exc:
         if debug:
             log.exception("failed")
@@ -235,28 +257,19 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit p
             "rerun with --debug and report the traceback",
             EXIT_RUNTIME,
         )
-    return 0
+    return result if isinstance(result, int) and not isinstance(result, bool) else 0
 
 
 def _report(message: str, hint: str | None, code: int) -> int:
-    message = " ".join(message.split())
-    print(f"Error: {message}", file=sys.stderr)
-    if hint:
-        print(f"Hint: {hint}", file=sys.stderr)
+    sys.stderr.write(format_error(message, hint))
     return code
 
 
 def run() -> None:
-    """Console-script entrypoint."""
-    try:
-        code = main()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # stdout was closed early (piped into head): silence the interpreter's flush at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        code = EXIT_RUNTIME
-    sys.exit(code)
+    """Entrypoint kept for callers that import it; the console script uses ``meshctl.entry``."""
+    from meshctl.entry import run as entry_run
+
+    entry_run()
 
 
 __all__ = ["__version__", "app", "main", "run"]

@@ -57,6 +57,14 @@ class CheckFailedError(MeshctlError):
 _MAX_MESSAGE = 500
 
 
+def format_error(message: str, hint: str | None = None) -> str:
+    """The two stderr lines every entry point prints for an expected failure."""
+    text = f"Error: {_one_line(message)}\n"
+    if hint:
+        text += f"Hint: {_one_line(hint)}\n"
+    return text
+
+
 def _one_line(text: str) -> str:
     """Fold a message to one line and cap its length so echoed peer bodies stay readable."""
     flat = " ".join(text.split())

@@ -36,7 +36,9 @@ def test_help_lists_plugins_without_importing_them():
         with contextlib.redirect_stdout(out):
             rc = main(["--help"])
         loaded = sorted(m for m in sys.modules if m.startswith("meshctl_plugins."))
-        print(rc, "{PLUGIN_MODULE}" in sys.modules, loaded, "version  Print" in out.getvalue())
+        import re
+        listed = re.search(r"^  version +Print meshctl's version", out.getvalue(), re.M)
+        print(rc, "{PLUGIN_MODULE}" in sys.modules, loaded, listed is not None)
     """)
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
@@ -188,6 +190,7 @@ description = "Say hello through meshctl."
 [project.entry-points."meshctl.plugins"]
 hello = "acme_hello.cli:app"
 broken = "acme_hello.missing:app"
+rawcmd = "acme_hello.raw:main"
 
 [tool.setuptools]
 packages = ["acme_hello"]
@@ -206,6 +209,17 @@ def hello(name: str = "mesh") -> None:
 """
 
 
+THIRD_PARTY_RAW = """
+import json
+import sys
+
+
+def main(argv):
+    print(json.dumps({"argv": argv, "typer": "typer" in sys.modules}))
+    return 3
+"""
+
+
 @pytest.fixture(scope="module")
 def third_party_site(tmp_path_factory) -> Path:
     """A real distribution with a meshctl plugin, pip-installed into its own target dir."""
@@ -214,6 +228,7 @@ def third_party_site(tmp_path_factory) -> Path:
     (src / "acme_hello").mkdir()
     (src / "acme_hello" / "__init__.py").write_text("")
     (src / "acme_hello" / "cli.py").write_text(THIRD_PARTY_CLI)
+    (src / "acme_hello" / "raw.py").write_text(THIRD_PARTY_RAW)
     target = tmp_path_factory.mktemp("acme-site")
     subprocess.run(
         [
@@ -256,3 +271,25 @@ def test_broken_third_party_plugin_fails_alone(third_party_site: Path):
     )
     assert "Traceback" not in result.stderr
     assert meshctl("version", env=env).returncode == 0
+
+
+def test_raw_plugin_runs_without_the_cli_framework(third_party_site: Path):
+    env = {"PYTHONPATH": str(third_party_site)}
+    result = subprocess.run(
+        [sys.executable, "-m", "meshctl", "rawcmd", "a", "--b=c", "-x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **env},
+    )
+    assert result.returncode == 3, result.stderr
+    assert json.loads(result.stdout) == {"argv": ["a", "--b=c", "-x"], "typer": False}
+
+
+def test_raw_plugin_after_global_flags_gets_its_arguments_untouched(third_party_site: Path):
+    result = meshctl(
+        "--log-level", "info", "rawcmd", "--help", "x", env={"PYTHONPATH": str(third_party_site)}
+    )
+    assert result.returncode == 3, result.stderr
+    assert json.loads(result.stdout)["argv"] == ["--help", "x"]
