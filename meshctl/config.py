@@ -11,7 +11,7 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,12 +30,23 @@ LOG_FORMATS = ("text", "json")
 def setting(
     default: Any = None,
     *,
-    env: str | None = None,
+    env: str | tuple[str, ...] | None = None,
     flag: str | None = None,
     choices: tuple[str, ...] | None = None,
+    parse: Callable[[Any], Any] | None = None,
+    hint: str | None = None,
 ) -> Any:
-    """A dataclass field that knows its env var, its flag spelling and its allowed values."""
-    return field(default=default, metadata={"env": env, "flag": flag, "choices": choices})
+    """A dataclass field that knows its env var(s), its flag spelling and its allowed values.
+
+    ``env`` may name aliases (the first one set wins, in order), as Istio reads both
+    ``REDIRECT_DNS`` and ``ISTIO_META_DNS_CAPTURE``. ``parse`` turns a raw value into the field's
+    value (raising ``ValueError`` with a short reason) instead of the type-driven coercion;
+    ``hint`` is the ``Hint:`` line shown when that fails.
+    """
+    return field(
+        default=default,
+        metadata={"env": env, "flag": flag, "choices": choices, "parse": parse, "hint": hint},
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,17 +82,23 @@ def resolve(
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         meta = f.metadata
         flag_name = meta.get("flag") or "--" + f.name.replace("_", "-")
-        env_name = meta.get("env")
+        env_names = meta.get("env") or ()
+        env_name = next(
+            (n for n in ((env_names,) if isinstance(env_names, str) else env_names) if env.get(n)),
+            None,
+        )
         if flags.get(f.name) is not None:
             raw, source = flags[f.name], f"flag {flag_name}"
-        elif env_name and env.get(env_name, "") != "":
+        elif env_name is not None:
             raw, source = env[env_name], f"env {env_name}"
         elif f.name.replace("_", "-") in file or f.name in file:
             key = f.name.replace("_", "-") if f.name.replace("_", "-") in file else f.name
             raw, source = file[key], f"{file_name} key {key!r}"
         else:
             continue
-        values[f.name] = _coerce(raw, hints[f.name], meta.get("choices"), source)
+        values[f.name] = _coerce(
+            raw, hints[f.name], meta.get("choices"), source, meta.get("parse"), meta.get("hint")
+        )
     unknown = sorted(
         set(file)
         - {
@@ -162,12 +179,21 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 
 
-def _coerce(raw: Any, hint: Any, choices: tuple[str, ...] | None, source: str) -> Any:
+def _coerce(
+    raw: Any,
+    hint: Any,
+    choices: tuple[str, ...] | None,
+    source: str,
+    parser: Callable[[Any], Any] | None = None,
+    usage: str | None = None,
+) -> Any:
     """Turn a raw flag/env/file value into the field's type, or explain why it cannot be."""
     target = _strip_optional(hint)
     try:
-        if target is bool:
-            value: Any = _to_bool(raw)
+        if parser is not None:
+            value: Any = parser(raw)
+        elif target is bool:
+            value = _to_bool(raw)
         elif target is int:
             value = _to_int(raw)
         elif target is str:
@@ -180,7 +206,7 @@ def _coerce(raw: Any, hint: Any, choices: tuple[str, ...] | None, source: str) -
     except (ValueError, TypeError, AttributeError) as exc:
         raise ConfigError(
             f"{source}: invalid value {raw!r}: {exc}",
-            hint="see 'meshctl --help' for the expected form",
+            hint=usage or "see 'meshctl --help' for the expected form",
         ) from exc
     if choices is not None and value not in choices:
         raise ConfigError(

@@ -1,0 +1,1 @@
+"""``meshctl iptables``: traffic capture rules as data, applied in network namespaces."""
