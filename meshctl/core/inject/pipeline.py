@@ -1,0 +1,434 @@
+"""The pod mutation pipeline: validate -> strip any earlier injection -> render -> merge.
+
+One function injects a pod (or a workload's pod template), one removes the injection; the CLI
+and the admission webhook both call them. Invariants, for any pod ``x`` they accept:
+- ``inject(inject(x)) == inject(x)``: an earlier injection (ours or Istio's, found by the
+  ``sidecar.istio.io/status`` annotation) is stripped before injecting again;
+- ``uninject(inject(x)) == x`` for a pod not injected before: labels and annotations meshctl
+  set are restored from the ``inject.meshctl.io/undo`` record (their prior values, and which
+  fields did not exist), probes from the proxy's ``ISTIO_KUBE_APP_PROBERS``; everything else
+  injected is removed by the names the status annotation lists;
+- inputs are never changed: every result is a fresh copy.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from meshctl.core.inject import annotations as ann
+from meshctl.core.inject import probes, render
+from meshctl.core.inject.errors import InvalidAnnotationError, ManifestError
+from meshctl.core.inject.interception import cni_annotations
+from meshctl.core.inject.settings import InjectSettings
+
+# Istio's list: system namespaces are never injected, whatever their pods say.
+IGNORED_NAMESPACES = frozenset(
+    {"kube-system", "kube-public", "kube-node-lease", "local-path-storage"}
+)
+
+_NOT_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]")
+_LABEL_VALUE_MAX = 63
+
+
+@dataclass(frozen=True, slots=True)
+class Injected:
+    """A pod after injection; ``skipped`` says why it was left as it was (None = injected)."""
+
+    pod: dict[str, Any]
+    skipped: str | None = None
+
+
+def inject_pod(
+    pod: Mapping[str, Any],
+    settings: InjectSettings,
+    *,
+    workload_name: str,
+    namespace: str | None = None,
+    extra_env: tuple[tuple[str, str], ...] = (),
+) -> Injected:
+    """``pod`` (a Pod or a pod template: ``metadata`` and ``spec``) with the sidecar injected.
+
+    Raises ``ManifestError`` when the pod spec is unusable and ``InvalidAnnotationError`` when an
+    annotation the injector reads holds a bad value.
+    """
+    validate(pod)
+    reason = skip_reason(pod, namespace)
+    if reason is not None:
+        return Injected(copy.deepcopy(dict(pod)), reason)
+    result = copy.deepcopy(dict(pod))
+    _strip(result)
+    _check_reserved_names(result)
+    _merge(result, settings, workload_name=workload_name, extra_env=extra_env)
+    return Injected(result)
+
+
+def uninject_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """``pod`` without any earlier injection; an uninjected pod comes back as an equal copy."""
+    validate(pod)
+    result = copy.deepcopy(dict(pod))
+    _strip(result)
+    return result
+
+
+def is_injected(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod carries the status annotation of an injection."""
+    return ann.STATUS in _mapping(_mapping(pod.get("metadata")).get("annotations"))
+
+
+# --- validate -----------------------------------------------------------------------------------
+
+
+def validate(pod: Mapping[str, Any]) -> None:
+    """Checks the structure the pipeline relies on; raises ``ManifestError`` naming the problem."""
+    _validate_metadata(pod.get("metadata"))
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise ManifestError("the pod template has no spec", hint="add spec.containers")
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise ManifestError(
+            "the pod spec has no containers", hint="a pod needs at least one container to mesh"
+        )
+    names: set[str] = set()
+    for field in ("initContainers", "containers"):
+        for name in _names(spec, field, what="container"):
+            if name in names:
+                raise ManifestError(
+                    f"container name {name!r} is used twice", hint="container names must be unique"
+                )
+            names.add(name)
+    for field in ("volumes", "imagePullSecrets"):
+        items = spec.get(field)
+        if items is not None and (
+            not isinstance(items, list) or not all(isinstance(i, dict) for i in items)
+        ):
+            raise ManifestError(f"spec.{field} is not a list of mappings", hint="fix its YAML")
+
+
+def _validate_metadata(metadata: Any) -> None:
+    if metadata is None:
+        return
+    if not isinstance(metadata, dict):
+        raise ManifestError(
+            "metadata is not a mapping", hint="write metadata as 'key: value' lines"
+        )
+    for section in ("labels", "annotations"):
+        values = metadata.get(section)
+        if values is None:
+            continue
+        if not isinstance(values, dict):
+            raise ManifestError(
+                f"metadata.{section} is not a mapping", hint="write it as 'key: value' lines"
+            )
+        for key, value in values.items():
+            if not isinstance(key, str):
+                raise ManifestError(
+                    f"metadata.{section} has a key that is not a string: {key!r}",
+                    hint="quote the key",
+                )
+            if not isinstance(value, str):
+                raise ManifestError(
+                    f"{section[:-1]} {key!r} has a {type(value).__name__} value, not a string",
+                    hint=f'quote the value, e.g. {key}: "{_yaml_scalar(value)}"',
+                )
+
+
+def _names(spec: dict[str, Any], field: str, *, what: str) -> list[str]:
+    """The names of the entries of ``spec[field]`` (a list of named mappings, or absent)."""
+    items = spec.get(field)
+    if items is None:
+        return []
+    if not isinstance(items, list):
+        raise ManifestError(f"spec.{field} is not a list", hint="write it as a YAML list")
+    names = []
+    for item in items:
+        name = item.get("name") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not name:
+            raise ManifestError(
+                f"an entry of spec.{field} has no name", hint=f"every {what} needs a name"
+            )
+        names.append(name)
+    return names
+
+
+def skip_reason(pod: Mapping[str, Any], namespace: str | None) -> str | None:
+    """Why the pod must not be injected (hostNetwork, opted out, system namespace), or None."""
+    if _mapping(pod.get("spec")).get("hostNetwork") is True:
+        return "it uses hostNetwork"
+    metadata = _mapping(pod.get("metadata"))
+    # The label wins over the annotation of the same name (the webhook selects on the label).
+    for section in ("labels", "annotations"):
+        value = _mapping(metadata.get(section)).get(ann.INJECT)
+        if value is not None:
+            if not ann.parse_bool(ann.INJECT, value):
+                return f"{section[:-1]} {ann.INJECT} is {value!r}"
+            break
+    if namespace in IGNORED_NAMESPACES:
+        return f"namespace {namespace} is never injected"
+    return None
+
+
+def _check_reserved_names(pod: dict[str, Any]) -> None:
+    spec = pod["spec"]
+    for field in ("initContainers", "containers"):
+        for item in spec.get(field) or ():
+            if item["name"] in render.CONTAINERS:
+                raise ManifestError(
+                    f"container name {item['name']!r} is reserved for the injected sidecar",
+                    hint="rename the container (meshctl adds its own)",
+                )
+    for item in spec.get("volumes") or ():
+        if item.get("name") in render.VOLUMES:
+            raise ManifestError(
+                f"volume name {item['name']!r} is reserved for the injected sidecar",
+                hint="rename the volume (meshctl adds its own)",
+            )
+    if ann.UNDO in _mapping(_mapping(pod.get("metadata")).get("annotations")):
+        raise ManifestError(
+            f"annotation {ann.UNDO} without {ann.STATUS}",
+            hint=f"remove the {ann.UNDO} annotation; meshctl writes it when it injects",
+        )
+
+
+# --- strip --------------------------------------------------------------------------------------
+
+
+def _strip(pod: dict[str, Any]) -> None:
+    """Removes an earlier injection from ``pod`` (our own copy) in place."""
+    metadata = _mapping(pod.get("metadata"))
+    annotations = _mapping(metadata.get("annotations"))
+    if ann.STATUS not in annotations:
+        return
+    status = _status(annotations[ann.STATUS])
+    spec = pod["spec"]
+    # The probers live in the proxy's env: read them before the proxy goes.
+    probers: dict[str, Any] = {}
+    for field in ("initContainers", "containers"):
+        for item in spec.get(field) or ():
+            if item.get("name") == render.PROXY_CONTAINER:
+                probers = _probers(item)
+    for field, names in (
+        ("initContainers", status["initContainers"]),
+        ("containers", status["containers"]),
+        ("volumes", status["volumes"]),
+        ("imagePullSecrets", status["imagePullSecrets"]),
+    ):
+        if names and isinstance(spec.get(field), list):
+            spec[field] = [i for i in spec[field] if i.get("name") not in names]
+    probes.restore(spec["containers"], probers)
+    undo = annotations.pop(ann.UNDO, None)
+    del annotations[ann.STATUS]
+    if undo is not None:
+        _apply_undo(pod, _undo_record(undo))
+
+
+def _status(text: Any) -> dict[str, list[str]]:
+    """The status annotation's lists (Istio's shape); a value we cannot read is an error."""
+    lists = _status_lists(text)
+    if lists is None:
+        raise InvalidAnnotationError(
+            ann.STATUS,
+            str(text),
+            expected="the JSON meshctl or Istio wrote; remove it to inject afresh",
+        )
+    return lists
+
+
+def _status_lists(text: Any) -> dict[str, list[str]] | None:
+    data = _json_object(text)
+    if data is None:
+        return None
+    lists = {}
+    for key in ("initContainers", "containers", "volumes", "imagePullSecrets"):
+        value = data.get(key) or []
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            return None
+        lists[key] = value
+    return lists
+
+
+def _json_object(text: Any) -> dict[str, Any] | None:
+    """``text`` parsed as a JSON object, or None."""
+    try:
+        data = json.loads(text)
+    except (ValueError, TypeError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _probers(container: Mapping[str, Any]) -> dict[str, Any]:
+    for entry in container.get("env") or ():
+        if isinstance(entry, dict) and entry.get("name") == probes.PROBERS_ENV:
+            return _json_object(entry.get("value") or "{}") or {}
+    return {}
+
+
+def _undo_record(text: Any) -> dict[str, Any]:
+    record = _json_object(text)
+    if record is None:
+        raise InvalidAnnotationError(
+            ann.UNDO, str(text), expected="the JSON meshctl wrote; remove it to inject afresh"
+        )
+    return record
+
+
+def _apply_undo(pod: dict[str, Any], record: Mapping[str, Any]) -> None:
+    metadata = _mapping(pod.get("metadata"))
+    for section in ("labels", "annotations"):
+        target = metadata.get(section)
+        if not isinstance(target, dict):
+            continue
+        for key, previous in _mapping(record.get(section)).items():
+            if previous is None:
+                target.pop(key, None)
+            else:
+                target[key] = previous
+    # Deepest first, so "metadata" goes only after "metadata.labels" has.
+    for path in sorted(record.get("absent") or (), key=lambda p: -str(p).count(".")):
+        _restore_field(pod, str(path), absent=True)
+    for path in record.get("null") or ():
+        _restore_field(pod, str(path), absent=False)
+
+
+def _restore_field(pod: dict[str, Any], path: str, *, absent: bool) -> None:
+    """Deletes (or nulls) a field injection created, unless something is in it now."""
+    *parents, last = path.split(".")
+    holder: Any = pod
+    for part in parents:
+        holder = holder.get(part) if isinstance(holder, dict) else None
+    if isinstance(holder, dict) and last in holder and not holder[last]:
+        if absent:
+            del holder[last]
+        else:
+            holder[last] = None
+
+
+# --- render and merge ---------------------------------------------------------------------------
+
+
+class _Undo:
+    """Collects what merging changes, to write into the undo annotation."""
+
+    def __init__(self) -> None:
+        self.labels: dict[str, str | None] = {}
+        self.annotations: dict[str, str | None] = {}
+        self.absent: list[str] = []
+        self.null: list[str] = []
+
+    def field(self, holder: dict[str, Any], key: str, path: str, empty: Any) -> Any:
+        """``holder[key]``, created as ``empty`` (and remembered) when absent or null."""
+        if key not in holder:
+            self.absent.append(path)
+            holder[key] = empty
+        elif holder[key] is None:
+            self.null.append(path)
+            holder[key] = empty
+        return holder[key]
+
+    def set(
+        self, target: dict[str, str], record: dict[str, str | None], key: str, value: str
+    ) -> None:
+        if key not in record:
+            record[key] = target.get(key)
+        target[key] = value
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {}
+        for name in ("labels", "annotations", "absent", "null"):
+            value = getattr(self, name)
+            if value:
+                data[name] = value
+        return json.dumps(data, separators=(",", ":"))
+
+
+def _merge(
+    pod: dict[str, Any],
+    settings: InjectSettings,
+    *,
+    workload_name: str,
+    extra_env: tuple[tuple[str, str], ...],
+) -> None:
+    undo = _Undo()
+    metadata = undo.field(pod, "metadata", "metadata", {})
+    annotations = undo.field(metadata, "annotations", "metadata.annotations", {})
+    # Read and validate every annotation before changing anything.
+    options = render.pod_options(annotations, settings)
+    spec = pod["spec"]
+    containers: list[dict[str, Any]] = spec["containers"]
+    app_names = [c["name"] for c in containers]
+    probers = probes.rewrite(containers) if options.rewrite_probes else {}
+
+    capture = not settings.cni and options.interception.mode != "NONE"
+    init = render.init_container(options, settings) if capture else None
+    proxy = render.proxy_container(
+        options,
+        settings,
+        workload_name=workload_name,
+        app_containers=app_names,
+        probers=probers,
+        extra_env=extra_env,
+    )
+    injected_init: list[str] = []
+    injected_containers: list[str] = []
+    if options.native_sidecar:
+        # Capture first, then the proxy, then the app's own init containers: those then start
+        # with the mesh already working (their traffic is captured, the proxy is up).
+        front = ([init] if init else []) + [proxy]
+        init_list = undo.field(spec, "initContainers", "spec.initContainers", [])
+        init_list[:0] = front
+        injected_init = [c["name"] for c in front]
+    else:
+        if init is not None:
+            # Last among init containers: the app's own init containers run before capture,
+            # when the classic proxy (a regular container) is not running yet.
+            undo.field(spec, "initContainers", "spec.initContainers", []).append(init)
+            injected_init = [init["name"]]
+        containers.append(proxy)
+        injected_containers = [proxy["name"]]
+    new_volumes = render.volumes(settings)
+    undo.field(spec, "volumes", "spec.volumes", []).extend(new_volumes)
+
+    labels = undo.field(metadata, "labels", "metadata.labels", {})
+    undo.set(labels, undo.labels, ann.TLS_MODE_LABEL, "istio")
+    if ann.CANONICAL_NAME_LABEL not in labels:
+        name = labels.get("app.kubernetes.io/name") or labels.get("app") or workload_name
+        undo.set(labels, undo.labels, ann.CANONICAL_NAME_LABEL, _label_value(name))
+    if ann.CANONICAL_REVISION_LABEL not in labels:
+        revision = labels.get("app.kubernetes.io/version") or labels.get("version") or "latest"
+        undo.set(labels, undo.labels, ann.CANONICAL_REVISION_LABEL, _label_value(revision))
+    for key in (ann.DEFAULT_CONTAINER, ann.DEFAULT_LOGS_CONTAINER):
+        if key not in annotations:
+            undo.set(annotations, undo.annotations, key, app_names[0])
+    if settings.cni:
+        for key, value in cni_annotations(options.interception).items():
+            undo.set(annotations, undo.annotations, key, value)
+    status = {
+        "initContainers": injected_init or None,
+        "containers": injected_containers or None,
+        "volumes": [v["name"] for v in new_volumes],
+        "imagePullSecrets": None,
+        "revision": settings.revision,
+    }
+    annotations[ann.STATUS] = json.dumps(status, separators=(",", ":"))
+    annotations[ann.UNDO] = undo.to_json()
+
+
+def _label_value(text: str) -> str:
+    """``text`` made a valid label value (a derived name may be longer or use other chars)."""
+    value = _NOT_LABEL_CHARS.sub("-", text)[:_LABEL_VALUE_MAX]
+    return value.strip("-_.")
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

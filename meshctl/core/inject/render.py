@@ -1,0 +1,265 @@
+"""Rendering the injected parts of a pod: the capture init container, the proxy, their volumes.
+
+Owns the shape of what meshctl adds (names and mount paths follow Istio's, so Istio's docs and
+``kubectl logs -c istio-proxy`` habits apply). Pure: settings and per-pod options in, fresh
+mappings out; the caller decides where they go (pipeline.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from meshctl.core.inject import annotations as ann
+from meshctl.core.inject.errors import InvalidAnnotationError
+from meshctl.core.inject.interception import (
+    HBONE_PORT,
+    INBOUND_CAPTURE_PORT,
+    OUTBOUND_CAPTURE_PORT,
+    READINESS_PORT,
+    STATUS_PORT,
+    Interception,
+    interception_of,
+    iptables_args,
+)
+from meshctl.core.inject.probes import PROBERS_ENV
+from meshctl.core.inject.settings import InjectSettings
+
+INIT_CONTAINER = "istio-init"
+PROXY_CONTAINER = "istio-proxy"
+# The proxy image's entrypoint is not relied on: the command is spelled out.
+MESHCTL = "meshctl"
+
+TOKEN_VOLUME = "istio-token"  # noqa: S105 -- a volume name, not a secret
+ROOT_CA_VOLUME = "istiod-ca-cert"
+CERTS_VOLUME = "workload-certs"
+# The proxy's root filesystem is read-only; a one-file frozen binary unpacks itself under /tmp.
+TMP_VOLUME = "meshctl-tmp"
+VOLUMES = (CERTS_VOLUME, TMP_VOLUME, TOKEN_VOLUME, ROOT_CA_VOLUME)
+CONTAINERS = (INIT_CONTAINER, PROXY_CONTAINER)
+
+TOKEN_PATH = "/var/run/secrets/tokens"  # noqa: S105 -- a mount path
+ROOT_CA_PATH = "/var/run/secrets/istio"
+CERTS_PATH = "/var/run/secrets/workload-spiffe-credentials"
+TOKEN_LIFETIME_SECONDS = 43200  # 12 h; the kubelet refreshes a projected token at 80 %
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodOptions:
+    """Per-pod choices read from its annotations (validated), on top of the settings."""
+
+    image: str
+    native_sidecar: bool
+    rewrite_probes: bool
+    interception: Interception
+    resources: dict[str, dict[str, str]]
+    readiness_initial_delay: int
+    readiness_period: int
+    readiness_failure_threshold: int
+
+
+def pod_options(annotations: dict[str, str], settings: InjectSettings) -> PodOptions:
+    """The pod's options: its annotations where set and valid, the settings otherwise."""
+
+    def flag(key: str, default: bool) -> bool:
+        value = annotations.get(key)
+        return default if value is None else ann.parse_bool(key, value)
+
+    def seconds(key: str, default: int, minimum: int) -> int:
+        value = annotations.get(key)
+        return default if value is None else ann.parse_seconds(key, value, minimum=minimum)
+
+    image = annotations.get(ann.PROXY_IMAGE)
+    return PodOptions(
+        image=settings.image if image is None else ann.parse_image(ann.PROXY_IMAGE, image),
+        native_sidecar=flag(ann.NATIVE_SIDECAR, settings.native_sidecar),
+        rewrite_probes=flag(ann.REWRITE_PROBES, True),
+        interception=interception_of(annotations),
+        resources=_resources(annotations, settings),
+        readiness_initial_delay=seconds(ann.READINESS_INITIAL_DELAY, 0, 0),
+        readiness_period=seconds(ann.READINESS_PERIOD, 15, 1),
+        readiness_failure_threshold=seconds(ann.READINESS_FAILURE_THRESHOLD, 4, 1),
+    )
+
+
+def _resources(annotations: dict[str, str], settings: InjectSettings) -> dict[str, dict[str, str]]:
+    chosen: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
+    keys = (
+        ("requests", "cpu", ann.PROXY_CPU, settings.proxy_cpu),
+        ("requests", "memory", ann.PROXY_MEMORY, settings.proxy_memory),
+        ("limits", "cpu", ann.PROXY_CPU_LIMIT, settings.proxy_cpu_limit),
+        ("limits", "memory", ann.PROXY_MEMORY_LIMIT, settings.proxy_memory_limit),
+    )
+    for section, resource, key, default in keys:
+        value = annotations.get(key)
+        chosen[section][resource] = default if value is None else ann.parse_quantity(key, value)
+    # The API server refuses a pod whose request exceeds its limit; say which annotation did it.
+    for resource, key in (("cpu", ann.PROXY_CPU), ("memory", ann.PROXY_MEMORY)):
+        request, limit = chosen["requests"][resource], chosen["limits"][resource]
+        if ann.quantity(request) > ann.quantity(limit):
+            blamed = key if key in annotations else key + "Limit"
+            raise InvalidAnnotationError(
+                blamed,
+                annotations.get(blamed, request if blamed == key else limit),
+                expected=f"a {resource} request no larger than the limit ({request} > {limit})",
+            )
+    return chosen
+
+
+def init_container(options: PodOptions, settings: InjectSettings) -> dict[str, Any]:
+    """The privileged one-shot container that installs the capture rules in the pod's netns."""
+    args = iptables_args(options.interception, proxy_uid=settings.proxy_uid, proxy_gid=settings.gid)
+    return {
+        "name": INIT_CONTAINER,
+        "image": options.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": [MESHCTL],
+        "args": ["iptables", "apply", *args],
+        "resources": _copy_resources(options.resources),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            # Only what rule installation needs; runs as root because iptables needs it.
+            "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
+            "privileged": False,
+            "readOnlyRootFilesystem": False,
+            "runAsGroup": 0,
+            "runAsNonRoot": False,
+            "runAsUser": 0,
+        },
+    }
+
+
+def proxy_container(
+    options: PodOptions,
+    settings: InjectSettings,
+    *,
+    workload_name: str,
+    app_containers: list[str],
+    probers: dict[str, Any],
+    extra_env: tuple[tuple[str, str], ...] = (),
+) -> dict[str, Any]:
+    """The proxy (``meshctl ztunnel run --mode sidecar``), a native sidecar unless told not to."""
+
+    def field_env(name: str, path: str) -> dict[str, Any]:
+        return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+    env: list[dict[str, Any]] = [
+        field_env("POD_NAME", "metadata.name"),
+        field_env("POD_NAMESPACE", "metadata.namespace"),
+        field_env("SERVICE_ACCOUNT", "spec.serviceAccountName"),
+        field_env("INSTANCE_IP", "status.podIP"),
+        field_env("HOST_IP", "status.hostIP"),
+        field_env("NODE_NAME", "spec.nodeName"),
+        field_env("CANONICAL_SERVICE", f"metadata.labels['{ann.CANONICAL_NAME_LABEL}']"),
+        field_env("CANONICAL_REVISION", f"metadata.labels['{ann.CANONICAL_REVISION_LABEL}']"),
+        {"name": "CA_ADDR", "value": settings.ca_address},
+        {"name": "TRUST_DOMAIN", "value": settings.trust_domain},
+        {"name": "ISTIO_META_CLUSTER_ID", "value": settings.cluster_id},
+    ]
+    if settings.mesh_id:
+        env.append({"name": "ISTIO_META_MESH_ID", "value": settings.mesh_id})
+    env += [
+        {"name": "ISTIO_META_INTERCEPTION_MODE", "value": options.interception.mode},
+        {"name": "ISTIO_META_WORKLOAD_NAME", "value": workload_name},
+        {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(app_containers)},
+    ]
+    if probers:
+        env.append({"name": PROBERS_ENV, "value": json.dumps(probers, separators=(",", ":"))})
+    # Env from the webhook's URL path (see admission.py) overrides the settings' values.
+    by_name = {e["name"]: e for e in env}
+    for name, value in extra_env:
+        if name in by_name:
+            by_name[name].clear()
+            by_name[name].update(name=name, value=value)
+        else:
+            by_name[name] = {"name": name, "value": value}
+            env.append(by_name[name])
+
+    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    if options.interception.mode == "TPROXY":
+        # TPROXY mode binds to foreign addresses (IP_TRANSPARENT), which needs NET_ADMIN.
+        capabilities = {"add": ["NET_ADMIN"], "drop": ["ALL"]}
+    ready = {"path": "/healthz/ready", "port": READINESS_PORT}
+    container: dict[str, Any] = {
+        "name": PROXY_CONTAINER,
+        "image": options.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": [MESHCTL],
+        "args": ["ztunnel", "run", "--mode", "sidecar"],
+        # A restartable init container (KEP-753) when native: starts before the app, stops after
+        # it, and does not keep a Job's pod running once the Job's containers are done.
+        **({"restartPolicy": "Always"} if options.native_sidecar else {}),
+        "env": env,
+        "ports": [
+            _port("mesh-outbound", OUTBOUND_CAPTURE_PORT),
+            _port("mesh-inbound", INBOUND_CAPTURE_PORT),
+            _port("mesh-hbone", HBONE_PORT),
+            _port("mesh-metrics", STATUS_PORT),
+            _port("mesh-health", READINESS_PORT),
+        ],
+        "readinessProbe": {
+            "httpGet": dict(ready),
+            "initialDelaySeconds": options.readiness_initial_delay,
+            "periodSeconds": options.readiness_period,
+            "timeoutSeconds": 3,
+            "failureThreshold": options.readiness_failure_threshold,
+        },
+        # Up to 10 minutes for the first certificate; as a native sidecar this also holds the
+        # app containers back until the proxy is ready (the kubelet waits on it).
+        "startupProbe": {
+            "httpGet": dict(ready),
+            "initialDelaySeconds": 0,
+            "periodSeconds": 1,
+            "timeoutSeconds": 3,
+            "failureThreshold": 600,
+        },
+        "resources": _copy_resources(options.resources),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": capabilities,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsGroup": settings.gid,
+            "runAsNonRoot": True,
+            "runAsUser": settings.proxy_uid,
+        },
+        "volumeMounts": [
+            {"name": CERTS_VOLUME, "mountPath": CERTS_PATH},
+            {"name": TMP_VOLUME, "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
+            {"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": True},
+            {"name": ROOT_CA_VOLUME, "mountPath": ROOT_CA_PATH, "readOnly": True},
+        ],
+    }
+    return container
+
+
+def volumes(settings: InjectSettings) -> list[dict[str, Any]]:
+    """The pod volumes the proxy mounts, in the order of ``VOLUMES``."""
+    return [
+        {"name": CERTS_VOLUME, "emptyDir": {}},
+        {"name": TMP_VOLUME, "emptyDir": {}},
+        {
+            "name": TOKEN_VOLUME,
+            "projected": {
+                "sources": [
+                    {
+                        "serviceAccountToken": {
+                            "audience": settings.token_audience,
+                            "expirationSeconds": TOKEN_LIFETIME_SECONDS,
+                            "path": TOKEN_VOLUME,
+                        }
+                    }
+                ]
+            },
+        },
+        {"name": ROOT_CA_VOLUME, "configMap": {"name": settings.root_ca_configmap}},
+    ]
+
+
+def _port(name: str, number: int) -> dict[str, Any]:
+    return {"name": name, "containerPort": number, "protocol": "TCP"}
+
+
+def _copy_resources(resources: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    return {section: dict(values) for section, values in resources.items()}

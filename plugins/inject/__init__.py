@@ -1,0 +1,1 @@
+"""``meshctl inject``: sidecar injection offline (files) and as an admission webhook."""

@@ -1,0 +1,266 @@
+"""``meshctl inject`` as a user runs it: files and stdin, -o, --diff, flags, settings, bad input."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from meshctl.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "testdata" / "inject"
+DEPLOYMENT = DATA / "deployment.yaml"
+
+
+def meshctl(*args: str, stdin: str | None = None, env: dict[str, str] | None = None):
+    """Runs meshctl in a fresh interpreter, as the console script does."""
+    return subprocess.run(
+        [sys.executable, "-c", "from meshctl.cli import run; run()", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("args", [["inject"], ["inject", "webhook"], ["inject", "webhook-config"]])
+def test_help_loads_each_command(args, capsys):
+    code, out, _ = run(capsys, *args, "--help")
+    assert code == 0
+    assert "Usage: meshctl " + " ".join(args) in out
+
+
+def test_stdin_to_stdout_through_the_console_script():
+    result = meshctl("inject", "-f", "-", stdin=DEPLOYMENT.read_text())
+    assert result.returncode == 0, result.stderr
+    (deployment,) = yaml.safe_load_all(result.stdout)
+    init = deployment["spec"]["template"]["spec"]["initContainers"]
+    assert [c["name"] for c in init] == ["istio-init", "istio-proxy"]
+    assert result.stderr == ""
+
+
+def test_output_file_is_written_and_round_trips(tmp_path, capsys):
+    out_file = tmp_path / "injected.yaml"
+    code, out, _ = run(capsys, "inject", "-f", str(DEPLOYMENT), "-o", str(out_file))
+    assert code == 0
+    assert out == ""
+    code, restored, _ = run(capsys, "inject", "--uninject", "-f", str(out_file))
+    assert code == 0
+    assert yaml.safe_load(restored) == yaml.safe_load(DEPLOYMENT.read_text())
+    assert [p.name for p in tmp_path.iterdir()] == ["injected.yaml"]  # no temp files left
+
+
+def test_native_sidecar_flag_false_makes_a_classic_sidecar(capsys):
+    code, out, _ = run(capsys, "inject", "-f", str(DEPLOYMENT), "--native-sidecar=false")
+    assert code == 0
+    spec = yaml.safe_load(out)["spec"]["template"]["spec"]
+    assert [c["name"] for c in spec["containers"]] == ["reviews", "istio-proxy"]
+
+
+def test_flags_override_the_settings_file_section(tmp_path, capsys):
+    settings = tmp_path / "config.yaml"
+    settings.write_text("inject:\n  image: from-file:1\n  trust-domain: example.org\n")
+    code, out, _ = run(capsys, "--config", str(settings), "inject", "-f", str(DEPLOYMENT))
+    assert code == 0
+    proxy = yaml.safe_load(out)["spec"]["template"]["spec"]["initContainers"][1]
+    assert proxy["image"] == "from-file:1"
+    assert {"name": "TRUST_DOMAIN", "value": "example.org"} in proxy["env"]
+    code, out, _ = run(
+        capsys, "--config", str(settings), "inject", "-f", str(DEPLOYMENT), "--image", "flag:2"
+    )
+    assert yaml.safe_load(out)["spec"]["template"]["spec"]["initContainers"][1]["image"] == "flag:2"
+
+
+def test_an_unknown_settings_key_is_a_config_error(tmp_path, capsys):
+    settings = tmp_path / "config.yaml"
+    settings.write_text("inject:\n  imag: typo\n")
+    code, out, err = run(capsys, "--config", str(settings), "inject", "-f", str(DEPLOYMENT))
+    assert code == 2
+    assert out == ""
+    assert "unknown key(s) imag" in err
+
+
+def test_diff_is_coloured_only_when_asked_or_on_a_terminal(capsys):
+    code, plain, _ = run(capsys, "inject", "-f", str(DEPLOYMENT), "--diff")
+    assert code == 0
+    assert "\x1b[" not in plain  # captured stdout is not a terminal
+    assert f"+++ {DEPLOYMENT} (injected)" in plain
+    assert "+      - name: istio-proxy\n" in plain
+    code, coloured, _ = run(capsys, "inject", "-f", str(DEPLOYMENT), "--diff", "--color=always")
+    assert "\x1b[32m+      - name: istio-proxy\x1b[0m" in coloured
+
+
+def test_diff_of_an_already_injected_file_is_empty(tmp_path, capsys):
+    injected = tmp_path / "x.yaml"
+    assert run(capsys, "inject", "-f", str(DEPLOYMENT), "-o", str(injected))[0] == 0
+    code, out, _ = run(capsys, "inject", "-f", str(injected), "--diff")
+    assert (code, out) == (0, "")
+
+
+BAD_INPUTS = {
+    "malformed": (
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: x\n   labels: {}\n",
+        r"bad\.yaml: invalid YAML at line 5, column 10: ",
+    ),
+    "not-a-mapping": ("- just\n- a list\n", r"bad\.yaml:1: expected a Kubernetes object"),
+    "no-containers": (
+        (
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n"
+            "spec:\n  template:\n    spec:\n      containers: []\n"
+        ),
+        r"bad\.yaml:1: Deployment d: the pod spec has no containers",
+    ),
+    "bad-annotation": (
+        (
+            "apiVersion: v1\nkind: Service\nmetadata: {name: s}\n---\n"
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations:\n"
+            "    traffic.sidecar.istio.io/excludeInboundPorts: x\n"
+            "spec: {containers: [{name: a, image: a}]}\n"
+        ),
+        (
+            r"bad\.yaml:5 \(document 2\): Pod p: invalid value 'x' for annotation "
+            r"'traffic\.sidecar\.istio\.io/excludeInboundPorts'"
+        ),
+    ),
+    "unquoted-bool": (
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  labels:\n"
+            "    sidecar.istio.io/inject: false\nspec: {containers: [{name: a}]}\n"
+        ),
+        r"label 'sidecar\.istio\.io/inject' has a bool value, not a string",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_exits_1_and_writes_nothing(case, tmp_path):
+    text, pattern = BAD_INPUTS[case]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    target = tmp_path / "out.yaml"
+    target.write_text("previous content\n")
+    for args in (["-f", "bad.yaml"], ["-f", "bad.yaml", "-o", "out.yaml"]):
+        result = subprocess.run(
+            [sys.executable, "-c", "from meshctl.cli import run; run()", "inject", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            check=False,
+        )
+        assert result.returncode == 1
+        assert result.stdout == ""
+        lines = result.stderr.splitlines()
+        assert len(lines) == 2, result.stderr
+        assert lines[0].startswith("Error: ")
+        assert lines[1].startswith("Hint: ")
+        assert re.search(pattern, lines[0]), lines[0]
+    assert target.read_text() == "previous content\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml", "out.yaml"]
+
+
+def test_a_missing_file_is_a_clean_error(capsys):
+    code, out, err = run(capsys, "inject", "-f", "/nonexistent/deploy.yaml")
+    assert code == 1
+    assert out == ""
+    assert err.startswith("Error: cannot read /nonexistent/deploy.yaml: No such file")
+
+
+def test_binary_input_is_a_clean_error(tmp_path, capsys):
+    blob = tmp_path / "blob.yaml"
+    blob.write_bytes(b"\xff\xfe\x00junk")
+    code, out, err = run(capsys, "inject", "-f", str(blob))
+    assert (code, out) == (1, "")
+    assert "is not UTF-8 text" in err
+
+
+def test_usage_errors_exit_2(capsys):
+    assert run(capsys, "inject")[0] == 2
+    assert run(capsys, "inject", "-f", str(DEPLOYMENT), "webhook-config")[0] == 2
+    assert run(capsys, "inject", "-f", str(DEPLOYMENT), "--native-sidecar=maybe")[0] == 2
+    assert run(capsys, "inject", "-f", str(DEPLOYMENT), "--revision", "Not_A_Label")[0] == 2
+
+
+# --- webhook-config -----------------------------------------------------------------------------
+
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+
+
+def test_webhook_config_with_url_and_ca_bundle(tmp_path, capsys):
+    ca = tmp_path / "ca.crt"
+    ca.write_text(CA_PEM)
+    code, out, _ = run(
+        capsys,
+        "inject",
+        "webhook-config",
+        "--url",
+        "https://127.0.0.1:15017/inject",
+        "--ca-bundle",
+        str(ca),
+        "--reinvocation-policy",
+        "IfNeeded",
+    )
+    assert code == 0
+    cfg = yaml.safe_load(out)
+    assert cfg["kind"] == "MutatingWebhookConfiguration"
+    hook = cfg["webhooks"][0]
+    assert base64.b64decode(hook["clientConfig"]["caBundle"]).decode() == CA_PEM
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+
+
+def test_webhook_config_json_for_a_service_and_revision(tmp_path, capsys):
+    ca = tmp_path / "ca.crt"
+    ca.write_text(CA_PEM)
+    code, out, _ = run(
+        capsys,
+        "inject",
+        "webhook-config",
+        "--service",
+        "meshctl",
+        "--ca-bundle",
+        str(ca),
+        "--revision",
+        "canary",
+        "-o",
+        "json",
+    )
+    assert code == 0
+    cfg = json.loads(out)
+    assert cfg["metadata"]["name"] == "meshctl-sidecar-injector-canary"
+    assert cfg["webhooks"][0]["clientConfig"]["service"]["name"] == "meshctl"
+
+
+def test_webhook_config_needs_exactly_one_target(tmp_path, capsys):
+    ca = tmp_path / "ca.crt"
+    ca.write_text(CA_PEM)
+    assert run(capsys, "inject", "webhook-config", "--ca-bundle", str(ca))[0] == 2
+    both = ["--url", "https://x/inject", "--service", "s"]
+    assert run(capsys, "inject", "webhook-config", "--ca-bundle", str(ca), *both)[0] == 2
+
+
+def test_webhook_refuses_unusable_tls_files(tmp_path, capsys):
+    cert = tmp_path / "tls.crt"
+    cert.write_text("not a certificate")
+    code, _, err = run(capsys, "inject", "webhook", "--tls-cert", str(cert), "--tls-key", str(cert))
+    assert code == 1
+    assert err.startswith("Error: cannot load the TLS certificate")
+    code, _, err = run(
+        capsys, "inject", "webhook", "--tls-cert", "/nope.crt", "--tls-key", "/nope.key"
+    )
+    assert code == 1
+    assert "does not exist" in err

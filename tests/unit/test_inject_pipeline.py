@@ -1,0 +1,363 @@
+"""The pod pipeline's decisions and refusals: what is injected where, skipped, or rejected."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+
+from meshctl.core.inject import annotations as ann
+from meshctl.core.inject import kinds
+from meshctl.core.inject.documents import dump, inject_text, load
+from meshctl.core.inject.errors import InjectError, InvalidAnnotationError, ManifestError
+from meshctl.core.inject.pipeline import inject_pod, is_injected, uninject_pod
+from meshctl.core.inject.settings import InjectSettings
+from meshctl.errors import ConfigError
+
+SETTINGS = InjectSettings(image="registry.example/meshctl:test")
+
+
+def pod(**annotations: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "web", "labels": {"app": "web"}, "annotations": dict(annotations)},
+        "spec": {"containers": [{"name": "web", "image": "web:1"}]},
+    }
+
+
+def inject(p: dict[str, Any], settings: InjectSettings = SETTINGS, **kw: Any) -> dict[str, Any]:
+    return inject_pod(p, settings, workload_name="web", **kw).pod
+
+
+def names(items: list[dict[str, Any]] | None) -> list[str]:
+    return [i["name"] for i in items or []]
+
+
+def test_native_sidecar_is_an_init_container_that_restarts():
+    spec = inject(pod())["spec"]
+    assert names(spec["initContainers"]) == ["istio-init", "istio-proxy"]
+    assert names(spec["containers"]) == ["web"]
+    proxy = spec["initContainers"][1]
+    assert proxy["restartPolicy"] == "Always"
+    assert proxy["command"] + proxy["args"] == ["meshctl", "ztunnel", "run", "--mode", "sidecar"]
+    assert proxy["securityContext"]["runAsUser"] == 1337
+    assert proxy["securityContext"]["runAsGroup"] == 1337
+    assert [p["containerPort"] for p in proxy["ports"]] == [15001, 15006, 15008, 15020, 15021]
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/healthz/ready", "port": 15021}
+
+
+def test_classic_sidecar_is_the_last_container():
+    settings = InjectSettings(image="x", native_sidecar=False)
+    p = pod()
+    p["spec"]["initContainers"] = [{"name": "migrate", "image": "m"}]
+    spec = inject(p, settings)["spec"]
+    assert names(spec["initContainers"]) == ["migrate", "istio-init"]
+    assert names(spec["containers"]) == ["web", "istio-proxy"]
+    assert "restartPolicy" not in spec["containers"][1]
+
+
+def test_the_annotation_overrides_the_native_sidecar_setting():
+    spec = inject(pod(**{ann.NATIVE_SIDECAR: "false"}))["spec"]
+    assert names(spec["containers"]) == ["web", "istio-proxy"]
+
+
+def test_init_container_runs_the_capture_command_as_root_with_net_admin():
+    init = inject(pod(**{ann.EXCLUDE_OUTBOUND_PORTS: "25"}))["spec"]["initContainers"][0]
+    assert init["command"] + init["args"][:2] == ["meshctl", "iptables", "apply"]
+    assert init["args"][init["args"].index("-o") + 1] == "25"
+    assert init["securityContext"]["runAsUser"] == 0
+    assert init["securityContext"]["capabilities"]["add"] == ["NET_ADMIN", "NET_RAW"]
+
+
+def test_cni_mode_has_no_privileged_init_container():
+    result = inject(pod(), InjectSettings(image="x", cni=True))
+    assert names(result["spec"]["initContainers"]) == ["istio-proxy"]
+    annotations = result["metadata"]["annotations"]
+    assert annotations[ann.INTERCEPTION_MODE] == "REDIRECT"
+    assert annotations[ann.EXCLUDE_INBOUND_PORTS] == "15090,15021,15020"
+
+
+def test_status_annotation_has_istios_shape():
+    status = json.loads(inject(pod())["metadata"]["annotations"][ann.STATUS])
+    assert list(status) == [
+        "initContainers",
+        "containers",
+        "volumes",
+        "imagePullSecrets",
+        "revision",
+    ]
+    assert status["initContainers"] == ["istio-init", "istio-proxy"]
+    assert status["containers"] is None
+    assert status["imagePullSecrets"] is None
+    assert status["revision"] == "default"
+    assert status["volumes"] == ["workload-certs", "meshctl-tmp", "istio-token", "istiod-ca-cert"]
+
+
+def test_labels_and_default_container():
+    result = inject(pod())
+    assert result["metadata"]["labels"] == {
+        "app": "web",
+        ann.TLS_MODE_LABEL: "istio",
+        ann.CANONICAL_NAME_LABEL: "web",
+        ann.CANONICAL_REVISION_LABEL: "latest",
+    }
+    assert result["metadata"]["annotations"][ann.DEFAULT_CONTAINER] == "web"
+
+
+def test_canonical_labels_come_from_the_usual_labels_first():
+    p = pod()
+    p["metadata"]["labels"] = {"app.kubernetes.io/name": "shop", "version": "v3"}
+    labels = inject_pod(p, SETTINGS, workload_name="shop-7f9").pod["metadata"]["labels"]
+    assert labels[ann.CANONICAL_NAME_LABEL] == "shop"
+    assert labels[ann.CANONICAL_REVISION_LABEL] == "v3"
+
+
+def test_a_long_workload_name_still_makes_a_valid_label():
+    p = pod()
+    p["metadata"]["labels"] = {}
+    labels = inject_pod(p, SETTINGS, workload_name="a" * 80 + ".x").pod["metadata"]["labels"]
+    assert labels[ann.CANONICAL_NAME_LABEL] == "a" * 63
+
+
+def test_token_volume_has_the_mesh_audience():
+    volumes = {v["name"]: v for v in inject(pod())["spec"]["volumes"]}
+    token = volumes["istio-token"]["projected"]["sources"][0]["serviceAccountToken"]
+    assert token["audience"] == "meshctl-ca"
+    assert volumes["istiod-ca-cert"]["configMap"]["name"] == "istio-ca-root-cert"
+
+
+def test_resources_come_from_annotations():
+    proxy = inject(pod(**{ann.PROXY_CPU: "300m", ann.PROXY_MEMORY_LIMIT: "2Gi"}))["spec"][
+        "initContainers"
+    ][1]
+    assert proxy["resources"] == {
+        "requests": {"cpu": "300m", "memory": "128Mi"},
+        "limits": {"cpu": "2000m", "memory": "2Gi"},
+    }
+
+
+def test_a_request_above_its_limit_names_the_annotation():
+    with pytest.raises(InvalidAnnotationError, match=r"sidecar\.istio\.io/proxyCPU'"):
+        inject(pod(**{ann.PROXY_CPU: "3"}))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (ann.PROXY_MEMORY, "lots"),
+        (ann.NATIVE_SIDECAR, "maybe"),
+        (ann.READINESS_PERIOD, "0"),
+        (ann.PROXY_IMAGE, "has space"),
+        (ann.INJECT, "perhaps"),
+    ],
+)
+def test_bad_sidecar_annotations_are_refused(key, value):
+    with pytest.raises(InvalidAnnotationError, match=f"for annotation '{key}'"):
+        inject(pod(**{key: value}))
+
+
+def test_probes_are_rewritten_and_kept_for_the_proxy():
+    p = pod()
+    original = {"httpGet": {"path": "/live", "port": 8080}, "periodSeconds": 3}
+    p["spec"]["containers"][0]["livenessProbe"] = copy.deepcopy(original)
+    result = inject(p)
+    probe = result["spec"]["containers"][0]["livenessProbe"]
+    assert probe == {
+        "httpGet": {"path": "/app-health/web/livez", "port": 15020},
+        "periodSeconds": 3,
+    }
+    env = {e["name"]: e.get("value") for e in result["spec"]["initContainers"][1]["env"]}
+    assert json.loads(env["ISTIO_KUBE_APP_PROBERS"]) == {
+        "/app-health/web/livez": {"httpGet": {"path": "/live", "port": 8080}}
+    }
+    assert uninject_pod(result) == p
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda p: p["spec"].update(hostNetwork=True), "hostNetwork"),
+        (lambda p: p["metadata"]["labels"].update({ann.INJECT: "false"}), "label"),
+        (lambda p: p["metadata"]["annotations"].update({ann.INJECT: "false"}), "annotation"),
+    ],
+)
+def test_skipped_pods_come_back_unchanged(change, reason):
+    p = pod()
+    change(p)
+    outcome = inject_pod(p, SETTINGS, workload_name="web")
+    assert outcome.pod == p
+    assert outcome.skipped is not None
+    assert reason in outcome.skipped
+
+
+def test_the_label_wins_over_the_annotation():
+    p = pod(**{ann.INJECT: "false"})
+    p["metadata"]["labels"][ann.INJECT] = "true"
+    assert inject_pod(p, SETTINGS, workload_name="web").skipped is None
+
+
+def test_system_namespaces_are_never_injected():
+    assert inject_pod(pod(), SETTINGS, workload_name="w", namespace="kube-system").skipped
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda p: p["spec"].update(containers=[]), "has no containers"),
+        (lambda p: p.pop("spec"), "has no spec"),
+        (lambda p: p["spec"]["containers"].append({"image": "x"}), "has no name"),
+        (lambda p: p["spec"]["containers"].append({"name": "web"}), "used twice"),
+        (lambda p: p["spec"]["containers"].append({"name": "istio-proxy"}), "reserved"),
+        (lambda p: p["spec"].update(volumes=[{"name": "istio-token"}]), "reserved"),
+        (lambda p: p["metadata"]["annotations"].update({ann.INJECT: False}), "not a string"),
+        (lambda p: p["metadata"].update(labels=["a"]), "not a mapping"),
+        (lambda p: p["metadata"]["annotations"].update({ann.UNDO: "{}"}), "without"),
+    ],
+)
+def test_unusable_pods_are_refused(change, message):
+    p = pod()
+    change(p)
+    with pytest.raises(ManifestError, match=message):
+        inject(p)
+
+
+def test_an_unreadable_status_annotation_is_an_error():
+    with pytest.raises(InvalidAnnotationError, match=ann.STATUS):
+        inject(pod(**{ann.STATUS: "not json"}))
+
+
+def test_inject_never_changes_its_input():
+    p = pod(**{ann.EXCLUDE_INBOUND_PORTS: "9090"})
+    p["spec"]["containers"][0]["readinessProbe"] = {"httpGet": {"path": "/", "port": 80}}
+    before = copy.deepcopy(p)
+    injected = inject(p)
+    assert p == before
+    uninject_pod(injected)
+    assert is_injected(injected)
+
+
+def test_a_new_revision_replaces_the_old_injection():
+    once = inject(pod())
+    again = inject(once, InjectSettings(image="new:2", revision="canary"))
+    assert json.loads(again["metadata"]["annotations"][ann.STATUS])["revision"] == "canary"
+    assert {c["image"] for c in again["spec"]["initContainers"]} == {"new:2"}
+    assert uninject_pod(again) == pod()
+
+
+def test_path_env_overrides_the_settings_value():
+    result = inject(pod(), extra_env=(("ISTIO_META_CLUSTER_ID", "east"), ("EXTRA", "1")))
+    env = {e["name"]: e.get("value") for e in result["spec"]["initContainers"][1]["env"]}
+    assert env["ISTIO_META_CLUSTER_ID"] == "east"
+    assert env["EXTRA"] == "1"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"revision": "Canary"}, "revision"),
+        ({"proxy_uid": 0}, "proxy-uid"),
+        ({"image": ""}, "image"),
+        ({"proxy_cpu": "3", "proxy_cpu_limit": "2"}, "exceeds"),
+        ({"proxy_memory": "1 Gi"}, "proxy-memory"),
+        ({"trust_domain": ""}, "trust-domain"),
+    ],
+)
+def test_bad_settings_are_refused_up_front(values, message):
+    with pytest.raises(ConfigError, match=message):
+        InjectSettings(**values)
+
+
+# --- documents and kinds ------------------------------------------------------------------------
+
+
+def test_timestamps_stay_strings_and_anchors_are_written_out():
+    text = "a: &x {b: 2024-01-01}\nc: *x\n"
+    (document,) = load(text, "t.yaml")
+    assert document.data == {"a": {"b": "2024-01-01"}, "c": {"b": "2024-01-01"}}
+    assert "&" not in dump([document.data])
+    assert "'2024-01-01'" in dump([document.data])
+
+
+def test_yaml_errors_name_file_line_and_column():
+    with pytest.raises(
+        ManifestError, match=r"^bad\.yaml: invalid YAML at line 2, column 5: mapping values"
+    ):
+        load("a: 1\nb: c: d\n", "bad.yaml")
+
+
+def test_errors_name_the_object_and_its_line():
+    text = "kind: Service\n---\napiVersion: batch/v1\nkind: Job\nmetadata: {name: j}\nspec: {}\n"
+    with pytest.raises(InjectError, match=r"^f\.yaml:3 \(document 2\): Job j: no pod template"):
+        inject_text(text, "f.yaml", SETTINGS)
+
+
+def test_a_scalar_document_is_refused():
+    with pytest.raises(ManifestError, match="found a string"):
+        inject_text("just text\n", "f.yaml", SETTINGS)
+
+
+def test_list_items_are_located_by_line():
+    text = (
+        "apiVersion: v1\nkind: List\nitems:\n- kind: Service\n- apiVersion: v1\n  kind: Pod\n"
+        "  metadata: {name: p}\n  spec: {containers: []}\n"
+    )
+    with pytest.raises(ManifestError, match=r"^l\.yaml:5: Pod p: the pod spec has no containers"):
+        inject_text(text, "l.yaml", SETTINGS)
+
+
+def test_empty_documents_are_dropped_and_order_is_kept():
+    text = "---\nkind: A\n---\n---\nkind: B\n"
+    out, skipped = inject_text(text, "f.yaml", SETTINGS)
+    assert out == "kind: A\n---\nkind: B\n"
+    assert skipped == []
+
+
+@pytest.mark.parametrize(
+    ("obj", "path"),
+    [
+        ({"apiVersion": "apps/v1", "kind": "Deployment"}, ("spec", "template")),
+        ({"apiVersion": "extensions/v1beta1", "kind": "DaemonSet"}, ("spec", "template")),
+        (
+            {"apiVersion": "batch/v1", "kind": "CronJob"},
+            ("spec", "jobTemplate", "spec", "template"),
+        ),
+        ({"apiVersion": "v1", "kind": "Pod"}, ()),
+        ({"apiVersion": "example.com/v1", "kind": "Job"}, None),
+        ({"apiVersion": "v1", "kind": "Service"}, None),
+        ({"kind": "Deployment"}, None),
+    ],
+)
+def test_template_paths_by_group_and_kind(obj, path):
+    assert kinds.template_path(obj) == path
+
+
+@pytest.mark.parametrize(
+    ("metadata", "name"),
+    [
+        (
+            {
+                "generateName": "web-7d4b9c-",
+                "labels": {"pod-template-hash": "7d4b9c"},
+                "ownerReferences": [
+                    {"kind": "ReplicaSet", "name": "web-7d4b9c", "controller": True}
+                ],
+            },
+            "web",
+        ),
+        (
+            {"ownerReferences": [{"kind": "Job", "name": "nightly-29410560", "controller": True}]},
+            "nightly",
+        ),
+        ({"ownerReferences": [{"kind": "StatefulSet", "name": "db", "controller": True}]}, "db"),
+        ({"ownerReferences": [{"kind": "ReplicaSet", "name": "bare", "controller": True}]}, "bare"),
+        (
+            {"ownerReferences": [{"kind": "Job", "name": "x", "controller": False}], "name": "p"},
+            "p",
+        ),
+        ({"generateName": "adhoc-"}, "adhoc"),
+        ({}, ""),
+    ],
+)
+def test_workload_name_of_a_pod(metadata, name):
+    assert kinds.workload_name_of_pod({"metadata": metadata}) == name

@@ -1,0 +1,228 @@
+"""Properties of injection over generated pod specs: idempotence and an exact uninject.
+
+Pods are generated with the features injection touches: labels and annotations it reads or
+writes (with and without prior values), HTTP and other probes, init containers, volumes,
+absent, empty and null fields. Equality is checked on JSON text, so key order counts too.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import string
+from typing import Any
+
+import jsonpatch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from meshctl.core.inject import admission
+from meshctl.core.inject import annotations as ann
+from meshctl.core.inject.pipeline import inject_pod, uninject_pod
+from meshctl.core.inject.settings import InjectSettings
+
+NAMES = st.text(string.ascii_lowercase + string.digits, min_size=1, max_size=8).map(
+    lambda s: "c" + s
+)
+VALUES = st.text(string.ascii_letters + string.digits + "-._", max_size=10)
+PORT = st.integers(1, 65535).map(str)
+PORTS = st.lists(PORT, max_size=3).map(",".join)
+CIDR = st.tuples(st.integers(0, 255), st.integers(0, 255), st.integers(0, 32)).map(
+    lambda t: f"{t[0]}.{t[1]}.0.0/{t[2]}"
+)
+CIDRS = st.lists(CIDR, max_size=2).map(",".join)
+IFACES = st.lists(st.sampled_from(["eth1", "net1", "veth0"]), max_size=2).map(",".join)
+
+ANNOTATIONS = st.dictionaries(
+    st.sampled_from(
+        [
+            ann.INCLUDE_OUTBOUND_IP_RANGES,
+            ann.EXCLUDE_OUTBOUND_IP_RANGES,
+            ann.INCLUDE_INBOUND_PORTS,
+            ann.EXCLUDE_INBOUND_PORTS,
+            ann.INCLUDE_OUTBOUND_PORTS,
+            ann.EXCLUDE_OUTBOUND_PORTS,
+            ann.EXCLUDE_INTERFACES,
+            ann.KUBEVIRT_INTERFACES,
+            ann.INTERCEPTION_MODE,
+            ann.NATIVE_SIDECAR,
+            ann.REWRITE_PROBES,
+            ann.DEFAULT_CONTAINER,
+            "other.example/note",
+        ]
+    ),
+    st.just(""),
+    max_size=6,
+).flatmap(
+    lambda keys: st.fixed_dictionaries(
+        {key: _annotation_value(key) for key in keys},
+    )
+)
+
+
+def _annotation_value(key: str) -> st.SearchStrategy[str]:
+    return {
+        ann.INCLUDE_OUTBOUND_IP_RANGES: st.one_of(st.just("*"), CIDRS),
+        ann.EXCLUDE_OUTBOUND_IP_RANGES: CIDRS,
+        ann.INCLUDE_INBOUND_PORTS: st.one_of(st.just("*"), PORTS),
+        ann.EXCLUDE_INBOUND_PORTS: PORTS,
+        ann.INCLUDE_OUTBOUND_PORTS: PORTS,
+        ann.EXCLUDE_OUTBOUND_PORTS: PORTS,
+        ann.EXCLUDE_INTERFACES: IFACES,
+        ann.KUBEVIRT_INTERFACES: IFACES,
+        ann.INTERCEPTION_MODE: st.sampled_from(["REDIRECT", "TPROXY", "NONE"]),
+        ann.NATIVE_SIDECAR: st.sampled_from(["true", "false"]),
+        ann.REWRITE_PROBES: st.sampled_from(["true", "false"]),
+    }.get(key, VALUES)
+
+
+LABELS = st.dictionaries(
+    st.sampled_from(
+        [
+            "app",
+            "version",
+            "app.kubernetes.io/name",
+            ann.TLS_MODE_LABEL,
+            ann.CANONICAL_NAME_LABEL,
+            ann.CANONICAL_REVISION_LABEL,
+            "tier",
+        ]
+    ),
+    VALUES,
+    max_size=4,
+)
+
+HTTP_GET = st.fixed_dictionaries(
+    {"path": st.just("/").map(str) | st.sampled_from(["/healthz", "/ready"]), "port": PORT},
+    optional={"scheme": st.sampled_from(["HTTP", "HTTPS"]), "host": st.just("127.0.0.1")},
+)
+PROBE = st.one_of(
+    st.fixed_dictionaries({"httpGet": HTTP_GET}, optional={"timeoutSeconds": st.integers(1, 5)}),
+    st.just({"exec": {"command": ["true"]}}),
+    st.just({"tcpSocket": {"port": 80}}),
+)
+
+
+@st.composite
+def pods(draw: st.DrawFn) -> dict[str, Any]:
+    names = draw(st.lists(NAMES, min_size=1, max_size=4, unique=True))
+    split = draw(st.integers(0, len(names) - 1))
+    init_names, app_names = names[:split], names[split:]
+
+    def container(name: str, probes: bool) -> dict[str, Any]:
+        c: dict[str, Any] = {"name": name, "image": f"registry.example/{name}:1"}
+        if probes:
+            for field in ("livenessProbe", "readinessProbe", "startupProbe"):
+                if draw(st.booleans()):
+                    c[field] = draw(PROBE)
+        return c
+
+    spec: dict[str, Any] = {"containers": [container(n, probes=True) for n in app_names]}
+    if init_names or draw(st.booleans()):
+        spec["initContainers"] = [container(n, probes=False) for n in init_names]
+    choice = draw(st.sampled_from(["absent", "null", "empty", "some"]))
+    if choice != "absent":
+        spec["volumes"] = {"null": None, "empty": [], "some": [{"name": "data", "emptyDir": {}}]}[
+            choice
+        ]
+    if draw(st.booleans()):
+        spec["serviceAccountName"] = "sa"
+    pod: dict[str, Any] = {"spec": spec}
+    metadata_choice = draw(st.sampled_from(["absent", "null", "some"]))
+    if metadata_choice == "null":
+        pod["metadata"] = None
+    elif metadata_choice == "some":
+        metadata: dict[str, Any] = {}
+        for section, strategy in (("labels", LABELS), ("annotations", ANNOTATIONS)):
+            kind = draw(st.sampled_from(["absent", "null", "some"]))
+            if kind != "absent":
+                metadata[section] = None if kind == "null" else draw(strategy)
+        pod["metadata"] = metadata
+    # Metadata first or last: key order must survive too.
+    if draw(st.booleans()) and "metadata" in pod:
+        pod = {"metadata": pod["metadata"], "spec": spec}
+    return pod
+
+
+SETTINGS = st.builds(
+    InjectSettings,
+    image=st.sampled_from(["registry.example/meshctl:1", "registry.example/meshctl:2"]),
+    revision=st.sampled_from(["default", "canary"]),
+    native_sidecar=st.booleans(),
+    cni=st.booleans(),
+    proxy_uid=st.sampled_from([1337, 2102]),
+)
+
+
+def text(value: Any) -> str:
+    return json.dumps(value)  # order-sensitive equality
+
+
+def injected(pod: dict[str, Any], settings_: InjectSettings) -> dict[str, Any]:
+    return inject_pod(pod, settings_, workload_name="wl").pod
+
+
+@settings(max_examples=300, deadline=None)
+@given(pod=pods(), settings_=SETTINGS)
+def test_inject_is_idempotent(pod, settings_):
+    once = injected(pod, settings_)
+    assert text(injected(once, settings_)) == text(once)
+
+
+@settings(max_examples=300, deadline=None)
+@given(pod=pods(), settings_=SETTINGS)
+def test_uninject_restores_the_pod_exactly(pod, settings_):
+    assert text(uninject_pod(injected(pod, settings_))) == text(pod)
+
+
+@settings(max_examples=150, deadline=None)
+@given(pod=pods(), first=SETTINGS, second=SETTINGS)
+def test_reinjecting_with_other_settings_equals_injecting_once(pod, first, second):
+    assert text(injected(injected(pod, first), second)) == text(injected(pod, second))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pod=pods(), settings_=SETTINGS)
+def test_the_webhook_patch_gives_the_same_pod(pod, settings_):
+    obj = {"apiVersion": "v1", "kind": "Pod", **pod}
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {"uid": "u", "namespace": "ns", "object": obj},
+    }
+    answer = admission.handle(
+        admission.Request("POST", "/inject", "application/json", json.dumps(review).encode()),
+        settings_,
+    )
+    assert answer.status == 200
+    response = json.loads(answer.body)["response"]
+    patch = json.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+    expected = inject_pod(obj, settings_, workload_name="", namespace="ns").pod
+    assert jsonpatch.apply_patch(obj, patch) == expected
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    request=st.dictionaries(
+        st.sampled_from(["uid", "kind", "operation", "object", "namespace", "subResource"]),
+        JSON,
+    ),
+    obj=st.fixed_dictionaries({}, optional={"metadata": JSON, "spec": JSON}),
+)
+def test_the_handler_answers_any_admission_review_without_raising(request, obj):
+    request.setdefault("object", obj)
+    body = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+    answer = admission.handle(
+        admission.Request("POST", "/inject", "application/json", json.dumps(body).encode()),
+        InjectSettings(),
+    )
+    assert answer.status in {200, 400}
