@@ -1,0 +1,196 @@
+"""A development certificate authority and the facts we read back from PEM certificates.
+
+Owns: minting a self-signed root and SPIFFE workload certificates (ECDSA P-256 keys, as Istio's
+CSRs; the URI SAN is the SPIFFE ID, RFC 5280 §4.2.1.6), and ``describe`` which turns a PEM into
+plain facts (serial, validity, URI SANs) for validation and ``/config_dump``. Invariants: pure
+computation, no files or clocks (``now`` is passed in); private keys leave only as PEM bytes
+returned to the caller, never in a message or a log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from meshctl.core.identity import SpiffeId
+
+# File names istio-agent writes for a workload (and ztunnel-style tools read).
+CERT_CHAIN_FILE = "cert-chain.pem"
+KEY_FILE = "key.pem"
+ROOT_CERT_FILE = "root-cert.pem"
+CA_KEY_FILE = "ca-key.pem"  # the plug-in CA secret's names (istio `cacerts`)
+CA_CERT_FILE = "ca-cert.pem"
+
+# Backdating absorbs clock skew between the host that minted and the host that verifies.
+_BACKDATE = timedelta(minutes=5)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KeyPair:
+    """A certificate (PEM) and its private key (PKCS#8 PEM)."""
+
+    cert_pem: bytes
+    key_pem: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CertFacts:
+    """What ``/config_dump`` and the validation rules need from one certificate."""
+
+    serial: str
+    subject: str
+    not_before: datetime
+    not_after: datetime
+    uri_sans: tuple[str, ...]
+    is_ca: bool
+
+
+def mint_root(*, trust_domain: str, now: datetime, ttl: timedelta) -> KeyPair:
+    """A self-signed root CA for ``trust_domain``, valid from ``now`` (minus skew) for ``ttl``."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, trust_domain),
+            x509.NameAttribute(NameOID.COMMON_NAME, f"meshctl development root ({trust_domain})"),
+        ]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _BACKDATE)
+        .not_valid_after(now + ttl)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return KeyPair(cert_pem=cert.public_bytes(serialization.Encoding.PEM), key_pem=_key_pem(key))
+
+
+def mint_workload(
+    ca: KeyPair,
+    identity: SpiffeId,
+    *,
+    now: datetime,
+    ttl: timedelta,
+    not_before: datetime | None = None,
+) -> KeyPair:
+    """A leaf certificate for ``identity`` signed by ``ca``: client and server auth, URI SAN only.
+
+    ``not_before`` overrides the start (tests mint expired or not-yet-valid certificates with it).
+    """
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise TypeError("the CA key must be an EC key minted by 'meshctl ztunnel certs'")
+    key = ec.generate_private_key(ec.SECP256R1())
+    start = not_before if not_before is not None else now - _BACKDATE
+    cert = (
+        x509.CertificateBuilder()
+        # Istio leaves the subject empty; an O= keeps OpenSSL's printers readable.
+        .subject_name(
+            x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, identity.trust_domain)])
+        )
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(start + ttl if not_before is not None else now + ttl)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=True,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(str(identity))]),
+            critical=True,  # RFC 5280: critical when the subject is empty-ish, as Istio's are
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return KeyPair(cert_pem=cert.public_bytes(serialization.Encoding.PEM), key_pem=_key_pem(key))
+
+
+def describe(pem: bytes) -> list[CertFacts]:
+    """Facts about every certificate in a PEM bundle, in order (leaf first for a chain)."""
+    facts = []
+    for cert in x509.load_pem_x509_certificates(pem):
+        try:
+            san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            uris = tuple(san.get_values_for_type(x509.UniformResourceIdentifier))
+        except x509.ExtensionNotFound:
+            uris = ()
+        try:
+            is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+        except x509.ExtensionNotFound:
+            is_ca = False
+        facts.append(
+            CertFacts(
+                serial=format(cert.serial_number, "x"),
+                subject=cert.subject.rfc4514_string(),
+                not_before=cert.not_valid_before_utc,
+                not_after=cert.not_valid_after_utc,
+                uri_sans=uris,
+                is_ca=is_ca,
+            )
+        )
+    return facts
+
+
+def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
+    """Whether ``key_pem`` is the private key of the first certificate in ``cert_pem``."""
+    cert = x509.load_pem_x509_certificates(cert_pem)[0]
+    key = serialization.load_pem_private_key(key_pem, password=None)
+    return bool(
+        cert.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+        == key.public_key().public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )

@@ -1,0 +1,183 @@
+"""The supervisor <-> data-plane message channel: a small, versioned schema and its framing.
+
+Owns the wire between ``meshctl ztunnel run`` and its data-plane subprocess (the role ztunnel's
+``zds.proto`` plays for the node agent). A frame is a 4-byte big-endian length and a UTF-8 JSON
+object ``{"v": VERSION, "type": <kind>, ...}``. Invariants: a frame above ``MAX_FRAME`` or with an
+unknown version, type or field is a ``ChannelError`` (the reader closes; the supervisor restarts
+the data plane); message records are frozen and round-trip exactly through ``encode``/``Decoder``.
+Certificates travel as PEM text inside the channel only; ``repr`` of ``Certs`` hides the key.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+VERSION = 1
+MAX_FRAME = 16 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+class ChannelError(ValueError):
+    """A frame broke the schema; the channel is unusable after it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hello:
+    """Data plane -> supervisor, first frame: who is speaking and which versions it reads."""
+
+    TYPE: ClassVar[str] = "hello"
+    pid: int
+    versions: tuple[int, ...] = (VERSION,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProxyConfig:
+    """Supervisor -> data plane: static settings. ``listeners`` maps a role to an inherited fd."""
+
+    TYPE: ClassVar[str] = "config"
+    mode: str  # "sidecar" (dedicated); "shared" arrives with ambient mode
+    workload: str  # NS/NAME/SA of the one workload this proxy serves (dedicated mode)
+    listeners: dict[str, int]  # outbound, inbound, inbound_plaintext, readiness, metrics, admin
+    cluster_id: str = "Kubernetes"
+    trust_domain: str = "cluster.local"
+    pool_max_streams: int = 100
+    pool_idle_timeout: float = 300.0
+    connect_timeout: float = 10.0
+    handshake_timeout: float = 5.0
+    drain_deadline: float = 5.0
+    stream_window: int = 4 * 1024 * 1024
+    connection_window: int = 16 * 1024 * 1024
+    max_frame_size: int = 1024 * 1024
+    mark: int = 0  # SO_MARK on upstream sockets, for capture rules that exempt by mark
+    worker: int = 0  # this child's index; worker 0 alone gets the HTTP listeners
+    workers: int = 1
+    metrics_dir: str = ""  # prometheus-client multiprocess directory shared by all workers
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Certs:
+    """Supervisor -> data plane: our workload key and chain, and the roots we trust."""
+
+    TYPE: ClassVar[str] = "certs"
+    cert_chain: str = field(repr=False)
+    key: str = field(repr=False)
+    roots: str = field(repr=False)
+    generation: int = 0
+    # What /config_dump shows of each certificate (``certificate_facts``), read here by the
+    # supervisor so the data plane never loads an X.509 parser (``cryptography``: ~9 MB RSS).
+    chain_facts: tuple[dict[str, Any], ...] = ()
+    root_facts: tuple[dict[str, Any], ...] = ()
+
+
+def certificate_facts(
+    serial: str, not_before: str, not_after: str, uri_sans: list[str]
+) -> dict[str, Any]:
+    """One certificate as ``/config_dump`` shows it (ztunnel's field names, ISO 8601 times)."""
+    return {
+        "serialNumber": serial,
+        "validFrom": not_before,
+        "expirationTime": not_after,
+        "uriSans": uri_sans,
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workloads:
+    """Supervisor -> data plane: a whole local-config document (already validated)."""
+
+    TYPE: ClassVar[str] = "workloads"
+    document: dict[str, Any]
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drain:
+    """Supervisor -> data plane: stop accepting, finish open connections within ``deadline`` s."""
+
+    TYPE: ClassVar[str] = "drain"
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Status:
+    """Data plane -> supervisor: readiness and the generations it applied, or a problem."""
+
+    TYPE: ClassVar[str] = "status"
+    ready: bool
+    certs_generation: int = -1
+    workloads_generation: int = -1
+    problem: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Drained:
+    """Data plane -> supervisor, last frame: connections left when the drain ended."""
+
+    TYPE: ClassVar[str] = "drained"
+    remaining: int
+
+
+Message = Hello | ProxyConfig | Certs | Workloads | Drain | Status | Drained
+_KINDS: dict[str, type[Message]] = {
+    k.TYPE: k for k in (Hello, ProxyConfig, Certs, Workloads, Drain, Status, Drained)
+}
+
+
+def encode(message: Message) -> bytes:
+    """One frame for ``message``."""
+    body: dict[str, Any] = {"v": VERSION, "type": message.TYPE}
+    for f in fields(message):
+        value = getattr(message, f.name)
+        body[f.name] = list(value) if isinstance(value, tuple) else value
+    data = json.dumps(body, separators=(",", ":")).encode()
+    if len(data) > MAX_FRAME:
+        raise ChannelError(f"{message.TYPE} message is {len(data)} bytes; limit {MAX_FRAME}")
+    return _HEADER.pack(len(data)) + data
+
+
+def decode(body: bytes) -> Message:
+    """The message in one frame's body (without the length prefix)."""
+    try:
+        raw = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ChannelError(f"frame is not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ChannelError("frame is not a JSON object")
+    if raw.pop("v", None) != VERSION:
+        raise ChannelError(f"unsupported channel version (this side speaks {VERSION})")
+    kind = _KINDS.get(str(raw.pop("type", "")))
+    if kind is None:
+        raise ChannelError("unknown message type")
+    names = {f.name: f for f in fields(kind)}
+    unknown = set(raw) - set(names)
+    if unknown:
+        raise ChannelError(f"{kind.TYPE}: unknown field(s) {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    try:
+        return kind(**values)
+    except TypeError as exc:
+        raise ChannelError(f"{kind.TYPE}: {exc}") from exc
+
+
+class Decoder:
+    """Reassembles frames from a byte stream; ``feed`` returns the complete messages so far."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buffer += data
+        out: list[Message] = []
+        while len(self._buffer) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self._buffer)
+            if length > MAX_FRAME:
+                raise ChannelError(f"frame of {length} bytes exceeds the {MAX_FRAME} limit")
+            end = _HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            out.append(decode(bytes(self._buffer[_HEADER.size : end])))
+            del self._buffer[:end]
+        return out

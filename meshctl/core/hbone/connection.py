@@ -1,0 +1,507 @@
+"""A sans-IO HBONE connection: HTTP/2 CONNECT tunnels (RFC 9113 §8.5) over one h2 connection.
+
+Owns, for either side: the CONNECT exchange (client: ``open``/``TunnelOpened``; server:
+``TunnelRequested``/``respond``), per-stream byte queues with flow control, half-close, and the
+abuse budgets. Bytes go in through ``receive``; events come out; bytes to write come out of
+``data_to_send``. Invariants:
+- Every call may queue output: the shell must call ``data_to_send`` after *any* call (a
+  WINDOW_UPDATE made by ``consumed`` outside the receive path stalls the tunnel if left queued).
+- Outbound bytes beyond the peer's stream or connection window are held per stream and sent on
+  WINDOW_UPDATE, round-robin across streams (the connection window is shared); END_STREAM goes
+  out only after a stream's held bytes.
+- Inbound windows are returned only through ``consumed`` (bytes that left the process), so a slow
+  reader backpressures the peer instead of growing memory.
+- Local misuse raises ``TunnelStateError``; peer misbehaviour becomes
+  ``ConnectionClosed(remote=True)`` after a GOAWAY is queued, never an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+from h2.errors import ErrorCodes
+from h2.settings import SettingCodes
+from hyperframe.frame import DataFrame, Frame, GoAwayFrame
+
+from meshctl.core.hbone.events import (
+    ConnectionClosed,
+    DataReceived,
+    Event,
+    StreamEnded,
+    StreamReset,
+    TunnelOpened,
+    TunnelRefused,
+    TunnelRejected,
+    TunnelRequested,
+    Writable,
+)
+from meshctl.core.hbone.headers import parse_authority
+
+DEFAULT_WINDOW = 4 * 1024 * 1024  # ztunnel's HTTP2_STREAM_WINDOW_SIZE / CONNECTION_WINDOW_SIZE
+DEFAULT_FRAME = 1024 * 1024  # ztunnel's HTTP2_FRAME_SIZE
+_H2_DEFAULT_WINDOW = 65535  # RFC 9113 §6.9.2: every window starts here
+
+
+_FRAME_HEADER = struct.Struct(">HBBBL")  # RFC 9113 §4.1: 24-bit length, type, flags, stream
+_DATA = 0x0
+_END_STREAM = 0x1
+# DATA payloads at least this large leave by reference (no copy); smaller frames are joined
+# with their neighbours so a 1 KiB message stays one TLS record.
+_BY_REFERENCE = 16 * 1024
+
+
+class _H2(h2.connection.H2Connection):
+    """h2, except that large DATA payloads are queued by reference instead of copied.
+
+    h2 serialises every frame into one bytearray and ``data_to_send`` copies it out again: for
+    bulk transfer that is three copies of each payload byte, the largest Python-level cost of
+    the sending proxy in the profile. Frames keep their order: bytes h2 queued by itself (the
+    preface) and joined small frames are flushed into the list before each payload.
+    """
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config=config)
+        self._buffers: list[bytes] = []
+
+    def _prepare_for_sending(self, frames: list[Frame]) -> None:
+        limit = self.max_outbound_frame_size
+        for f in frames:
+            if isinstance(f, DataFrame) and len(f.data) >= _BY_REFERENCE and not f.pad_length:
+                size = len(f.data)
+                if size > limit:
+                    raise h2.exceptions.FrameTooLargeError(f"DATA of {size} > {limit}")
+                flags = _END_STREAM if "END_STREAM" in f.flags else 0
+                sid = f.stream_id & 0x7FFFFFFF
+                self._data_to_send += _FRAME_HEADER.pack(size >> 8, size & 0xFF, _DATA, flags, sid)
+                self._buffers.append(bytes(self._data_to_send))
+                self._data_to_send = bytearray()
+                self._buffers.append(bytes(f.data))  # already bytes: no copy
+            else:
+                self._data_to_send += f.serialize()
+
+    def buffers_to_send(self) -> list[bytes]:
+        if self._data_to_send:
+            self._buffers.append(bytes(self._data_to_send))
+            self._data_to_send = bytearray()
+        out, self._buffers = self._buffers, []
+        return out
+
+    def data_to_send(self, amount: int | None = None) -> bytes:
+        if amount is not None:
+            raise NotImplementedError("partial reads of the output are not used by HBONE")
+        return b"".join(self.buffers_to_send())
+
+    def clear_outbound_data_buffer(self) -> None:
+        super().clear_outbound_data_buffer()
+        self._buffers = []
+
+
+class TunnelStateError(RuntimeError):
+    """The caller used a stream in a way its state forbids (a bug on our side, not the peer's)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TunnelSettings:
+    """HTTP/2 parameters and abuse budgets for one HBONE connection."""
+
+    stream_window: int = DEFAULT_WINDOW
+    connection_window: int = 4 * DEFAULT_WINDOW  # shared by up to 100 streams
+    max_frame_size: int = DEFAULT_FRAME
+    max_concurrent_streams: int = 100  # the pool's streams per connection; the server's limit
+    # A stream holding this many unsent bytes asks its reader to pause; it resumes below low.
+    high_water: int = 2 * DEFAULT_WINDOW
+    low_water: int = DEFAULT_WINDOW // 2
+    # Abuse budgets, as token buckets: burst and refill per second. Exceeding one sends GOAWAY
+    # ENHANCE_YOUR_CALM. Peer resets cover HTTP/2 rapid reset (CVE-2023-44487); control frames
+    # cover SETTINGS and PING floods (each one makes us queue an ACK).
+    reset_burst: int = 200
+    reset_rate: float = 100.0
+    control_burst: int = 200
+    control_rate: float = 100.0
+
+
+@dataclass(slots=True)
+class _Bucket:
+    capacity: float
+    rate: float
+    tokens: float
+    stamp: float | None = None
+
+    def take(self, now: float) -> bool:
+        if self.stamp is not None:
+            self.tokens = min(self.capacity, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+@dataclass(slots=True)
+class _Stream:
+    stream_id: int
+    opened: bool = False  # 200 sent (server) or received (client)
+    held: deque[bytes] = field(default_factory=deque)
+    held_len: int = 0
+    end_wanted: bool = False
+    local_ended: bool = False
+    remote_ended: bool = False
+    blocked: bool = False  # told the shell to pause (held_len crossed high water)
+
+
+class HboneConnection:
+    """One HTTP/2 connection carrying HBONE tunnels; ``client=True`` for the initiating side."""
+
+    def __init__(self, *, client: bool, settings: TunnelSettings | None = None) -> None:
+        self.client = client
+        self.settings = settings or TunnelSettings()
+        config = h2.config.H2Configuration(client_side=client, header_encoding=None)
+        self._h2 = _H2(config)
+        self._streams: dict[int, _Stream] = {}
+        self._closed: ConnectionClosed | None = None
+        self._going_away = False
+        self._extra_out = b""  # frames written here rather than by h2 (graceful GOAWAY)
+        self._resets = _Bucket(
+            self.settings.reset_burst, self.settings.reset_rate, self.settings.reset_burst
+        )
+        self._control = _Bucket(
+            self.settings.control_burst, self.settings.control_rate, self.settings.control_burst
+        )
+        self._h2.initiate_connection()
+        # Our settings go out as an update, not as constructor values: h2 applies an update's
+        # MAX_FRAME_SIZE and INITIAL_WINDOW_SIZE to its inbound checks when the peer ACKs it,
+        # whereas constructor values leave the inbound frame limit at 16 KiB (a trap).
+        self._h2.update_settings(
+            {
+                SettingCodes.INITIAL_WINDOW_SIZE: self.settings.stream_window,
+                SettingCodes.MAX_FRAME_SIZE: self.settings.max_frame_size,
+                SettingCodes.MAX_CONCURRENT_STREAMS: self.settings.max_concurrent_streams,
+                SettingCodes.ENABLE_PUSH: 0,
+            }
+        )
+        extra = self.settings.connection_window - _H2_DEFAULT_WINDOW
+        if extra > 0:
+            self._h2.increment_flow_control_window(extra)
+
+    # -- introspection ------------------------------------------------------------------------
+
+    @property
+    def closed(self) -> ConnectionClosed | None:
+        """Why the connection ended, or None while it is usable."""
+        return self._closed
+
+    @property
+    def active_streams(self) -> int:
+        return len(self._streams)
+
+    def can_open(self) -> bool:
+        """Whether a new tunnel fits: not closing, and under both sides' stream limits."""
+        if self._closed is not None or self._going_away or not self.client:
+            return False
+        peer_limit = self._h2.remote_settings.max_concurrent_streams
+        limit = min(peer_limit, self.settings.max_concurrent_streams)
+        return self._h2.open_outbound_streams < limit
+
+    def held_bytes(self, stream_id: int) -> int:
+        stream = self._streams.get(stream_id)
+        return stream.held_len if stream else 0
+
+    # -- output ------------------------------------------------------------------------------
+
+    def data_to_send(self) -> bytes:
+        return b"".join(self.buffers_to_send())
+
+    def buffers_to_send(self) -> list[bytes]:
+        """What ``data_to_send`` returns, as a list for ``writelines`` (payloads not copied)."""
+        out = self._h2.buffers_to_send()
+        if self._extra_out:
+            out.insert(0, self._extra_out)
+            self._extra_out = b""
+        return out
+
+    # -- client side -------------------------------------------------------------------------
+
+    def open(self, authority: str, headers: Iterable[tuple[str, str]] = ()) -> int:
+        """Send ``CONNECT authority`` with ``headers``; returns the new stream id."""
+        if not self.client:
+            raise TunnelStateError("only the client side opens tunnels")
+        if not self.can_open():
+            raise TunnelStateError("connection cannot take another stream")
+        parse_authority(authority)  # refuse to send what our own server would reject
+        stream_id = self._h2.get_next_available_stream_id()
+        request = [(b":method", b"CONNECT"), (b":authority", authority.encode("ascii"))]
+        request += [(k.lower().encode("ascii"), v.encode("latin-1")) for k, v in headers]
+        self._h2.send_headers(stream_id, request)
+        self._streams[stream_id] = _Stream(stream_id)
+        return stream_id
+
+    # -- server side -------------------------------------------------------------------------
+
+    def respond(self, stream_id: int, status: int) -> None:
+        """Answer a ``TunnelRequested``: 200 opens the tunnel; any other status ends the stream."""
+        stream = self._stream(stream_id)
+        if self.client or stream.opened:
+            raise TunnelStateError(f"stream {stream_id} cannot be answered again")
+        headers = [(b":status", str(status).encode("ascii"))]
+        if status == 200:
+            self._h2.send_headers(stream_id, headers)
+            stream.opened = True
+            self._flush(stream)
+        else:
+            self._h2.send_headers(stream_id, headers, end_stream=True)
+            self._forget(stream_id)
+
+    # -- both sides --------------------------------------------------------------------------
+
+    def send(self, stream_id: int, data: bytes) -> bool:
+        """Queue tunnel bytes; False means "pause the source until ``Writable``"."""
+        stream = self._stream(stream_id)
+        if stream.end_wanted:
+            raise TunnelStateError(f"stream {stream_id} was half-closed; no more data")
+        if data:
+            stream.held.append(data)
+            stream.held_len += len(data)
+            if stream.opened:
+                self._flush(stream)
+        if stream.held_len >= self.settings.high_water:
+            stream.blocked = True
+            return False
+        return True
+
+    def end(self, stream_id: int) -> None:
+        """Half-close our direction; END_STREAM follows any held bytes."""
+        stream = self._stream(stream_id)
+        stream.end_wanted = True
+        if stream.opened:
+            self._flush(stream)
+
+    def reset(self, stream_id: int, error_code: int = ErrorCodes.CANCEL) -> None:
+        """Abort the stream (e.g. the app socket failed); unknown or finished streams are fine."""
+        if stream_id not in self._streams:
+            return
+        self._forget(stream_id)
+        # The peer may have closed it first; then there is nothing to tell it.
+        with contextlib.suppress(h2.exceptions.StreamClosedError):
+            self._h2.reset_stream(stream_id, error_code)
+
+    def consumed(self, stream_id: int, flow: int) -> None:
+        """Return ``flow`` bytes of window: they left this process (written to the app socket)."""
+        if flow and self._closed is None:
+            self._h2.acknowledge_received_data(flow, stream_id)
+
+    def close(self, error_code: int = ErrorCodes.NO_ERROR, reason: str = "closed locally") -> None:
+        """Send GOAWAY and end the connection: every stream is over (h2 refuses all frames)."""
+        if self._closed is None:
+            self._h2.close_connection(error_code)
+            self._closed = ConnectionClosed(error_code=error_code, remote=False, reason=reason)
+
+    def go_away(self) -> None:
+        """Graceful GOAWAY (RFC 9113 §6.8): open streams finish, new ones are refused.
+
+        h2's ``close_connection`` would also close the state machine and fail every open
+        stream, so the frame is written here and h2 keeps serving the streams already open.
+        """
+        if self._going_away or self._closed is not None:
+            return
+        self._going_away = True
+        last = self._h2.highest_inbound_stream_id
+        frame = GoAwayFrame(stream_id=0, last_stream_id=last, error_code=ErrorCodes.NO_ERROR)
+        self._extra_out += self._h2.data_to_send() + frame.serialize()
+
+    @property
+    def going_away(self) -> bool:
+        return self._going_away
+
+    def receive(self, data: bytes, now: float) -> list[Event]:
+        """Feed bytes read from the socket at time ``now`` (seconds, monotonic)."""
+        if self._closed is not None and self._closed.remote:
+            return []
+        try:
+            raw = self._h2.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            # h2 queued a GOAWAY with the right code already; the peer broke the protocol.
+            code = getattr(exc, "error_code", ErrorCodes.PROTOCOL_ERROR)
+            return self._terminate(int(code), f"protocol error by peer: {exc}")
+        events: list[Event] = []
+        for ev in raw:
+            events.extend(self._handle(ev, now))
+            if self._closed is not None and self._closed.remote:
+                break
+        return events
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _handle(self, ev: h2.events.Event, now: float) -> list[Event]:  # noqa: PLR0911, PLR0912
+        if isinstance(ev, h2.events.DataReceived):
+            sid = ev.stream_id
+            stream = self._streams.get(sid)
+            if stream is None:
+                # Late data for a stream we reset: give the window back so others keep flowing.
+                self._h2.acknowledge_received_data(ev.flow_controlled_length, sid)
+                return []
+            if not ev.flow_controlled_length:
+                return []  # an empty DATA frame carrying END_STREAM; h2 reports the end next
+            # h2 reports END_STREAM as its own StreamEnded event after this one.
+            return [DataReceived(sid, ev.data, ev.flow_controlled_length)]
+        if isinstance(ev, h2.events.WindowUpdated):
+            if ev.stream_id:
+                stream = self._streams.get(ev.stream_id)
+                return self._flush(stream) if stream else []
+            return self._flush_all()
+        if isinstance(ev, h2.events.RequestReceived):
+            return self._request(ev)
+        if isinstance(ev, h2.events.ResponseReceived):
+            return self._response(ev)
+        if isinstance(ev, h2.events.StreamEnded):
+            stream = self._streams.get(ev.stream_id)
+            return [self._remote_end(stream)] if stream else []
+        if isinstance(ev, h2.events.StreamReset):
+            if ev.stream_id in self._streams:
+                self._forget(ev.stream_id)
+                if ev.remote_reset and not self._resets.take(now):
+                    return self._calm("too many streams reset by the peer (rapid reset)")
+                return [StreamReset(ev.stream_id, int(ev.error_code or 0), ev.remote_reset)]
+            if ev.remote_reset and not self._resets.take(now):
+                return self._calm("too many streams reset by the peer (rapid reset)")
+            return []
+        if isinstance(ev, h2.events.RemoteSettingsChanged | h2.events.PingReceived):
+            if not self._control.take(now):
+                return self._calm("too many SETTINGS/PING frames from the peer")
+            if isinstance(ev, h2.events.RemoteSettingsChanged):
+                return self._flush_all()  # a larger INITIAL_WINDOW_SIZE reopens held streams
+            return []
+        if isinstance(ev, h2.events.ConnectionTerminated):
+            closed = ConnectionClosed(
+                error_code=int(ev.error_code or 0),
+                remote=True,
+                reason="peer sent GOAWAY",
+                last_stream_id=ev.last_stream_id,
+            )
+            if closed.error_code == ErrorCodes.NO_ERROR:
+                # A graceful GOAWAY: streams up to last_stream_id may finish (RFC 9113 §6.8).
+                # h2 moves its state machine to CLOSED on any GOAWAY, which would fail them, so
+                # it goes back to OPEN and this side only stops opening streams.
+                state = h2.connection.ConnectionState
+                self._h2.state_machine.state = (
+                    state.CLIENT_OPEN if self.client else state.SERVER_OPEN
+                )
+                self._going_away = True
+                last = ev.last_stream_id if ev.last_stream_id is not None else 2**31
+                events: list[Event] = [closed]
+                for sid in [s for s in self._streams if s > last]:
+                    self._forget(sid)  # never processed by the peer: report them reset
+                    events.append(StreamReset(sid, ErrorCodes.REFUSED_STREAM, remote=True))
+                return events
+            self._closed = closed
+            return [closed]
+        if isinstance(ev, h2.events.TrailersReceived | h2.events.InformationalResponseReceived):
+            return []  # CONNECT tunnels carry neither; ignore rather than fail the stream
+        return []
+
+    def _request(self, ev: h2.events.RequestReceived) -> list[Event]:
+        sid = ev.stream_id
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in (ev.headers or [])}
+        method = headers.get(":method", "")
+        if self._going_away:
+            # After our GOAWAY: the peer must retry elsewhere (RFC 9113 §8.7, REFUSED_STREAM).
+            self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            return []
+        if method != "CONNECT":
+            return [self._reject(sid, 400, f"method {method!r} is not CONNECT")]
+        try:
+            authority = parse_authority(headers.get(":authority", ""))
+        except ValueError as exc:
+            return [self._reject(sid, 400, str(exc))]
+        self._streams[sid] = _Stream(sid)
+        extra = {k: v for k, v in headers.items() if not k.startswith(":")}
+        return [TunnelRequested(sid, authority, extra)]
+
+    def _reject(self, stream_id: int, status: int, reason: str) -> TunnelRejected:
+        self._h2.send_headers(stream_id, [(b":status", str(status).encode())], end_stream=True)
+        return TunnelRejected(stream_id, status, reason)
+
+    def _response(self, ev: h2.events.ResponseReceived) -> list[Event]:
+        stream = self._streams.get(ev.stream_id)
+        if stream is None:
+            return []
+        status_text = dict(ev.headers or []).get(b":status", b"0")
+        status = int(status_text) if status_text.isdigit() else 0
+        if 200 <= status < 300:
+            stream.opened = True
+            return [TunnelOpened(ev.stream_id), *self._flush(stream)]
+        self._forget(ev.stream_id)
+        if ev.stream_ended is None:
+            with contextlib.suppress(h2.exceptions.StreamClosedError):
+                self._h2.reset_stream(ev.stream_id, ErrorCodes.CANCEL)
+        return [TunnelRefused(ev.stream_id, status)]
+
+    def _remote_end(self, stream: _Stream) -> Event:
+        stream.remote_ended = True
+        self._maybe_finished(stream)
+        return StreamEnded(stream.stream_id)
+
+    def _flush_all(self) -> list[Event]:
+        out: list[Event] = []
+        # Round-robin by giving each waiting stream one pass; the shared connection window
+        # decides how far each gets, and the rest waits for the next WINDOW_UPDATE.
+        for stream in [s for s in self._streams.values() if s.held or s.end_wanted]:
+            out.extend(self._flush(stream))
+        return out
+
+    def _flush(self, stream: _Stream) -> list[Event]:
+        if not stream.opened or (self._closed is not None and self._closed.remote):
+            return []
+        sid = stream.stream_id
+        h2c = self._h2
+        while stream.held:
+            window = min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size)
+            if window <= 0:
+                break
+            chunk = stream.held[0]
+            if len(chunk) <= window:
+                stream.held.popleft()
+            else:
+                stream.held[0] = chunk[window:]
+                chunk = chunk[:window]
+            stream.held_len -= len(chunk)
+            h2c.send_data(sid, chunk)
+        if not stream.held and stream.end_wanted and not stream.local_ended:
+            stream.local_ended = True
+            h2c.end_stream(sid)
+            self._maybe_finished(stream)
+        if stream.blocked and stream.held_len <= self.settings.low_water:
+            stream.blocked = False
+            return [Writable(sid)]
+        return []
+
+    def _maybe_finished(self, stream: _Stream) -> None:
+        if stream.local_ended and stream.remote_ended:
+            self._streams.pop(stream.stream_id, None)
+
+    def _forget(self, stream_id: int) -> None:
+        self._streams.pop(stream_id, None)
+
+    def _stream(self, stream_id: int) -> _Stream:
+        stream = self._streams.get(stream_id)
+        if stream is None:
+            raise TunnelStateError(f"stream {stream_id} is not open")
+        return stream
+
+    def _calm(self, reason: str) -> list[Event]:
+        self._h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM)
+        self._closed = ConnectionClosed(
+            error_code=ErrorCodes.ENHANCE_YOUR_CALM, remote=True, reason=reason
+        )
+        return [self._closed]
+
+    def _terminate(self, code: int, reason: str) -> list[Event]:
+        self._closed = ConnectionClosed(error_code=code, remote=True, reason=reason)
+        return [self._closed]

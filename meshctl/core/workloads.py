@@ -1,0 +1,530 @@
+"""The workload/service/policy store, built from Istio ztunnel's local-config document.
+
+Owns: parsing the local config (``workloads``, ``services``, ``policies``; camelCase, the fields
+ztunnel reads) into frozen records, and the lookups the data plane makes: workload by IP, service
+by VIP, and a destination (endpoint + target port) for an original destination. Invariants: an
+unknown or mistyped field is refused with its path (``workloads[1].workloadIps[0]``); a ``Store``
+never changes (an update builds a new one, so a lookup in flight sees one consistent snapshot);
+the store never fetches anything.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from meshctl.core.identity import IdentityError, SpiffeId
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+DEFAULT_TRUST_DOMAIN = "cluster.local"
+
+
+class LocalConfigError(ValueError):
+    """The local config document is invalid; ``path`` names the offending field."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}" if path else problem)
+        self.path = path
+        self.problem = problem
+
+
+class Protocol(StrEnum):
+    """How a workload receives mesh traffic: HBONE tunnels to :15008, or plain TCP."""
+
+    HBONE = "HBONE"
+    TCP = "TCP"
+
+
+class Action(StrEnum):
+    ALLOW = "Allow"
+    DENY = "Deny"
+
+
+class Scope(StrEnum):
+    GLOBAL = "Global"
+    NAMESPACE = "Namespace"
+    WORKLOAD_SELECTOR = "WorkloadSelector"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Workload:
+    uid: str
+    name: str
+    namespace: str
+    service_account: str = "default"
+    workload_ips: tuple[IPAddress, ...] = ()
+    protocol: Protocol = Protocol.TCP
+    network: str = ""
+    trust_domain: str = DEFAULT_TRUST_DOMAIN
+    node: str = ""
+    workload_name: str = ""
+    workload_type: str = "deployment"
+    canonical_name: str = ""
+    canonical_revision: str = ""
+    cluster_id: str = "Kubernetes"
+    authorization_policies: tuple[str, ...] = ()
+    healthy: bool = True
+    # "<ns>/<hostname>" -> {service port: target port}: makes this workload an endpoint.
+    services: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=dict)  # accepted, kept for /config_dump
+
+    @property
+    def identity(self) -> SpiffeId:
+        return SpiffeId(self.trust_domain, self.namespace, self.service_account)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Service:
+    name: str
+    namespace: str
+    hostname: str
+    vips: tuple[tuple[str, IPAddress], ...] = ()  # (network, ip)
+    ports: Mapping[int, int] = field(default_factory=dict)  # service port -> target port
+    subject_alt_names: tuple[str, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.hostname}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StringMatch:
+    """Istio's principal matcher: exact, prefix, suffix, or presence (any value)."""
+
+    kind: str  # "exact" | "prefix" | "suffix" | "presence"
+    value: str = ""
+
+    def matches(self, text: str | None) -> bool:
+        if text is None:
+            return False
+        if self.kind == "exact":
+            return text == self.value
+        if self.kind == "prefix":
+            return text.startswith(self.value)
+        if self.kind == "suffix":
+            return text.endswith(self.value)
+        return True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RbacMatch:
+    """One match: every non-empty field must hold (AND); within a field any positive (OR) and
+    no negative."""
+
+    namespaces: tuple[str, ...] = ()
+    not_namespaces: tuple[str, ...] = ()
+    service_accounts: tuple[tuple[str, str], ...] = ()  # (namespace, serviceAccount)
+    not_service_accounts: tuple[tuple[str, str], ...] = ()
+    principals: tuple[StringMatch, ...] = ()
+    not_principals: tuple[StringMatch, ...] = ()
+    source_ips: tuple[IPNetwork, ...] = ()
+    not_source_ips: tuple[IPNetwork, ...] = ()
+    destination_ips: tuple[IPNetwork, ...] = ()
+    not_destination_ips: tuple[IPNetwork, ...] = ()
+    destination_ports: tuple[int, ...] = ()
+    not_destination_ports: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Policy:
+    name: str
+    namespace: str
+    scope: Scope
+    action: Action
+    # rules OR; a rule is clauses AND; a clause is matches OR (ztunnel's three nested lists).
+    rules: tuple[tuple[tuple[RbacMatch, ...], ...], ...]
+    dry_run: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Destination:
+    """Where an outbound connection goes, decided from its original destination.
+
+    ``kind``: ``hbone`` (tunnel to ``hbone_addr``), ``tcp`` (plain connect to ``addr``: a known
+    workload without the mesh) or ``passthrough`` (unknown destination, plain connect).
+    """
+
+    kind: str
+    addr: tuple[str, int]
+    workload: Workload | None = None
+    service: Service | None = None
+
+    @property
+    def hbone_addr(self) -> tuple[str, int]:
+        return (self.addr[0], HBONE_PORT)
+
+
+HBONE_PORT = 15008
+
+
+class NoHealthyEndpointError(LookupError):
+    """A service VIP matched but has no healthy endpoint serving the port."""
+
+
+@dataclass(frozen=True, slots=True)
+class Store:
+    """An immutable snapshot of workloads, services and policies with lookup indexes."""
+
+    workloads: tuple[Workload, ...] = ()
+    services: tuple[Service, ...] = ()
+    policies: tuple[Policy, ...] = ()
+    _by_ip: Mapping[tuple[str, IPAddress], Workload] = field(default_factory=dict, repr=False)
+    _by_vip: Mapping[tuple[str, IPAddress], Service] = field(default_factory=dict, repr=False)
+    _by_uid: Mapping[str, Workload] = field(default_factory=dict, repr=False)
+    _policies: Mapping[str, Policy] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        workloads: Iterable[Workload] = (),
+        services: Iterable[Service] = (),
+        policies: Iterable[Policy] = (),
+    ) -> Store:
+        wls, svcs, pols = tuple(workloads), tuple(services), tuple(policies)
+        by_ip: dict[tuple[str, IPAddress], Workload] = {}
+        by_uid: dict[str, Workload] = {}
+        for w in wls:
+            if w.uid in by_uid:
+                raise LocalConfigError("workloads", f"duplicate uid {w.uid!r}")
+            by_uid[w.uid] = w
+            for ip in w.workload_ips:
+                if (w.network, ip) in by_ip:
+                    raise LocalConfigError("workloads", f"IP {ip} belongs to two workloads")
+                by_ip[(w.network, ip)] = w
+        by_vip = {(net, ip): s for s in svcs for net, ip in s.vips}
+        return cls(wls, svcs, pols, by_ip, by_vip, by_uid, {p.key: p for p in pols})
+
+    def workload_by_ip(self, ip: str | IPAddress, network: str = "") -> Workload | None:
+        return self._by_ip.get((network, ipaddress.ip_address(ip)))
+
+    def workload_by_uid(self, uid: str) -> Workload | None:
+        return self._by_uid.get(uid)
+
+    def find_workload(self, namespace: str, name: str) -> Workload | None:
+        """The workload called ``namespace/name`` (dedicated mode's ``--workload``)."""
+        for w in self.workloads:
+            if w.namespace == namespace and w.name == name:
+                return w
+        return None
+
+    def service_by_vip(self, ip: str | IPAddress, network: str = "") -> Service | None:
+        return self._by_vip.get((network, ipaddress.ip_address(ip)))
+
+    def endpoints(self, service: Service, port: int) -> list[tuple[Workload, int]]:
+        """Healthy workloads behind ``service`` with the target port each serves ``port`` on."""
+        found = []
+        for w in self.workloads:
+            ports = w.services.get(service.key)
+            if ports is None or not w.healthy or not w.workload_ips:
+                continue
+            target = ports.get(port, service.ports.get(port))
+            if target is not None:
+                found.append((w, target or port))  # targetPort 0 means "same as port"
+        return found
+
+    def resolve(
+        self,
+        ip: str | IPAddress,
+        port: int,
+        *,
+        network: str = "",
+        pick: Callable[[Sequence[tuple[Workload, int]]], tuple[Workload, int]] = lambda c: c[0],
+    ) -> Destination:
+        """Route an original destination: service VIP -> endpoint, workload IP, or passthrough.
+
+        ``pick`` chooses among healthy endpoints (the I/O shell passes a random choice; the
+        default keeps tests deterministic). Raises ``NoHealthyEndpointError`` for a VIP with none.
+        """
+        addr = ipaddress.ip_address(ip)
+        service = self._by_vip.get((network, addr))
+        if service is not None:
+            if port not in service.ports:
+                raise NoHealthyEndpointError(f"service {service.key} has no port {port}")
+            candidates = self.endpoints(service, port)
+            if not candidates:
+                raise NoHealthyEndpointError(f"service {service.key} has no healthy endpoint")
+            workload, target = pick(candidates)
+            ip_of = _same_family(workload.workload_ips, addr)
+            return Destination(
+                kind="hbone" if workload.protocol is Protocol.HBONE else "tcp",
+                addr=(str(ip_of), target),
+                workload=workload,
+                service=service,
+            )
+        direct = self._by_ip.get((network, addr))
+        if direct is None:
+            return Destination(kind="passthrough", addr=(str(addr), port))
+        kind = "hbone" if direct.protocol is Protocol.HBONE else "tcp"
+        return Destination(kind=kind, addr=(str(addr), port), workload=direct)
+
+    def policies_for(self, workload: Workload) -> list[Policy]:
+        """Policies for ``workload``: its namespace's, the global ones, and the ones it names."""
+        chosen: dict[str, Policy] = {}
+        for p in self.policies:
+            if p.scope is Scope.GLOBAL or (
+                p.scope is Scope.NAMESPACE and p.namespace == workload.namespace
+            ):
+                chosen[p.key] = p
+        for ref in workload.authorization_policies:
+            if ref in self._policies:
+                chosen[ref] = self._policies[ref]
+        return list(chosen.values())
+
+
+def _same_family(ips: Sequence[IPAddress], like: IPAddress) -> IPAddress:
+    for ip in ips:
+        if ip.version == like.version:
+            return ip
+    return ips[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Parsing: one small reader per record kind; every problem carries its field path.
+
+
+def parse_local_config(doc: Any) -> Store:
+    """Build a ``Store`` from a parsed local-config document (a mapping, or None for empty)."""
+    if doc is None:
+        return Store.build()
+    top = _Mapping(doc, "")
+    workloads = [_workload(_Mapping(w, p)) for p, w in top.list_of("workloads")]
+    services = [_service(_Mapping(s, p)) for p, s in top.list_of("services")]
+    policies = [_policy(_Mapping(x, p)) for p, x in top.list_of("policies")]
+    top.done()
+    return Store.build(workloads, services, policies)
+
+
+# Fields ztunnel's local config accepts that this data plane records but does not act on yet
+# (waypoints, gateways, locality...): accepted so a ztunnel config loads, shown in /config_dump.
+_WORKLOAD_PASSIVE = (
+    "networkMode", "hostname", "waypoint", "networkGateway", "nativeTunnel", "applicationTunnel",
+    "locality", "capacity",
+)  # fmt: skip
+_SERVICE_PASSIVE = (
+    "cidrVips", "endpoints", "waypoint", "loadBalancer", "ipFamilies", "canonical", "visibility",
+)  # fmt: skip
+
+
+def _workload(m: _Mapping) -> Workload:
+    status = m.choice("status", ("Healthy", "Unhealthy"), "Healthy")
+    services: dict[str, dict[int, int]] = {}
+    for key, value, path in m.mapping_items("services"):
+        if "/" not in key:
+            raise LocalConfigError(path, "service key must be '<namespace>/<hostname>'")
+        services[key] = _port_map(value, path)
+    w = Workload(
+        uid=m.text("uid", required=True),
+        name=m.text("name", required=True),
+        namespace=m.text("namespace", required=True),
+        service_account=m.text("serviceAccount", "default"),
+        workload_ips=tuple(_ip(v, p) for p, v in m.list_of("workloadIps")),
+        protocol=Protocol(m.choice("protocol", ("HBONE", "TCP"), "TCP")),
+        network=m.text("network", ""),
+        trust_domain=m.text("trustDomain", DEFAULT_TRUST_DOMAIN),
+        node=m.text("node", ""),
+        workload_name=m.text("workloadName", ""),
+        workload_type=m.text("workloadType", "deployment"),
+        canonical_name=m.text("canonicalName", ""),
+        canonical_revision=m.text("canonicalRevision", ""),
+        cluster_id=m.text("clusterId", "Kubernetes"),
+        authorization_policies=tuple(_str(v, p) for p, v in m.list_of("authorizationPolicies")),
+        healthy=status == "Healthy",
+        services=services,
+        extra=m.passive(_WORKLOAD_PASSIVE),
+    )
+    m.done()
+    try:
+        _ = w.identity
+    except IdentityError as exc:
+        raise LocalConfigError(m.path, str(exc)) from exc
+    return w
+
+
+def _service(m: _Mapping) -> Service:
+    vips = []
+    for p, v in m.list_of("vips"):
+        text = _str(v, p)
+        network, _, ip = text.rpartition("/")  # "<network>/<ip>"; a bare IP has no network
+        vips.append((network, _ip(ip, p)))
+    s = Service(
+        name=m.text("name", required=True),
+        namespace=m.text("namespace", required=True),
+        hostname=m.text("hostname", required=True),
+        vips=tuple(vips),
+        ports=_port_map(m.get("ports", {}), m.sub("ports")),
+        subject_alt_names=tuple(_str(v, p) for p, v in m.list_of("subjectAltNames")),
+        extra=m.passive(_SERVICE_PASSIVE),
+    )
+    m.done()
+    return s
+
+
+def _policy(m: _Mapping) -> Policy:
+    rules = []
+    for rp, rule in m.list_of("rules"):
+        clauses = []
+        for cp, clause in _list(rule, rp):
+            clauses.append(tuple(_match(_Mapping(x, xp)) for xp, x in _list(clause, cp)))
+        rules.append(tuple(clauses))
+    p = Policy(
+        name=m.text("name", required=True),
+        namespace=m.text("namespace", ""),
+        scope=Scope(m.choice("scope", tuple(s.value for s in Scope), "Namespace")),
+        action=Action(m.choice("action", ("Allow", "Deny"), "Allow")),
+        rules=tuple(rules),
+        dry_run=m.flag("dryRun", default=False),
+    )
+    m.done()
+    return p
+
+
+def _match(m: _Mapping) -> RbacMatch:
+    r = RbacMatch(
+        namespaces=tuple(_str(v, p) for p, v in m.list_of("namespaces")),
+        not_namespaces=tuple(_str(v, p) for p, v in m.list_of("notNamespaces")),
+        service_accounts=tuple(_sa(v, p) for p, v in m.list_of("serviceAccounts")),
+        not_service_accounts=tuple(_sa(v, p) for p, v in m.list_of("notServiceAccounts")),
+        principals=tuple(_string_match(v, p) for p, v in m.list_of("principals")),
+        not_principals=tuple(_string_match(v, p) for p, v in m.list_of("notPrincipals")),
+        source_ips=tuple(_net(v, p) for p, v in m.list_of("sourceIps")),
+        not_source_ips=tuple(_net(v, p) for p, v in m.list_of("notSourceIps")),
+        destination_ips=tuple(_net(v, p) for p, v in m.list_of("destinationIps")),
+        not_destination_ips=tuple(_net(v, p) for p, v in m.list_of("notDestinationIps")),
+        destination_ports=tuple(_port(v, p) for p, v in m.list_of("destinationPorts")),
+        not_destination_ports=tuple(_port(v, p) for p, v in m.list_of("notDestinationPorts")),
+    )
+    m.done()
+    return r
+
+
+class _Mapping:
+    """A mapping being read: remembers which keys were consumed so leftovers are refused."""
+
+    def __init__(self, value: Any, path: str) -> None:
+        if not isinstance(value, Mapping):
+            raise LocalConfigError(path, f"expected a mapping, got {_kind(value)}")
+        self.value = value
+        self.path = path
+        self.seen: set[str] = set()
+
+    def sub(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.seen.add(key)
+        value = self.value.get(key, default)
+        return default if value is None else value
+
+    def text(self, key: str, default: str = "", *, required: bool = False) -> str:
+        if required and self.value.get(key) in (None, ""):
+            raise LocalConfigError(self.sub(key), "required field is missing")
+        return _str(self.get(key, default), self.sub(key))
+
+    def flag(self, key: str, *, default: bool) -> bool:
+        value = self.get(key, default)
+        if not isinstance(value, bool):
+            raise LocalConfigError(self.sub(key), f"expected true or false, got {_kind(value)}")
+        return value
+
+    def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
+        value = self.text(key, default)
+        if value not in allowed:
+            raise LocalConfigError(self.sub(key), f"{value!r} is not one of {', '.join(allowed)}")
+        return value
+
+    def list_of(self, key: str) -> list[tuple[str, Any]]:
+        return _list(self.get(key, []), self.sub(key))
+
+    def mapping_items(self, key: str) -> list[tuple[str, Any, str]]:
+        value = self.get(key, {})
+        if not isinstance(value, Mapping):
+            raise LocalConfigError(self.sub(key), f"expected a mapping, got {_kind(value)}")
+        return [(str(k), v, f"{self.sub(key)}[{k!r}]") for k, v in value.items()]
+
+    def passive(self, keys: tuple[str, ...]) -> dict[str, Any]:
+        return {k: self.get(k) for k in keys if self.value.get(k) is not None}
+
+    def done(self) -> None:
+        unknown = [k for k in self.value if k not in self.seen]
+        if unknown:
+            raise LocalConfigError(self.sub(str(unknown[0])), "unknown field")
+
+
+def _list(value: Any, path: str) -> list[tuple[str, Any]]:
+    if not isinstance(value, list):
+        raise LocalConfigError(path, f"expected a list, got {_kind(value)}")
+    return [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _str(value: Any, path: str) -> str:
+    if not isinstance(value, str):
+        raise LocalConfigError(path, f"expected a string, got {_kind(value)}")
+    return value
+
+
+def _ip(value: Any, path: str) -> IPAddress:
+    try:
+        return ipaddress.ip_address(_str(value, path))
+    except ValueError as exc:
+        raise LocalConfigError(path, f"{value!r} is not an IP address") from exc
+
+
+def _net(value: Any, path: str) -> IPNetwork:
+    try:
+        return ipaddress.ip_network(_str(value, path), strict=False)
+    except ValueError as exc:
+        raise LocalConfigError(path, f"{value!r} is not an IP address or CIDR") from exc
+
+
+def _port(value: Any, path: str) -> int:
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise LocalConfigError(path, f"{value!r} is not a port number")
+    return int(value)
+
+
+def _port_map(value: Any, path: str) -> dict[int, int]:
+    if not isinstance(value, Mapping):
+        raise LocalConfigError(path, f"expected a mapping of port: targetPort, got {_kind(value)}")
+    return {_port(k, f"{path}[{k!r}]"): _port(v, f"{path}[{k!r}]") for k, v in value.items()}
+
+
+def _sa(value: Any, path: str) -> tuple[str, str]:
+    m = _Mapping(value, path)
+    result = (m.text("namespace", required=True), m.text("serviceAccount", required=True))
+    m.done()
+    return result
+
+
+def _string_match(value: Any, path: str) -> StringMatch:
+    """A principal: ztunnel's ``{Exact|Prefix|Suffix|Presence: ...}`` or Istio's glob string."""
+    if isinstance(value, str):
+        if value == "*":
+            return StringMatch(kind="presence")
+        if value.endswith("*"):
+            return StringMatch(kind="prefix", value=value[:-1])
+        if value.startswith("*"):
+            return StringMatch(kind="suffix", value=value[1:])
+        return StringMatch(kind="exact", value=value)
+    if isinstance(value, Mapping) and len(value) == 1:
+        kind, text = next(iter(value.items()))
+        kinds = {"Exact": "exact", "Prefix": "prefix", "Suffix": "suffix", "Presence": "presence"}
+        if kind in kinds:
+            text = "" if kinds[kind] == "presence" else _str(text, f"{path}.{kind}")
+            return StringMatch(kind=kinds[kind], value=text)
+    raise LocalConfigError(path, "expected a string or one of {Exact|Prefix|Suffix|Presence: ...}")
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else type(value).__name__

@@ -1,0 +1,317 @@
+"""Starting, feeding and supervising the data-plane subprocess (a re-exec of this same binary).
+
+Owns the child's life: argv (``self_command``: the frozen executable itself, or this interpreter
+running the console entry point), the inherited listening sockets (owned here, so connections
+queue in the kernel backlog while a crashed data plane restarts instead of being refused), the
+channel (a socketpair speaking ``meshctl.core.channel``), one or more worker children each
+restarted with exponential backoff, and the drain on SIGTERM/SIGINT. Invariants: the supervisor
+never imports the data plane; a new child always receives the latest config, certificates and
+workloads before anything else; ``run`` returns 0 after a requested drain (signal or
+``/quitquitquit``) and never leaves a child behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshctl.core import channel
+
+log = logging.getLogger(__name__)
+
+# Listener roles that keep serving during a drain (readiness must be seen to fail, metrics read).
+HTTP_ROLES = ("readiness", "metrics", "admin")
+
+
+def self_command(*args: str) -> list[str]:
+    """argv that runs this meshctl again with ``args`` (works frozen and from a venv)."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, *args]  # the one-file binary is its own interpreter
+    return [sys.executable, "-m", "meshctl", *args]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Backoff:
+    """Restart delays: ``first`` after a crash, doubling to ``cap``; reset after ``stable`` s."""
+
+    first: float = 0.0
+    initial: float = 0.2
+    cap: float = 10.0
+    stable: float = 10.0
+
+    def delay(self, failures: int) -> float:
+        if failures <= 1:
+            return self.first
+        return float(min(self.cap, self.initial * 2 ** (failures - 2)))
+
+
+class Feed:
+    """What the supervisor sends: the full current state for a new child, changes after that."""
+
+    def current(self) -> list[channel.Message]:
+        raise NotImplementedError
+
+    def changes(self) -> list[channel.Message]:
+        raise NotImplementedError
+
+
+@dataclass(slots=True)
+class _Child:
+    index: int
+    proc: subprocess.Popen[bytes]
+    sock: socket.socket
+    started: float
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    quit_requested: bool = False
+    drained: asyncio.Event = field(default_factory=asyncio.Event)
+    reading: asyncio.Task[None] | None = None
+
+
+class Supervisor:
+    """Runs ``workers`` data-plane children, each restarted on its own when it dies.
+
+    Every worker inherits the same proxy listeners (one accept queue per port; whichever worker
+    is free accepts). Only worker 0 gets the HTTP listeners (readiness, metrics, admin), so one
+    process answers them; a worker starts accepting only once it has config, certificates and
+    workloads, so a restarting worker never takes a connection it cannot serve.
+    """
+
+    def __init__(
+        self,
+        *,
+        argv: Callable[[int], Sequence[str]],
+        config: Callable[[int, dict[str, int]], channel.ProxyConfig],
+        listeners: dict[str, socket.socket],
+        feed: Feed,
+        drain_deadline: float,
+        workers: int = 1,
+        extra_env: Mapping[str, str] | None = None,
+        on_exit: Callable[[int], None] | None = None,
+        poll_interval: float = 1.0,
+        backoff: Backoff | None = None,
+        hello_timeout: float = 30.0,
+    ) -> None:
+        if workers < 1:
+            raise ValueError("at least one worker")
+        self._argv = argv
+        self._config = config
+        self._listeners = listeners
+        self._feed = feed
+        self._drain_deadline = drain_deadline
+        self._workers = workers
+        # Children inherit our environment (their libraries may read it) plus ``extra_env``.
+        self._env = {**os.environ, **extra_env} if extra_env else None
+        self._on_exit = on_exit
+        self._poll_interval = poll_interval
+        self._backoff = backoff or Backoff()
+        self._hello_timeout = hello_timeout
+        self._stop = asyncio.Event()
+        self._quit = asyncio.Event()
+        self._children: dict[int, _Child] = {}
+        self.restarts = 0
+
+    def stop(self) -> None:
+        """Begin the drain (what SIGTERM does)."""
+        self._stop.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        poller = asyncio.ensure_future(self._poll())
+        slots = [asyncio.ensure_future(self._slot(i)) for i in range(self._workers)]
+        stop = asyncio.ensure_future(self._stop.wait())
+        quit_ = asyncio.ensure_future(self._quit.wait())
+        try:
+            await asyncio.wait({stop, quit_}, return_when=asyncio.FIRST_COMPLETED)
+            if self._quit.is_set():
+                log.info("data plane drained on request (/quitquitquit); exiting")
+            self._stop.set()  # slots stop restarting; the drain below ends the rest
+            await self._drain()
+            return 0
+        finally:
+            for task in (stop, quit_, poller, *slots):
+                task.cancel()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+            for child in list(self._children.values()):
+                self._kill(child)
+
+    async def _slot(self, index: int) -> None:
+        """Keep worker ``index`` running until the stop: start, watch, restart with backoff."""
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                child = await self._start(index)
+            except (OSError, TimeoutError, channel.ChannelError) as exc:
+                log.error("data plane %d failed to start: %s", index, exc)  # noqa: TRY400 (expected; no traceback)
+                failures += 1
+            else:
+                outcome = await self._watch(child)
+                if outcome == "quit":
+                    self._quit.set()
+                    return
+                if outcome == "stop":
+                    return  # run() drains it
+                uptime = time.monotonic() - child.started
+                failures = 1 if uptime >= self._backoff.stable else failures + 1
+                log.error(
+                    "data plane %d exited with %s after %.1fs; restarting",
+                    index,
+                    child.proc.returncode,
+                    uptime,
+                )
+            delay = self._backoff.delay(failures)
+            self.restarts += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay)
+
+    async def _start(self, index: int) -> _Child:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds = {
+            role: s.fileno()
+            for role, s in self._listeners.items()
+            if index == 0 or role.removesuffix("6") not in HTTP_ROLES
+        }
+        try:
+            proc = subprocess.Popen(
+                list(self._argv(theirs.fileno())),
+                pass_fds=(theirs.fileno(), *fds.values()),
+                stdin=subprocess.DEVNULL,
+                env=self._env,
+            )
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_connection(sock=ours)
+        child = _Child(
+            index=index,
+            proc=proc,
+            sock=ours,
+            started=time.monotonic(),
+            reader=reader,
+            writer=writer,
+        )
+        self._children[index] = child
+        decoder = channel.Decoder()
+        hello: list[channel.Message] = []
+        async with asyncio.timeout(self._hello_timeout):
+            while not hello:
+                data = await child.reader.read(65536)
+                if not data:
+                    self._kill(child)
+                    raise OSError(f"data plane exited before saying hello ({proc.wait()})")
+                hello = decoder.feed(data)
+        first = hello[0]
+        if not isinstance(first, channel.Hello) or channel.VERSION not in first.versions:
+            self._kill(child)
+            raise channel.ChannelError(f"data plane did not speak channel v{channel.VERSION}")
+        self._send(child, self._config(index, fds))
+        for message in self._feed.current():
+            self._send(child, message)
+        log.info("data plane %d started (pid %d)", index, proc.pid)
+        child.reading = asyncio.ensure_future(self._read(child, decoder, hello[1:]))
+        return child
+
+    async def _read(
+        self, child: _Child, decoder: channel.Decoder, pending: list[channel.Message]
+    ) -> None:
+        messages = pending
+        while True:
+            for message in messages:
+                if isinstance(message, channel.Status):
+                    if message.problem:
+                        log.error("data plane %d: %s", child.index, message.problem)
+                    else:
+                        log.debug("data plane %d status: ready=%s", child.index, message.ready)
+                elif isinstance(message, channel.Drained):
+                    child.quit_requested = not self._stop.is_set()
+                    child.drained.set()
+            try:
+                data = await child.reader.read(65536)
+                if not data:
+                    return
+                messages = decoder.feed(data)
+            except (ConnectionError, channel.ChannelError) as exc:
+                log.error("data plane %d channel: %s", child.index, exc)  # noqa: TRY400 (expected; no traceback)
+                return
+
+    async def _watch(self, child: _Child) -> str:
+        """Wait for the child to exit ("exited"), ask to quit ("quit") or a stop ("stop")."""
+        loop = asyncio.get_running_loop()
+        exited = loop.run_in_executor(None, child.proc.wait)
+        stop = asyncio.ensure_future(self._stop.wait())
+        drained = asyncio.ensure_future(child.drained.wait())
+        waiting: set[asyncio.Future[Any]] = {exited, stop, drained}
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        drained.cancel()
+        if stop in done:
+            return "stop"
+        if drained in done and child.quit_requested:
+            await asyncio.wait({exited}, timeout=5)
+            self._kill(child)
+            return "quit"
+        await exited
+        self._forget(child)
+        return "exited"
+
+    async def _drain(self) -> None:
+        """Stop accepting (close our listener copies), then ask every live child to drain."""
+        for role, sock in self._listeners.items():
+            if role.removesuffix("6") not in HTTP_ROLES:
+                sock.close()  # the kernel now refuses new connections; open ones carry on
+        children = [c for c in self._children.values() if c.proc.poll() is None]
+        if not children:
+            return
+        log.info("draining: open connections have %.1fs to finish", self._drain_deadline)
+        loop = asyncio.get_running_loop()
+        waits: set[asyncio.Future[Any]] = set()
+        for child in children:
+            if not child.drained.is_set():
+                self._send(child, channel.Drain(deadline=self._drain_deadline))
+            waits.add(loop.run_in_executor(None, child.proc.wait))
+        await asyncio.wait(waits, timeout=self._drain_deadline + 2)
+        for child in children:
+            self._kill(child)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self._poll_interval)
+            try:
+                changes = self._feed.changes()
+            except Exception:  # a reload problem must never take the proxy down
+                log.exception("reload failed; keeping the current state")
+                continue
+            for child in list(self._children.values()):
+                if child.proc.poll() is None:
+                    for message in changes:
+                        self._send(child, message)
+
+    def _send(self, child: _Child, message: channel.Message) -> None:
+        if not child.writer.is_closing():
+            child.writer.write(channel.encode(message))
+
+    def _kill(self, child: _Child) -> None:
+        if child.proc.poll() is None:
+            child.proc.kill()
+            child.proc.wait()
+        self._forget(child)
+
+    def _forget(self, child: _Child) -> None:
+        with contextlib.suppress(OSError):
+            child.sock.close()
+        if self._children.get(child.index) is child:
+            del self._children[child.index]
+            if self._on_exit is not None:
+                self._on_exit(child.proc.pid)

@@ -1,0 +1,1 @@
+"""The HBONE data plane: hidden subcommand ``meshctl ztunnel-dataplane``, one module per path."""

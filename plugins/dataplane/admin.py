@@ -1,0 +1,189 @@
+"""The data plane's HTTP endpoints: readiness (:15021), metrics (:15020), admin (127.0.0.1:15000).
+
+Owns a minimal HTTP/1.1 responder (one request per connection, ``Connection: close``, a read
+deadline, bodies up to 64 KiB) and the routes: ``/healthz/ready``; ``/metrics`` and
+``/stats/prometheus``; ``/config_dump``, ``/logging`` (GET shows, POST ``?level=`` sets),
+``/quitquitquit`` (POST: drain and exit). Invariant: no key material is ever rendered; the
+admin port is bound by the supervisor to loopback only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from meshctl import __version__
+from meshctl.core.channel import Certs
+
+if TYPE_CHECKING:
+    import socket
+
+    from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+Response = tuple[int, str, bytes]
+Handler = Callable[[str, str, dict[str, list[str]]], Awaitable[Response]]
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
+_READ_DEADLINE = 5.0
+_MAX_BODY = 64 * 1024
+
+
+async def serve(sock: socket.socket, handler: Handler) -> asyncio.Server:
+    """Answer HTTP requests arriving on the listening ``sock`` with ``handler``."""
+
+    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_DEADLINE)
+            request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            method, target, _ = request_line.split(" ", 2)
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "content-length":
+                    length = min(int(value.strip() or 0), _MAX_BODY)
+            if length:
+                await asyncio.wait_for(reader.readexactly(length), _READ_DEADLINE)
+            url = urlsplit(target)
+            status, ctype, body = await handler(method, url.path, parse_qs(url.query))
+        except (ValueError, asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+            status, ctype, body = 400, "text/plain", b"bad request\n"
+        try:
+            writer.write(
+                f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
+                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                "Connection: close\r\n\r\n".encode("latin-1")
+                + body
+            )
+            await asyncio.wait_for(writer.drain(), _READ_DEADLINE)
+        except (ConnectionError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(one, sock=sock)
+
+
+def text(status: int, body: str) -> Response:
+    return status, "text/plain; charset=utf-8", body.encode()
+
+
+class Endpoints:
+    """The route table of the three ports, reading live state from the runtime."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    async def readiness(self, method: str, path: str, query: dict[str, list[str]]) -> Response:
+        if path != "/healthz/ready":
+            return text(404, "not found\n")
+        if self.rt.ready and not self.rt.draining:
+            return text(200, "ready\n")
+        return text(503, f"not ready: {self.rt.not_ready_reason()}\n")
+
+    async def metrics(self, method: str, path: str, query: dict[str, list[str]]) -> Response:
+        if path not in ("/metrics", "/stats/prometheus"):
+            return text(404, "not found\n")
+        return 200, CONTENT_TYPE_LATEST, self.rt.telemetry.render()
+
+    async def admin(self, method: str, path: str, query: dict[str, list[str]]) -> Response:
+        if path == "/config_dump":
+            return 200, "application/json", json.dumps(self.config_dump(), indent=2).encode()
+        if path == "/logging":
+            if method == "POST" and "level" in query:
+                level = query["level"][0].upper()
+                if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+                    return text(400, "level must be debug|info|warning|error\n")
+                logging.getLogger().setLevel(level)
+            return text(200, f"level: {logging.getLevelName(logging.getLogger().level).lower()}\n")
+        if path == "/quitquitquit":
+            if method != "POST":
+                return text(405, "use POST\n")
+            self.rt.request_quit()
+            return text(200, "OK\n")
+        return text(404, "not found\n")
+
+    def config_dump(self) -> dict[str, Any]:
+        """ztunnel's shape: workloads, services, policies, certificates, config, version."""
+        rt = self.rt
+        store = rt.store
+        return {
+            "version": __version__,
+            "config": {k: v for k, v in _fields(rt.config).items() if k not in ("listeners",)},
+            "identity": str(rt.identity),
+            # Connections below are this worker's; metrics add up every worker's.
+            "worker": {"index": rt.config.worker, "of": rt.config.workers, "pid": os.getpid()},
+            "workloads": [_record(w) for w in store.workloads],
+            "services": [_record(s) for s in store.services],
+            "policies": [_record(p) for p in store.policies],
+            "certificates": rt.certificate_summary(),
+            "connections": {
+                "inbound_tunnels": len(rt.inbound.tunnels),
+                "pooled": rt.pool.connections,
+                "open": rt.active_flows(),
+                "flows": [flow.describe() for flow in rt.telemetry.flows],
+            },
+        }
+
+
+def certificate_summary(certs: Certs, identity: str) -> list[dict[str, Any]]:
+    """The ``certificates`` section: identity, state and each certificate's validity."""
+    chain = [dict(f) for f in certs.chain_facts]
+    state = "Available"
+    if chain and datetime.fromisoformat(chain[0]["expirationTime"]) <= datetime.now(UTC):
+        state = "Expired"
+    return [
+        {
+            "identity": identity,
+            "state": state,
+            "certChain": chain,
+            "rootCerts": [dict(f) for f in certs.root_facts],
+        }
+    ]
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    from dataclasses import fields
+
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
+
+
+def _record(obj: Any) -> dict[str, Any]:
+    """A store record as JSON-friendly camelCase data."""
+    out: dict[str, Any] = {}
+    for key, value in _fields(obj).items():
+        if key.startswith("_"):
+            continue
+        out[_camel(key)] = _plain(value)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict) or hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if hasattr(value, "__dataclass_fields__"):
+        return _record(value)
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    return str(value)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p.title() for p in rest)

@@ -1,0 +1,32 @@
+"""``meshctl ztunnel-dataplane``: the hidden subcommand the supervisor starts (never by hand).
+
+A raw plugin (a plain ``main(argv) -> int``, see meshctl/entry.py): the data plane starts without
+typer and pydantic, which would cost start-up time and ~8 MB of resident memory per worker.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from meshctl.errors import UserError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(
+            f"ztunnel-dataplane: {message}",
+            hint="this command is started by 'meshctl ztunnel run', not by hand",
+        )
+
+
+def main(argv: list[str]) -> int:
+    """Parse ``--channel-fd N`` and run the data plane fed over that inherited socket."""
+    parser = _Parser(
+        prog="meshctl ztunnel-dataplane",
+        description="Run the HBONE data plane, fed by 'meshctl ztunnel run' over a socket.",
+    )
+    parser.add_argument("--channel-fd", type=int, required=True)
+    args = parser.parse_args(argv)
+    from .main import run
+
+    return run(args.channel_fd)

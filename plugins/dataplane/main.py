@@ -1,0 +1,75 @@
+"""The data plane process: process-wide tuning, the event loop, and the runtime.
+
+Owns everything that is global to the process and therefore done once, here: glibc malloc
+thresholds (uvloop's TLS transport reads each record into a fresh 256 KiB buffer, above the mmap
+threshold: an mmap/munmap pair and page faults per record), h2's per-frame ``repr`` (it hex-dumps
+every DATA payload for a trace log nobody reads), and uvloop as the event loop (installed here
+only, per the architecture rules).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import ctypes.util
+import logging
+import socket
+
+log = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_MALLOC_THRESHOLD = 4 * 1024 * 1024  # above the largest buffer the loop or h2 allocates per read
+
+
+def tune_malloc() -> bool:
+    """Keep 256 KiB-1 MiB buffers on the heap instead of fresh mmaps (trap 1 of the notes)."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        ok = int(libc.mallopt(_M_MMAP_THRESHOLD, _MALLOC_THRESHOLD)) == 1
+        return ok and int(libc.mallopt(_M_TRIM_THRESHOLD, 2 * _MALLOC_THRESHOLD)) == 1
+    except (OSError, AttributeError):
+        return False  # not glibc: nothing to tune
+
+
+def quiet_frame_repr() -> None:
+    """Make hyperframe's frame repr O(1): h2 builds ``repr(frame)`` for every frame it receives
+    even when nothing logs it; the default repr formats the flags and serialises the payload
+    (a hex dump of a whole DATA frame), which profiled as a visible share of each frame's cost."""
+    from hyperframe.frame import Frame
+
+    def short_repr(self: Frame) -> str:
+        return f"{type(self).__name__}(stream_id={self.stream_id})"
+
+    Frame.__repr__ = short_repr
+
+
+def raise_fd_limit() -> int:
+    """Every proxied connection holds two or three sockets: take the hard limit as the soft one."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return hard
+
+
+def run(channel_fd: int) -> int:
+    """Serve until drained; ``channel_fd`` is the supervisor's end of the message channel."""
+    import uvloop
+
+    from .runtime import Runtime
+
+    tune_malloc()
+    quiet_frame_repr()
+    raise_fd_limit()
+    sock = socket.socket(fileno=channel_fd)
+
+    async def main() -> int:
+        return await Runtime(sock).run()
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main())

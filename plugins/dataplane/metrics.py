@@ -1,0 +1,300 @@
+"""Istio's TCP metrics and the per-connection access log.
+
+Owns the Prometheus registry of one data plane (never the process-global one) with Istio's names
+and labels (``istio_tcp_*``, ``reporter``, ``source_*``, ``destination_*``,
+``connection_security_policy``; unknown values render ``unknown``), and ``Flow``: one proxied
+connection's counters. Istio's directions: *received* bytes travel client -> server (the
+request), *sent* bytes server -> client (the response), for either reporter. Invariant: a
+``Flow`` is opened at most once and closed exactly once, and a failed one counts as failed and
+not as opened.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from meshctl.core.identity import SpiffeId
+from meshctl.core.workloads import Service, Workload
+
+access_log = logging.getLogger("meshctl.access")
+
+LABELS = (
+    "reporter",
+    "source_workload",
+    "source_canonical_service",
+    "source_canonical_revision",
+    "source_workload_namespace",
+    "source_principal",
+    "source_app",
+    "source_version",
+    "source_cluster",
+    "destination_service",
+    "destination_service_namespace",
+    "destination_service_name",
+    "destination_workload",
+    "destination_canonical_service",
+    "destination_canonical_revision",
+    "destination_workload_namespace",
+    "destination_principal",
+    "destination_app",
+    "destination_version",
+    "destination_cluster",
+    "request_protocol",
+    "response_flags",
+    "connection_security_policy",
+)
+UNKNOWN = "unknown"
+
+
+class Telemetry:
+    """The counters of one data plane, in its own registry."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        # prometheus-client appends "_total" to counter names.
+        self.opened = Counter(
+            "istio_tcp_connections_opened", "TCP connections opened", LABELS, registry=r
+        )
+        self.closed = Counter(
+            "istio_tcp_connections_closed", "TCP connections closed", LABELS, registry=r
+        )
+        self.failed = Counter(
+            "istio_tcp_connections_failed", "TCP connections that failed", LABELS, registry=r
+        )
+        self.sent = Counter(
+            "istio_tcp_sent_bytes", "Bytes sent server -> client (response)", LABELS, registry=r
+        )
+        self.received = Counter(
+            "istio_tcp_received_bytes",
+            "Bytes received client -> server (request)",
+            LABELS,
+            registry=r,
+        )
+        self.active = 0  # flows open now (the drain waits for zero)
+        self.flows: set[Flow] = set()  # the open ones, for /config_dump
+        # With several workers each one's values live in its own file in the multiprocess
+        # directory (prometheus-client's multiprocess mode): live gauges add up, build is one.
+        self.open_sockets = Gauge(
+            "istio_open_sockets",
+            "Proxied connections open now",
+            ("direction",),
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        build = Gauge(
+            "istio_build",
+            "Build information",
+            ("component", "tag"),
+            registry=r,
+            multiprocess_mode="max",
+        )
+        from meshctl import __version__
+
+        build.labels("ztunnel", __version__).set(1)
+        self.multiprocess_dir = ""
+
+    def render(self) -> bytes:
+        """The Prometheus text of every worker (or of this process alone without a directory)."""
+        if not self.multiprocess_dir:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(merged)
+
+
+@dataclass(slots=True)
+class Peer:
+    """One end of a connection, as far as we know it."""
+
+    addr: tuple[str, int]
+    workload: Workload | None = None
+    identity: SpiffeId | None = None
+
+
+def labels(
+    reporter: str,
+    src: Peer,
+    dst: Peer,
+    *,
+    service: Service | None,
+    mtls: bool,
+    flags: str = "-",
+) -> dict[str, str]:
+    """Istio's label values for a connection between ``src`` and ``dst``."""
+    s, d = src.workload, dst.workload
+    return {
+        "reporter": reporter,
+        "source_workload": (s.workload_name or s.name) if s else UNKNOWN,
+        "source_canonical_service": (s.canonical_name or s.name) if s else UNKNOWN,
+        "source_canonical_revision": s.canonical_revision or "latest" if s else UNKNOWN,
+        "source_workload_namespace": s.namespace if s else UNKNOWN,
+        "source_principal": str(src.identity) if src.identity else UNKNOWN,
+        "source_app": (s.canonical_name or s.name) if s else UNKNOWN,
+        "source_version": s.canonical_revision or "latest" if s else UNKNOWN,
+        "source_cluster": s.cluster_id if s else UNKNOWN,
+        "destination_service": service.hostname if service else UNKNOWN,
+        "destination_service_namespace": service.namespace if service else UNKNOWN,
+        "destination_service_name": service.name if service else UNKNOWN,
+        "destination_workload": (d.workload_name or d.name) if d else UNKNOWN,
+        "destination_canonical_service": (d.canonical_name or d.name) if d else UNKNOWN,
+        "destination_canonical_revision": d.canonical_revision or "latest" if d else UNKNOWN,
+        "destination_workload_namespace": d.namespace if d else UNKNOWN,
+        "destination_principal": str(dst.identity) if dst.identity else UNKNOWN,
+        "destination_app": (d.canonical_name or d.name) if d else UNKNOWN,
+        "destination_version": d.canonical_revision or "latest" if d else UNKNOWN,
+        "destination_cluster": d.cluster_id if d else UNKNOWN,
+        "request_protocol": "tcp",
+        "response_flags": flags,
+        "connection_security_policy": "mutual_tls" if mtls else UNKNOWN,
+    }
+
+
+class Flow:
+    """One proxied connection: counters while it runs, one access-log line when it ends."""
+
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        *,
+        direction: str,
+        src: Peer,
+        dst: Peer,
+        service: Service | None = None,
+        mtls: bool = False,
+        hbone_addr: tuple[str, int] | None = None,
+    ) -> None:
+        self.telemetry = telemetry
+        self.direction = direction  # "inbound" | "outbound"
+        self.src, self.dst = src, dst
+        self.service = service
+        self.mtls = mtls
+        self.hbone_addr = hbone_addr
+        self.started = time.monotonic()
+        self.bytes_received = 0  # client -> server
+        self.bytes_sent = 0  # server -> client
+        self._children: tuple[Any, Any] | None = None
+        self._open_labels: dict[str, str] = {}
+        self.state = "new"  # new -> open -> closed | new -> failed
+
+    @property
+    def reporter(self) -> str:
+        return "source" if self.direction == "outbound" else "destination"
+
+    def _labels(self, flags: str = "-") -> dict[str, str]:
+        return labels(
+            self.reporter, self.src, self.dst, service=self.service, mtls=self.mtls, flags=flags
+        )
+
+    def open(self) -> None:
+        if self.state != "new":
+            return
+        self.state = "open"
+        values = self._open_labels = self._labels()  # close() counts under the same labels
+        self.telemetry.opened.labels(**values).inc()
+        self._children = (
+            self.telemetry.received.labels(**values),
+            self.telemetry.sent.labels(**values),
+        )
+        # Bytes may move before the flow opens (a client that sends right after its CONNECT,
+        # replayed when the upstream connects): count them now, or the counters miss them.
+        if self.bytes_received:
+            self._children[0].inc(self.bytes_received)
+        if self.bytes_sent:
+            self._children[1].inc(self.bytes_sent)
+        self.telemetry.open_sockets.labels(self.direction).inc()
+        self.telemetry.active += 1
+        self.telemetry.flows.add(self)
+
+    def request_bytes(self, n: int) -> None:
+        self.bytes_received += n
+        if self._children is not None:
+            self._children[0].inc(n)
+
+    def response_bytes(self, n: int) -> None:
+        self.bytes_sent += n
+        if self._children is not None:
+            self._children[1].inc(n)
+
+    def fail(self, flags: str, reason: str) -> None:
+        """The connection was refused or could not be set up (never opened)."""
+        if self.state == "open":
+            self.close(error=reason)
+            return
+        if self.state != "new":
+            return
+        self.state = "failed"
+        self.telemetry.failed.labels(**self._labels(flags)).inc()
+        self._log(error=reason, flags=flags)
+
+    def close(self, error: str | None = None) -> None:
+        if self.state != "open":
+            return
+        self.state = "closed"
+        self.telemetry.closed.labels(**self._open_labels).inc()
+        self.telemetry.open_sockets.labels(self.direction).dec()
+        self.telemetry.active -= 1
+        self.telemetry.flows.discard(self)
+        self._log(error=error)
+
+    def describe(self) -> dict[str, Any]:
+        """This connection for ``/config_dump``: both ends with their identities, bytes so far."""
+
+        def end(peer: Peer) -> dict[str, Any]:
+            w = peer.workload
+            return {
+                "addr": _addr(peer.addr),
+                "workload": f"{w.namespace}/{w.name}" if w else None,
+                "identity": str(peer.identity) if peer.identity else None,
+            }
+
+        return {
+            "direction": self.direction,
+            "src": end(self.src),
+            "dst": end(self.dst),
+            "hboneAddr": _addr(self.hbone_addr) if self.hbone_addr else None,
+            "service": self.service.hostname if self.service else None,
+            "mutualTls": self.mtls,
+            "bytesReceived": self.bytes_received,
+            "bytesSent": self.bytes_sent,
+            "durationSeconds": round(time.monotonic() - self.started, 3),
+        }
+
+    def _log(self, *, error: str | None, flags: str = "-") -> None:
+        s, d = self.src, self.dst
+        fields = {
+            "src.addr": _addr(s.addr),
+            "src.workload": s.workload.name if s.workload else None,
+            "src.namespace": s.workload.namespace if s.workload else None,
+            "src.identity": str(s.identity) if s.identity else None,
+            "dst.addr": _addr(d.addr),
+            "dst.hbone_addr": _addr(self.hbone_addr) if self.hbone_addr else None,
+            "dst.service": self.service.hostname if self.service else None,
+            "dst.workload": d.workload.name if d.workload else None,
+            "dst.namespace": d.workload.namespace if d.workload else None,
+            "dst.identity": str(d.identity) if d.identity else None,
+            "direction": self.direction,
+            "bytes_sent": self.bytes_sent,
+            "bytes_recv": self.bytes_received,
+            "duration": f"{(time.monotonic() - self.started) * 1000:.0f}ms",
+        }
+        if error:
+            fields["error"] = error
+            fields["flags"] = flags
+        text = " ".join(
+            f'{k}="{v}"' if " " in str(v) else f"{k}={v}"
+            for k, v in fields.items()
+            if v is not None
+        )
+        access_log.info("connection complete %s", text, extra={"access": fields})
+
+
+def _addr(addr: tuple[str, int]) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"

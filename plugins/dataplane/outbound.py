@@ -1,0 +1,182 @@
+"""Outbound (:15001): captured connections from our workload, routed by original destination.
+
+Owns the routing of one accepted connection: a service VIP picks an endpoint and maps the port
+to its target port; a workload that speaks HBONE is reached through a pooled tunnel to
+``<podIP>:15008`` with ``CONNECT <podIP>:<port>``; a workload without the mesh gets plain TCP; an
+unknown destination passes through. Invariants: a connection to one of our own ports on a local
+address is refused (it would loop through us forever); no byte is read from the client before
+its route exists; every accepted connection ends as exactly one opened or failed ``Flow``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import random
+from typing import TYPE_CHECKING
+
+from meshctl.core.hbone.headers import format_authority, format_forwarded
+from meshctl.core.workloads import NoHealthyEndpointError
+
+from .metrics import Flow, Peer
+from .orig_dst import original_dst
+from .pool import DialError
+from .relay import Accepted, AppStream, Splice
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class Outbound:
+    """The :15001 listener's routing."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def accepted(self, acc: Accepted) -> None:
+        self.rt.spawn(self._route(acc))
+
+    async def _route(self, acc: Accepted) -> None:
+        rt = self.rt
+        local = acc.local
+        dst = original_dst(acc.sock) or local
+        src = Peer(acc.peer, rt.me, rt.identity)
+        if self._is_self_call(dst, local[0]):
+            flow = Flow(rt.telemetry, direction="outbound", src=src, dst=Peer(dst))
+            flow.fail("SELF", f"refused: {dst[0]}:{dst[1]} is this proxy's own port")
+            acc.refuse()
+            return
+        try:
+            route = rt.store.resolve(dst[0], dst[1], pick=random.choice)
+        except NoHealthyEndpointError as exc:
+            Flow(rt.telemetry, direction="outbound", src=src, dst=Peer(dst)).fail("NR", str(exc))
+            acc.refuse()
+            return
+        target = Peer(
+            route.addr, route.workload, route.workload.identity if route.workload else None
+        )
+        if route.kind == "hbone":
+            flow = Flow(
+                rt.telemetry,
+                direction="outbound",
+                src=src,
+                dst=target,
+                service=route.service,
+                mtls=True,
+                hbone_addr=route.hbone_addr,
+            )
+            await self._tunnel(
+                acc,
+                flow,
+                route.addr,
+                route.hbone_addr,
+                route.service.hostname if route.service else None,
+            )
+        else:
+            flow = Flow(
+                rt.telemetry, direction="outbound", src=src, dst=target, service=route.service
+            )
+            await splice(rt, acc, flow, route.addr)
+
+    def _is_self_call(self, dst: tuple[str, int], local_ip: str) -> bool:
+        if dst[1] not in self.rt.own_ports:
+            return False
+        ip = ipaddress.ip_address(dst[0])
+        return ip.is_loopback or dst[0] == local_ip or self.rt.is_local_ip(dst[0])
+
+    async def _tunnel(
+        self,
+        acc: Accepted,
+        flow: Flow,
+        addr: tuple[str, int],
+        hbone_addr: tuple[str, int],
+        host: str | None,
+    ) -> None:
+        rt = self.rt
+        if flow.dst.identity is None:  # resolve() returns hbone only for known workloads
+            flow.fail("NR", "HBONE destination without an identity")
+            acc.refuse()
+            return
+        key = (rt.identity, flow.dst.identity, hbone_addr)
+        try:
+            conn = await rt.pool.connection(key)
+        except DialError as exc:
+            flow.fail(exc.flags, str(exc))
+            acc.refuse()
+            return
+
+        def refused(status: int) -> None:
+            flags = {400: "BAD_REQUEST", 401: "DENY", 503: "CONNECT"}.get(status, f"HTTP_{status}")
+            flow.fail(flags, f"peer answered HTTP {status}")
+
+        app = _OutboundStream(flow, refused)
+        headers = [
+            ("forwarded", format_forwarded(flow.src.addr[0], flow.src.addr[1], host=host)),
+            ("baggage", rt.baggage),
+        ]
+        # Open before the first await: the pool promised this connection room for one stream
+        # now, and other waiters are handed the same connection.
+        sid = conn.open(format_authority(*addr), headers, app)
+        app.bind(conn, sid)
+        try:
+            await acc.hand_over(app)
+        except OSError as exc:
+            conn.reset(sid)
+            flow.fail("CLIENT", f"client connection failed: {exc}")
+
+
+class _OutboundStream(AppStream):
+    """The client side's app stream: the flow opens on 200 and fails on a refusal."""
+
+    def __init__(self, flow: Flow, refused: object) -> None:
+        super().__init__(
+            from_app=flow.request_bytes,
+            to_app=flow.response_bytes,
+            on_done=flow.close,
+        )
+        self.flow = flow
+        self._refused = refused
+
+    def tunnel_opened(self) -> None:
+        self.flow.open()
+
+    def tunnel_refused(self, status: int) -> None:
+        if callable(self._refused):
+            self._refused(status)
+        super().tunnel_refused(status)
+
+    def tunnel_reset(self, reason: str) -> None:
+        if self.flow.state == "new":
+            self.flow.fail("TLS" if "identity" in reason or "lost" in reason else "RESET", reason)
+        super().tunnel_reset(reason)
+
+
+async def splice(
+    rt: Runtime, acc: Accepted, flow: Flow, addr: tuple[str, int], *, inbound: bool = False
+) -> None:
+    """Plain TCP to ``addr`` for ``acc`` (passthrough, TCP workloads; ``inbound`` plaintext)."""
+    loop = asyncio.get_running_loop()
+    client = Splice(flow.request_bytes, on_done=flow.close)
+    upstream = Splice(flow.response_bytes)
+    sock = rt.upstream_socket(addr[0], inbound=inbound)
+    try:
+        async with asyncio.timeout(rt.config.connect_timeout):
+            await loop.sock_connect(sock, addr)
+        await loop.create_connection(lambda: upstream, sock=sock)
+    except (OSError, TimeoutError) as exc:
+        sock.close()
+        flow.fail("CONNECT", f"cannot connect to {addr[0]}:{addr[1]}: {exc or 'timeout'}")
+        acc.refuse()
+        return
+    try:
+        await acc.hand_over(client)
+    except OSError as exc:
+        flow.fail("CLIENT", f"client connection failed: {exc}")
+        if upstream.transport is not None:
+            upstream.transport.close()
+        return
+    flow.open()
+    Splice.pair(client, upstream)

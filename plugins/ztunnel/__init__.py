@@ -1,0 +1,1 @@
+"""``meshctl ztunnel``: the supervised HBONE proxy (``run``) and dev certificates (``certs``)."""

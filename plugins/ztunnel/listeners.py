@@ -1,0 +1,71 @@
+"""The sockets the supervisor binds and the data plane inherits (Istio's port numbers).
+
+Owns binding: proxy ports on all addresses (IPv4, and IPv6 with V6ONLY when the namespace has
+it), the admin port on loopback only. Invariant: a port already in use is a ``UserError`` naming
+the port and its role, before any child starts.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+
+from meshctl.errors import UserError
+
+from .settings import ZtunnelSettings
+
+_BACKLOG = 4096
+
+
+def bind_all(settings: ZtunnelSettings) -> dict[str, socket.socket]:
+    """role -> listening socket; IPv6 twins are named ``<role>6``."""
+    wanted = {
+        "outbound": settings.outbound_port,
+        "inbound_plaintext": settings.inbound_plaintext_port,
+        "inbound": settings.inbound_port,
+        "metrics": settings.metrics_port,
+        "readiness": settings.readiness_port,
+    }
+    out: dict[str, socket.socket] = {}
+    try:
+        for role, port in wanted.items():
+            out[role] = _listen(socket.AF_INET, "0.0.0.0", port, role)  # noqa: S104 (the pod's ports)
+            if socket.has_ipv6:
+                six = _listen_optional_v6(port, role)
+                if six is not None:
+                    out[role + "6"] = six
+        out["admin"] = _listen(socket.AF_INET, "127.0.0.1", settings.admin_port, "admin")
+    except BaseException:
+        for sock in out.values():
+            sock.close()
+        raise
+    return out
+
+
+def _listen(family: int, host: str, port: int, role: str) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if family == socket.AF_INET6:
+        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UserError(
+                f"port {port} ({role}) is already in use",
+                hint="is another proxy running in this network namespace?",
+            ) from exc
+        raise UserError(f"cannot bind {host}:{port} ({role}): {exc.strerror}") from exc
+    sock.listen(_BACKLOG)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _listen_optional_v6(port: int, role: str) -> socket.socket | None:
+    try:
+        return _listen(socket.AF_INET6, "::", port, role)
+    except UserError as exc:
+        if "already in use" in exc.message:
+            raise
+        return None  # no IPv6 in this namespace

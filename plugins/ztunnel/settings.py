@@ -1,0 +1,64 @@
+"""Settings of ``meshctl ztunnel run``: flags > env (the injector's pod env) > file > defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshctl.config import setting
+from meshctl.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ZtunnelSettings:
+    mode: str = setting("sidecar", env="PROXY_MODE", choices=("sidecar", "dedicated"))
+    workload: str | None = setting(None, env="PROXY_WORKLOAD_INFO")
+    # The injected sidecar's env (meshctl inject renders these from the downward API).
+    pod_name: str | None = setting(None, env="POD_NAME")
+    pod_namespace: str | None = setting(None, env="POD_NAMESPACE")
+    service_account: str | None = setting(None, env="SERVICE_ACCOUNT")
+    trust_domain: str = setting("cluster.local", env="TRUST_DOMAIN")
+    cluster_id: str = setting("Kubernetes", env="ISTIO_META_CLUSTER_ID")
+    local_config: str | None = setting(None, env="LOCAL_XDS_PATH")
+    cert_dir: str = setting("/var/run/secrets/workload-spiffe-credentials", env="MESHCTL_CERT_DIR")
+    # Durations as ztunnel writes them: "5s", "300ms", "5m", "1h".
+    drain_deadline: str = setting("5s", env="CONNECTION_TERMINATION_DEADLINE")
+    # A peer that has not finished the TLS handshake by then is dropped (slowloris guard).
+    handshake_timeout: str = setting("5s", env="MESHCTL_HANDSHAKE_TIMEOUT")
+    pool_max_streams: int = setting(100, env="POOL_MAX_STREAMS_PER_CONNECTION")
+    pool_idle_timeout: str = setting("5m", env="POOL_UNUSED_RELEASE_TIMEOUT")
+    mark: int = setting(0, env="PACKET_MARK")
+    # Data-plane worker processes (ztunnel's worker threads); they share the listeners.
+    workers: int = setting(1, env="ZTUNNEL_WORKER_THREADS")
+    reload_interval: str = setting("1s", env="MESHCTL_RELOAD_INTERVAL")
+    outbound_port: int = setting(15001)
+    inbound_plaintext_port: int = setting(15006)
+    inbound_port: int = setting(15008)
+    admin_port: int = setting(15000)
+    metrics_port: int = setting(15020)
+    readiness_port: int = setting(15021)
+
+    def workload_ref(self) -> str:
+        """NS/NAME/SA from ``--workload`` or the pod env; a clear error when neither is set."""
+        if self.workload:
+            return self.workload
+        if self.pod_name and self.pod_namespace:
+            return f"{self.pod_namespace}/{self.pod_name}/{self.service_account or 'default'}"
+        raise ConfigError(
+            "sidecar mode needs the workload it serves",
+            hint="pass --workload NAMESPACE/NAME/SERVICE_ACCOUNT "
+            "(or set POD_NAMESPACE, POD_NAME and SERVICE_ACCOUNT, as the injector does)",
+        )
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def seconds(value: str, name: str) -> float:
+    """``"5s"`` -> 5.0; ``"300ms"``, ``"5m"``, ``"1h"``, ``"30d"`` too; a bare number is seconds."""
+    text = value.strip()
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if text.endswith(unit) and text[: -len(unit)].replace(".", "", 1).isdigit():
+            return float(text[: -len(unit)]) * _UNITS[unit]
+    if text.replace(".", "", 1).isdigit():
+        return float(text)
+    raise ConfigError(f"{name}: {value!r} is not a duration", hint="write e.g. 5s, 300ms, 5m, 1h")

@@ -1,0 +1,158 @@
+"""What the supervisor feeds the data plane: certificates from ``--cert-dir`` and the local config.
+
+Owns reading and validating both sources, and noticing when they change (by content, polled), so
+a rotation or an edited local config reaches the data plane without a restart. Invariants: a
+source that fails validation at start is a ``UserError`` with a hint; one that fails on reload
+is logged and the previous good state stays in force; PEM bytes are never logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from meshctl.core import certs as certs_mod
+from meshctl.core import channel
+from meshctl.core.identity import IdentityError, SpiffeId, check_validity, peer_identity
+from meshctl.core.workloads import LocalConfigError, parse_local_config
+from meshctl.errors import UserError
+from meshctl.process import Feed
+
+log = logging.getLogger(__name__)
+
+
+def read_certs(cert_dir: Path, identity: SpiffeId, generation: int) -> channel.Certs:
+    """Load and check ``cert-chain.pem``, ``key.pem`` and ``root-cert.pem`` from ``cert_dir``."""
+    names = (certs_mod.CERT_CHAIN_FILE, certs_mod.KEY_FILE, certs_mod.ROOT_CERT_FILE)
+    try:
+        chain, key, roots = ((cert_dir / n).read_text() for n in names)
+    except OSError as exc:
+        raise UserError(
+            f"cannot read workload certificates in {cert_dir}: {exc.strerror or exc}",
+            hint=f"create them with 'meshctl ztunnel certs --out {cert_dir} --workload ...'",
+        ) from exc
+    try:
+        _check_certs(chain, key, roots, identity)
+    except (IdentityError, ValueError) as exc:
+        raise UserError(
+            f"workload certificate in {cert_dir} is unusable: {exc}",
+            hint=f"mint one for {identity} with 'meshctl ztunnel certs'",
+        ) from exc
+    return channel.Certs(
+        cert_chain=chain,
+        key=key,
+        roots=roots,
+        generation=generation,
+        chain_facts=_facts(chain),
+        root_facts=_facts(roots),
+    )
+
+
+def _facts(pem: str) -> tuple[dict[str, Any], ...]:
+    return tuple(
+        channel.certificate_facts(
+            f.serial, f.not_before.isoformat(), f.not_after.isoformat(), list(f.uri_sans)
+        )
+        for f in certs_mod.describe(pem.encode())
+    )
+
+
+def _check_certs(chain: str, key: str, roots: str, identity: SpiffeId) -> None:
+    facts = certs_mod.describe(chain.encode())
+    if not facts:
+        raise IdentityError(f"{certs_mod.CERT_CHAIN_FILE} holds no certificate")
+    if not certs_mod.describe(roots.encode()):
+        raise IdentityError(f"{certs_mod.ROOT_CERT_FILE} holds no certificate")
+    if not certs_mod.key_matches(chain.encode(), key.encode()):
+        raise IdentityError(f"{certs_mod.KEY_FILE} is not the key of the leaf certificate")
+    check_validity(facts[0].not_before, facts[0].not_after, datetime.now(UTC))
+    peer_identity(facts[0].uri_sans, trust_domain=identity.trust_domain, expected=[identity])
+
+
+def read_local_config(path: Path | None) -> dict[str, Any]:
+    """The local-config document (validated), or an empty one without ``--local-config``."""
+    if path is None:
+        return {}
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise UserError(
+            f"cannot read local config {path}: {exc.strerror or exc}", hint="fix --local-config"
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise UserError(
+            f"local config {path} is not valid YAML: {exc}", hint="fix the YAML"
+        ) from exc
+    try:
+        parse_local_config(doc)
+    except LocalConfigError as exc:
+        raise UserError(
+            f"local config {path}: {exc}",
+            hint="the fields are ztunnel's local config (camelCase); see docs/ztunnel.md",
+        ) from exc
+    if not isinstance(doc, dict):
+        raise UserError(f"local config {path} must be a mapping", hint="see docs/ztunnel.md")
+    return doc
+
+
+def _digest(*paths: Path) -> str:
+    h = hashlib.sha256()
+    for p in paths:
+        try:
+            h.update(p.read_bytes())
+        except OSError:
+            h.update(b"\0missing")
+    return h.hexdigest()
+
+
+class FileFeed(Feed):
+    """Certificates and workloads from files, re-sent when their content changes."""
+
+    def __init__(self, *, cert_dir: Path, local_config: Path | None, identity: SpiffeId) -> None:
+        self.cert_dir = cert_dir
+        self.local_config = local_config
+        self.identity = identity
+        self._cert_files = [
+            cert_dir / n
+            for n in (certs_mod.CERT_CHAIN_FILE, certs_mod.KEY_FILE, certs_mod.ROOT_CERT_FILE)
+        ]
+        self.certs = read_certs(cert_dir, identity, 0)
+        self.workloads = channel.Workloads(document=read_local_config(local_config), generation=0)
+        self._cert_digest = _digest(*self._cert_files)
+        self._config_digest = _digest(local_config) if local_config else ""
+
+    def current(self) -> list[channel.Message]:
+        return [self.certs, self.workloads]
+
+    def changes(self) -> list[channel.Message]:
+        out: list[channel.Message] = []
+        digest = _digest(*self._cert_files)
+        if digest != self._cert_digest:
+            self._cert_digest = digest
+            try:
+                self.certs = read_certs(self.cert_dir, self.identity, self.certs.generation + 1)
+            except UserError as exc:
+                log.error("certificate reload skipped: %s", exc.message)  # noqa: TRY400
+            else:
+                log.info("certificates changed; generation %d", self.certs.generation)
+                out.append(self.certs)
+        if self.local_config is not None:
+            digest = _digest(self.local_config)
+            if digest != self._config_digest:
+                self._config_digest = digest
+                try:
+                    doc = read_local_config(self.local_config)
+                except UserError as exc:
+                    log.error("local config reload skipped: %s", exc.message)  # noqa: TRY400
+                else:
+                    self.workloads = channel.Workloads(
+                        document=doc, generation=self.workloads.generation + 1
+                    )
+                    log.info("local config changed; generation %d", self.workloads.generation)
+                    out.append(self.workloads)
+        return out

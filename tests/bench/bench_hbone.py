@@ -1,0 +1,406 @@
+"""Benchmark: the HBONE data plane (two sidecars) beside direct TCP, measured in the same run.
+
+Run (as root; needs network namespaces): python tests/bench/bench_hbone.py [--seconds S]
+    [--profile DIR]   also record py-spy flame graphs of both data planes during each test
+
+Topology as in issue 6: a node namespace with a bridge and two pod namespaces, each with the
+sidecar capture rules (``meshctl iptables apply``) and its own ``meshctl ztunnel run``. The
+load generator (this file, re-executed in pod A) reaches the server (this file, in pod B) once
+through the mesh (captured by A, HBONE to B's :15008, delivered by B's sidecar) and once
+directly (the client runs as the proxy's group, so A's rules exempt it, and B's rules leave the
+direct port uncaptured). Prints, each beside the direct figure and the issue's target:
+single-stream throughput, 1 KiB request/response latency (p50/p99, and what the mesh adds),
+new connections per second through pooled tunnels, and the idle data plane's RSS.
+Not part of the test suite: figures, not a gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MESH_PORT = 5201  # captured on both sides
+DIRECT_PORT = 5202  # excluded from B's inbound capture; A's client is exempt by group
+PROXY_GID = 1337
+TARGETS = {
+    "throughput_ratio": 0.35,
+    "added_p50_ms": 0.2,
+    "added_p99_ms": 0.5,
+    "conns_per_s": 2000.0,
+    "idle_rss_mb": 40.0,
+}
+BLOCK = 1 << 20
+
+
+# -- the server (in pod B) -------------------------------------------------------------------------
+
+
+class _Server(asyncio.BufferedProtocol):
+    """First byte picks the mode: T (count to EOF, answer the count), L (echo), C (1 byte)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray(BLOCK)
+        self.mode = b""
+        self.count = 0
+        self.started = 0.0
+        self.pending = b""
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return memoryview(self.buf)
+
+    def buffer_updated(self, nbytes: int) -> None:
+        data = memoryview(self.buf)[:nbytes]
+        if not self.mode:
+            self.mode, data = bytes(data[:1]), data[1:]
+            self.started = time.perf_counter()
+        assert self.transport is not None
+        if self.mode == b"T":
+            self.count += len(data)
+        elif self.mode == b"L":
+            self.transport.write(bytes(data))  # echo: 1 KiB in, the same 1 KiB out
+        elif self.mode == b"C":
+            self.transport.write(b"c")
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        if self.mode == b"T" and self.transport is not None:
+            took = time.perf_counter() - self.started
+            self.transport.write(json.dumps({"bytes": self.count, "seconds": took}).encode())
+            self.transport.write_eof()
+        return True
+
+
+def serve(ip: str, ports: list[int]) -> None:
+    import uvloop
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for port in ports:
+            await loop.create_server(_Server, ip, port, backlog=4096, reuse_address=True)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    uvloop.run(main())
+
+
+# -- the clients (in pod A) ------------------------------------------------------------------------
+
+
+def client_throughput(ip: str, port: int, seconds: float) -> dict[str, float]:
+    block = memoryview(os.urandom(BLOCK))
+    with socket.create_connection((ip, port), timeout=30) as s:
+        s.sendall(b"T")
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            s.sendall(block)
+        s.shutdown(socket.SHUT_WR)
+        report = b""
+        while chunk := s.recv(4096):
+            report += chunk
+    result = json.loads(report)
+    return {"gbit_s": result["bytes"] * 8 / result["seconds"] / 1e9, "bytes": result["bytes"]}
+
+
+def client_latency(ip: str, port: int, rounds: int) -> dict[str, float]:
+    payload = os.urandom(1024)
+    times = []
+    with socket.create_connection((ip, port), timeout=30) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(b"L")
+        for i in range(rounds + 500):  # the first 500 warm up
+            start = time.perf_counter()
+            s.sendall(payload)
+            got = 0
+            while got < len(payload):
+                got += len(s.recv(65536))
+            if i >= 500:
+                times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    return {"p50_ms": statistics.median(times), "p99_ms": times[int(len(times) * 0.99)]}
+
+
+def client_conns(ip: str, port: int, seconds: float, concurrency: int) -> dict[str, float]:
+    import uvloop
+
+    async def one_worker(end: float, counts: list[int], errors: list[int]) -> None:
+        while time.perf_counter() < end:
+            try:
+                reader, writer = await asyncio.open_connection(ip, port)
+                writer.write(b"C")
+                await reader.readexactly(1)
+                writer.close()
+                counts[0] += 1
+            except (OSError, asyncio.IncompleteReadError):
+                errors[0] += 1
+
+    async def main() -> dict[str, float]:
+        counts, errors = [0], [0]
+        start = time.perf_counter()
+        end = start + seconds
+        await asyncio.gather(*(one_worker(end, counts, errors) for _ in range(concurrency)))
+        took = time.perf_counter() - start
+        return {"per_s": counts[0] / took, "errors": float(errors[0])}
+
+    return uvloop.run(main())
+
+
+# -- the driver ------------------------------------------------------------------------------------
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@contextlib.contextmanager
+def _mesh(tmp: Path, workers: int) -> Iterator[dict]:
+    sys.path.insert(0, str(ROOT))
+    from meshctl.core.identity import SpiffeId
+    from tests.harness.netns import node_with_pods
+    from tests.netns.ztunnel_harness import TD, Ca, Sidecar, capture, workload, write_local_config
+
+    with node_with_pods(2) as node:
+        a, b = node.pods
+        ca = Ca.create(tmp / "certs")
+        config = write_local_config(
+            tmp / "local.yaml",
+            workloads=[workload("client", "default", a.ip), workload("server", "prod", b.ip)],
+        )
+        extra = ("--workers", str(workers))
+        car_a = Sidecar(
+            a.ns,
+            "default/client/client",
+            ca.issue("a", SpiffeId(TD, "default", "client")),
+            config,
+            log_path=tmp / "a.log",
+            extra=extra,
+        )
+        car_b = Sidecar(
+            b.ns,
+            "prod/server/server",
+            ca.issue("b", SpiffeId(TD, "prod", "server")),
+            config,
+            log_path=tmp / "b.log",
+            extra=extra,
+        )
+        capture(a.ns)
+        capture(b.ns, "--istio-local-exclude-ports", f"15090,15021,15020,{DIRECT_PORT}")
+        server = b.ns.popen(
+            [sys.executable, __file__, "_serve", b.ip, str(MESH_PORT), str(DIRECT_PORT)],
+            stdout=subprocess.PIPE,
+            group=PROXY_GID,  # its replies are not ours to capture either
+            extra_groups=[],
+        )
+        try:
+            assert server.stdout is not None
+            assert server.stdout.readline().strip() == b"ready"
+            car_a.start()
+            car_b.start()
+            yield {"a": a, "b": b, "car_a": car_a, "car_b": car_b, "tmp": tmp}
+        finally:
+            car_a.stop()
+            car_b.stop()
+            server.kill()
+            server.wait()
+
+
+def _client(m: dict, direct: bool, *args: str) -> dict[str, float]:
+    port = DIRECT_PORT if direct else MESH_PORT
+    ids = {"group": PROXY_GID, "extra_groups": []} if direct else {}
+    done = m["a"].ns.run(
+        [sys.executable, __file__, "_client", *args[:1], m["b"].ip, str(port), *args[1:]],
+        timeout=300,
+        **ids,
+    )
+    return json.loads(done.stdout)
+
+
+@contextlib.contextmanager
+def _profiled(m: dict, name: str, out: Path | None) -> Iterator[None]:
+    if out is None:
+        yield
+        return
+    procs = []
+    for side in ("car_a", "car_b"):
+        for pid in m[side].dataplane_pids(1):
+            target = out / f"{name}-{side}-{pid}.folded"
+            argv = ["py-spy", "record", "-p", str(pid), "-o", str(target), "-r", "200"]
+            procs.append(
+                subprocess.Popen(
+                    [*argv, "--format", "raw", "--nonblocking"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+    time.sleep(0.5)
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.send_signal(2)  # SIGINT: py-spy writes the collapsed stacks and exits
+            p.wait(30)
+        for target in sorted(out.glob(f"{name}-*.folded")):
+            print(f"-- {target.name}: where the samples end (self time)")
+            for line in _top_frames(target):
+                print(f"   {line}")
+
+
+def _top_frames(folded: Path, count: int = 12) -> list[str]:
+    """The leaf frames with the most samples in a py-spy ``raw`` (collapsed stacks) file."""
+    leaves: dict[str, int] = {}
+    total = 0
+    for line in folded.read_text().splitlines():
+        stack, _, samples = line.rpartition(" ")
+        n = int(samples)
+        total += n
+        leaf = stack.rsplit(";", 1)[-1]
+        leaves[leaf] = leaves.get(leaf, 0) + n
+    ranked = sorted(leaves.items(), key=lambda kv: -kv[1])[:count]
+    return [f"{n * 100 / total:5.1f}%  {leaf}" for leaf, n in ranked] if total else []
+
+
+Row = tuple[str, str, str, str, bool]
+
+
+def bench(seconds: float, workers: int, profile: Path | None, only: set[str]) -> None:
+    with tempfile.TemporaryDirectory(prefix="bench-hbone-") as tmp, _mesh(Path(tmp), workers) as m:
+        time.sleep(1.0)
+        rows = [_rss(m)]
+        if "throughput" in only:
+            rows.append(_throughput(m, seconds, profile))
+        if "latency" in only:
+            rows.append(_latency(m, seconds, profile))
+        if "conns" in only:
+            rows.append(_conns(m, seconds, profile))
+    print(f"HBONE bench: {os.cpu_count()} CPUs, {workers} worker(s) per sidecar, {seconds}s each")
+    print(f"{'':26} {'mesh (two sidecars)':62} {'direct':18} {'target':22} met")
+    for name, value, base, target, met in rows:
+        print(f"{name:26} {value:62} {base:18} {target:22} {'yes' if met else 'NO'}")
+
+
+def _rss(m: dict) -> Row:
+    rss = [_rss_mb(pid) for pid in m["car_a"].dataplane_pids(1)]
+    value = f"{max(rss):.1f} MB" + (f" x{len(rss)}" if len(rss) > 1 else "")
+    target = TARGETS["idle_rss_mb"]
+    return ("idle data plane RSS", value, "-", f"<= {target:.0f} MB", max(rss) <= target)
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """utime + stime of ``pids`` (proc(5) fields 14 and 15, in clock ticks)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _throughput(m: dict, seconds: float, profile: Path | None) -> Row:
+    direct = _client(m, True, "throughput", str(seconds))
+    pids = m["car_a"].dataplane_pids(1) + m["car_b"].dataplane_pids(1)
+    cpu = _cpu_seconds(pids)
+    with _profiled(m, "throughput", profile):
+        mesh = _client(m, False, "throughput", str(seconds))
+    # CPU per GiB in both proxies: steadier than the rate on a shared 2-core machine.
+    per_gib = (_cpu_seconds(pids) - cpu) / (mesh["bytes"] / (1 << 30))
+    ratio = mesh["gbit_s"] / direct["gbit_s"]
+    return (
+        "single stream",
+        f"{mesh['gbit_s']:.2f} Gbit/s ({ratio:.2f} of direct; {per_gib:.2f} proxy CPU-s/GiB)",
+        f"{direct['gbit_s']:.2f} Gbit/s",
+        f">= {TARGETS['throughput_ratio']} of direct",
+        ratio >= TARGETS["throughput_ratio"],
+    )
+
+
+def _latency(m: dict, seconds: float, profile: Path | None) -> Row:
+    rounds = str(int(4000 * seconds))
+    direct = _client(m, True, "latency", rounds)
+    with _profiled(m, "latency", profile):
+        mesh = _client(m, False, "latency", rounds)
+    added50 = (mesh["p50_ms"] - direct["p50_ms"]) * 1000
+    added99 = (mesh["p99_ms"] - direct["p99_ms"]) * 1000
+    goal50, goal99 = TARGETS["added_p50_ms"] * 1000, TARGETS["added_p99_ms"] * 1000
+    return (
+        "1 KiB req/resp p50 / p99",
+        (
+            f"{mesh['p50_ms'] * 1000:.0f} / {mesh['p99_ms'] * 1000:.0f} us "
+            f"(+{added50:.0f} / +{added99:.0f})"
+        ),
+        f"{direct['p50_ms'] * 1000:.0f} / {direct['p99_ms'] * 1000:.0f} us",
+        f"+<= {goal50:.0f} / {goal99:.0f} us",
+        added50 <= goal50 and added99 <= goal99,
+    )
+
+
+def _conns(m: dict, seconds: float, profile: Path | None) -> Row:
+    direct = _client(m, True, "conns", str(seconds), "32")
+    with _profiled(m, "conns", profile):
+        mesh = _client(m, False, "conns", str(seconds), "32")
+    pooled = m["car_a"].config_dump()["connections"]["pooled"]
+    return (
+        "new connections/s",
+        f"{mesh['per_s']:.0f} ({mesh['errors']:.0f} errors, {pooled} pooled conns)",
+        f"{direct['per_s']:.0f}",
+        f">= {TARGETS['conns_per_s']:.0f}",
+        mesh["per_s"] >= TARGETS["conns_per_s"] and not mesh["errors"],
+    )
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "_serve":
+        serve(sys.argv[2], [int(p) for p in sys.argv[3:]])
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "_client":
+        mode, ip, port, *rest = sys.argv[2:]
+        if mode == "throughput":
+            result = client_throughput(ip, int(port), float(rest[0]))
+        elif mode == "latency":
+            result = client_latency(ip, int(port), int(rest[0]))
+        else:
+            result = client_conns(ip, int(port), float(rest[0]), int(rest[1]))
+        print(json.dumps(result))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--workers", type=int, default=1, help="data-plane workers per sidecar")
+    parser.add_argument("--profile", type=Path, help="write py-spy collapsed stacks here")
+    parser.add_argument(
+        "--only", default="throughput,latency,conns", help="comma-separated subset to run"
+    )
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root (network namespaces)")
+    if args.profile:
+        if not _which("py-spy"):
+            sys.exit("--profile needs py-spy (pip install py-spy)")
+        args.profile.mkdir(parents=True, exist_ok=True)
+    bench(args.seconds, args.workers, args.profile, set(args.only.split(",")))
+    return 0
+
+
+def _which(name: str) -> bool:
+    import shutil
+
+    return shutil.which(name) is not None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""``meshctl ztunnel``: help loads the plugin, the data plane stays hidden, certs are usable."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from meshctl.core import certs
+from meshctl.core.identity import SpiffeId, peer_identity
+
+
+def meshctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from meshctl.cli import run; run()", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_ztunnel_help_lists_run_and_certs_and_the_data_plane_is_hidden():
+    result = meshctl("ztunnel", "--help")
+    assert result.returncode == 0, result.stderr
+    assert "run" in result.stdout
+    assert "certs" in result.stdout
+    assert meshctl("ztunnel", "run", "--help").returncode == 0
+    assert meshctl("ztunnel-dataplane", "--help").returncode == 0  # loads, so imports work
+    assert "ztunnel-dataplane" not in meshctl("--help").stdout
+
+
+def test_certs_mints_a_ca_once_and_a_workload_cert_chaining_to_it(tmp_path):
+    first = meshctl("ztunnel", "certs", "--out", str(tmp_path / "a"), "--workload", "ns1/a/sa1")
+    assert first.returncode == 0, first.stderr
+    second = meshctl("ztunnel", "certs", "--out", str(tmp_path / "b"), "--workload", "ns1/b/sa2")
+    assert second.returncode == 0, second.stderr
+    roots_a = (tmp_path / "a" / certs.ROOT_CERT_FILE).read_bytes()
+    assert roots_a == (tmp_path / "b" / certs.ROOT_CERT_FILE).read_bytes()  # the same CA
+    assert (tmp_path / "a" / certs.KEY_FILE).stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "ca" / certs.CA_KEY_FILE).stat().st_mode & 0o777 == 0o600
+    chain = (tmp_path / "a" / certs.CERT_CHAIN_FILE).read_bytes()
+    leaf = certs.describe(chain)[0]
+    assert peer_identity(leaf.uri_sans, trust_domain="cluster.local") == SpiffeId(
+        "cluster.local", "ns1", "sa1"
+    )
+    assert certs.key_matches(chain, (tmp_path / "a" / certs.KEY_FILE).read_bytes())
+
+
+def test_run_without_a_workload_is_a_usage_error_with_a_hint(tmp_path):
+    env = dict.fromkeys(("PROXY_WORKLOAD_INFO", "POD_NAME", "POD_NAMESPACE"), "")
+    result = meshctl("ztunnel", "run", "--cert-dir", str(tmp_path), env=env)
+    assert result.returncode == 2
+    assert "Error: sidecar mode needs the workload it serves" in result.stderr
+    assert "Hint: pass --workload" in result.stderr
+
+
+def test_run_with_missing_certificates_says_how_to_make_them(tmp_path):
+    result = meshctl("ztunnel", "run", "--workload", "a/b/c", "--cert-dir", str(tmp_path / "none"))
+    assert result.returncode == 2
+    assert "cannot read workload certificates" in result.stderr
+    assert "meshctl ztunnel certs" in result.stderr
+
+
+def test_run_rejects_an_unknown_local_config_field_with_its_path(tmp_path):
+    meshctl("ztunnel", "certs", "--out", str(tmp_path / "c"), "--workload", "a/b/c")
+    config = tmp_path / "local.yaml"
+    config.write_text("workloads:\n  - uid: x\n    name: b\n    namespace: a\n    workloadIP: []\n")
+    result = meshctl(
+        "ztunnel", "run", "--workload", "a/b/c", "--cert-dir", str(tmp_path / "c"),
+        "--local-config", str(config),
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "workloads[0].workloadIP: unknown field" in result.stderr
+
+
+def test_run_refuses_a_handshake_timeout_that_is_not_a_positive_duration(tmp_path):
+    for value in ("0s", "soon"):
+        result = meshctl(
+            "ztunnel", "run", "--workload", "a/b/c", "--cert-dir", str(tmp_path),
+            "--handshake-timeout", value,
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        assert "handshake timeout" in result.stderr
+        assert "Hint:" in result.stderr
