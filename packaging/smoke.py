@@ -6,8 +6,10 @@ Usage: python packaging/smoke.py [dist/meshctl]. Exits non-zero with a one-line 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -36,12 +38,70 @@ def check(binary: Path) -> list[str]:
         missing = [k for k, v in data.get("dependencies", {}).items() if not v]
         if missing:
             problems.append(f"version -o json: no version for {', '.join(missing)}")
+    problems += check_plugins(binary)
     bad = run(binary, "no-such-command")
     if bad.returncode != 2 or not bad.stderr.startswith("Error: unknown command"):
         problems.append(f"unknown command: exit {bad.returncode}, stderr {bad.stderr!r}")
     if "Traceback" in bad.stderr:
         problems.append("unknown command printed a traceback")
     return problems
+
+
+POD = """apiVersion: v1
+kind: Pod
+metadata: {name: smoke, namespace: default}
+spec:
+  containers: [{name: app, image: app:1}]
+"""
+
+
+def check_plugins(binary: Path) -> list[str]:
+    """Each frozen plugin does real work: lazily imported modules must all be in the archive."""
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        pod = Path(tmp) / "pod.yaml"
+        pod.write_text(POD)
+        injected = run(binary, "inject", "-f", str(pod))
+        if injected.returncode != 0 or "name: istio-proxy" not in injected.stdout:
+            problems.append(f"inject: exit {injected.returncode}: {injected.stderr.strip()!r}")
+        rules = run(binary, "iptables", "render")
+        if rules.returncode != 0 or "MESH_OUTPUT" not in rules.stdout:
+            problems.append(f"iptables render: exit {rules.returncode}: {rules.stderr.strip()!r}")
+        certs = run(
+            binary,
+            "ztunnel",
+            "certs",
+            "--out",
+            f"{tmp}/w",
+            "--ca-dir",
+            f"{tmp}/ca",
+            "--workload",
+            "default/smoke/default",
+        )
+        if certs.returncode != 0 or not any(Path(tmp, "w").glob("*.pem")):
+            problems.append(f"ztunnel certs: exit {certs.returncode}: {certs.stderr.strip()!r}")
+        dataplane = run(binary, "ztunnel-dataplane", "--help")
+        if dataplane.returncode != 0 or "--channel-fd" not in dataplane.stdout:
+            problems.append(f"ztunnel-dataplane --help: exit {dataplane.returncode}")
+    if os.geteuid() == 0:
+        problems += check_iptc(binary)
+    return problems
+
+
+def check_iptc(binary: Path) -> list[str]:
+    """The in-process iptc backend needs python-iptables' ctypes helper inside the bundle."""
+    name = f"mt-smoke-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+        for verb in ("apply", "check", "clean"):
+            done = run(binary, "iptables", verb, "--backend", "iptc", "--netns", name)
+            if done.returncode != 0:
+                reason = f"exit {done.returncode}: {done.stderr.strip()!r}"
+                return [f"iptables {verb} --backend iptc: {reason}"]
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+    return []
 
 
 def main() -> int:
