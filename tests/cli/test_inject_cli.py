@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,22 +13,10 @@ import pytest
 import yaml
 
 from meshctl.cli import main
+from tests.harness.cli import run_meshctl as meshctl
 
 DATA = Path(__file__).resolve().parents[1] / "testdata" / "inject"
 DEPLOYMENT = DATA / "deployment.yaml"
-
-
-def meshctl(*args: str, stdin: str | None = None, env: dict[str, str] | None = None):
-    """Runs meshctl in a fresh interpreter, as the console script does."""
-    return subprocess.run(
-        [sys.executable, "-c", "from meshctl.cli import run; run()", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

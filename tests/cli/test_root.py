@@ -12,20 +12,9 @@ from pathlib import Path
 import pytest
 
 from meshctl.cli import hoist_global_flags, main
+from tests.harness.cli import run_meshctl as meshctl
 
 PLUGIN_MODULE = "meshctl_plugins.version"
-
-
-def meshctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run meshctl in a fresh interpreter, as the console script does."""
-    return subprocess.run(
-        [sys.executable, "-c", "from meshctl.cli import run; run()", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
 
 
 def test_help_lists_plugins_without_importing_them():

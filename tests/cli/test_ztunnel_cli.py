@@ -2,23 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 from meshctl.core import certs
 from meshctl.core.identity import SpiffeId, peer_identity
-
-
-def meshctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from meshctl.cli import run; run()", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, **(env or {})},
-        check=False,
-    )
+from tests.harness.cli import run_meshctl as meshctl
 
 
 def test_ztunnel_help_lists_run_and_certs_and_the_data_plane_is_hidden():
