@@ -53,6 +53,15 @@ def discover() -> dict[str, PluginInfo]:
     return found
 
 
+def find(name: str) -> PluginInfo | None:
+    """The plugin for subcommand ``name`` (first distribution wins, as in ``discover``), without
+    reading any manifest: for fast paths that run one known plugin (the CNI plugin)."""
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name):
+        dist_name = ep.dist.name if ep.dist is not None else "?"
+        return PluginInfo(name=ep.name, target=ep.value, distribution=dist_name, help="")
+    return None
+
+
 def load(info: PluginInfo) -> object:
     """Import the plugin and return the object its entry point names (a Typer app or a command)."""
     module_name, _, attr = info.target.partition(":")

@@ -990,11 +990,14 @@ class Kubelet:
         *,
         chained: Sequence[Mapping[str, Any]] = (),
         cni_path: Sequence[Path | str] = (),
+        conflist: Mapping[str, Any] | None = None,
     ) -> RunningPod:
         """Binds the Pod, creates its sandbox (netns + CNI ADD) and marks it Running and Ready.
 
         `chained` plugin configs follow bridge in the conflist; their binaries are looked up in
-        `cni_path`, then /usr/lib/cni.
+        `cni_path`, then /usr/lib/cni. `conflist` replaces the whole list (e.g. the file a CNI
+        installer wrote into a conf dir, read as the runtime reads it); its `name` must be
+        `Kubelet.network_name`, as libcni keys results by it.
         """
         core = k8s.CoreV1Api(self.api)
         pod = core.read_namespaced_pod(name, namespace)
@@ -1015,7 +1018,7 @@ class Kubelet:
             netns=self._netns_factory("pod"),
             ip="",
             cni_result={},
-            conflist=self.conflist(chained),
+            conflist=dict(conflist) if conflist is not None else self.conflist(chained),
             cni_path=(*(Path(d) for d in cni_path), CNI_BIN_DIR),
         )
         # Registered before anything is set up, so that a failing ADD is still undone.

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Final, Literal
 
-from meshctl.config import setting
+from meshctl.config import resolve, setting
 from meshctl.errors import ConfigError
 
 # Istio's port and identity constants (the wire contract; see docs/iptables.md).
@@ -494,3 +494,33 @@ def nameservers(resolv_conf: str) -> tuple[Address, ...]:
 def of_family(items: Iterable[Any], version: int) -> list[Any]:
     """Addresses or networks of one IP version (4 or 6), order kept."""
     return [i for i in items if i.version == version]
+
+
+def settings_from_args(args: Sequence[str]) -> CaptureSettings:
+    """``CaptureSettings`` from ``meshctl iptables apply`` flags, parsed as that command does.
+
+    The flag spellings are the fields' own (``-p``, ``--envoy-port``, ...) and the values go
+    through the same ``meshctl.config.resolve`` and field parsers, with no env var and no settings
+    file: the CNI plugin turns ``capture_args(annotations)`` into exactly the settings the init
+    container's ``meshctl iptables apply <args>`` would build. Raises ``ConfigError``.
+    """
+    spellings = {
+        spelling: f for f in fields(CaptureSettings) for spelling in f.metadata["flag"].split("/")
+    }
+    flags: dict[str, Any] = {}
+    words = iter(args)
+    for word in words:
+        name, eq, inline = word.partition("=") if word.startswith("--") else (word, "", "")
+        f = spellings.get(name)
+        if f is None:
+            raise ConfigError(
+                f"unknown capture flag {word!r}", hint="see 'meshctl iptables apply --help'"
+            )
+        if f.type == "bool" and not eq:
+            flags[f.name] = True  # a switch: its presence means on, as with the CLI
+            continue
+        value = inline if eq else next(words, None)
+        if value is None:
+            raise ConfigError(f"capture flag {name} needs a value", hint="e.g. -p 15001")
+        flags[f.name] = value
+    return resolve(CaptureSettings, flags=flags, env={})

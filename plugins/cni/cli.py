@@ -1,0 +1,130 @@
+"""The ``meshctl cni`` commands: install (the DaemonSet's node agent), uninstall, manifest.
+
+Invariants: settings resolve flag > env (Istio's names) > the ``cni:`` section of the settings
+file > default, before anything touches the node; this module only wires (decisions live in
+``meshctl.core.cni``, file work in installer.py, the long-running loop in daemon.py).
+The CNI plugin itself is the raw ``cni-plugin`` entry point, in ``meshctl_plugins.cni_plugin``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from meshctl import config
+from meshctl.output import OutputFormat, render
+
+from .installer import Installer, InstallSettings
+
+SECTION = "cni"
+
+app = typer.Typer(
+    help="Sidecar capture without init containers: the CNI plugin's node installer.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+_Dir = Annotated[str | None, typer.Option(show_default=False)]
+
+
+def _settings(ctx: typer.Context, flags: dict[str, Any]) -> InstallSettings:
+    section, name = config.file_section(ctx.meta, SECTION)
+    return config.resolve(InstallSettings, flags=flags, file=section, file_name=name)
+
+
+@app.command("install")
+def install_cmd(
+    ctx: typer.Context,
+    cni_bin_dir: Annotated[
+        str | None, typer.Option("--cni-bin-dir", help="Host CNI bin dir [CNI_BIN_DIR].")
+    ] = None,
+    cni_conf_dir: Annotated[
+        str | None,
+        typer.Option("--cni-conf-dir", help="Host CNI conf dir [MOUNTED_CNI_NET_DIR]."),
+    ] = None,
+    cni_conf_name: Annotated[
+        str | None,
+        typer.Option("--cni-conf-name", help="Config file to merge into (default: first valid)."),
+    ] = None,
+    run_dir: Annotated[
+        str | None, typer.Option("--run-dir", help="Plugin run dir [CNI_AGENT_RUN_DIR].")
+    ] = None,
+    service_account_dir: Annotated[
+        str | None, typer.Option("--service-account-dir", help="Where token and ca.crt are.")
+    ] = None,
+    kube_server: Annotated[
+        str | None,
+        typer.Option("--kube-server", help="API server URL for the plugin (default: in-cluster)."),
+    ] = None,
+    kube_ca_file: Annotated[
+        str | None, typer.Option("--kube-ca-file", help="CA bundle (default: the SA's ca.crt).")
+    ] = None,
+    exclude_namespaces: Annotated[
+        str | None,
+        typer.Option("--exclude-namespaces", help="Never captured [EXCLUDE_NAMESPACES]."),
+    ] = None,
+    iptables_backend: Annotated[
+        str | None, typer.Option("--iptables-backend", help="iptc (default), legacy, nft, auto.")
+    ] = None,
+    readiness_address: Annotated[
+        str | None,
+        typer.Option("--readiness-address", help="HOST:PORT of /readyz (0.0.0.0:8000; '' off)."),
+    ] = None,
+    poll_interval: Annotated[
+        str | None, typer.Option("--poll-interval", help="Seconds between checks (0.5).")
+    ] = None,
+) -> None:
+    """Install the plugin on this node, keep it installed, and remove it on SIGTERM."""
+    import asyncio
+
+    from . import daemon
+
+    settings = _settings(ctx, {k: v for k, v in locals().items() if k != "ctx"})
+    _ = settings.server  # an unusable API address is a usage error now, not a warning loop later
+    raise typer.Exit(asyncio.run(daemon.run(settings)))
+
+
+@app.command("uninstall")
+def uninstall_cmd(
+    ctx: typer.Context,
+    cni_bin_dir: Annotated[str | None, typer.Option("--cni-bin-dir")] = None,
+    cni_conf_dir: Annotated[str | None, typer.Option("--cni-conf-dir")] = None,
+    run_dir: Annotated[str | None, typer.Option("--run-dir")] = None,
+) -> None:
+    """Remove the plugin's entry, binary and kubeconfig: the node's config as it was."""
+    settings = _settings(ctx, {k: v for k, v in locals().items() if k != "ctx"})
+    # The binary to compare against is irrelevant for removal; skip building the launcher.
+    done = Installer(settings, binary=b"").cleanup()
+    typer.echo(f"uninstalled: {', '.join(done) or 'nothing was installed'}", err=True)
+
+
+@app.command("manifest")
+def manifest_cmd(
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "meshctl-system",
+    image: Annotated[str | None, typer.Option("--image", help="meshctl image.")] = None,
+    cni_bin_dir: Annotated[str, typer.Option("--cni-bin-dir", help="Host path.")] = "/opt/cni/bin",
+    cni_conf_dir: Annotated[
+        str, typer.Option("--cni-conf-dir", help="Host path.")
+    ] = "/etc/cni/net.d",
+    output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.YAML,
+) -> None:
+    """Print the DaemonSet (and its RBAC) that runs 'meshctl cni install' on every node."""
+    from meshctl.core.inject.settings import DEFAULT_IMAGE
+
+    from .manifest import objects
+
+    items = objects(
+        namespace=namespace,
+        image=image or DEFAULT_IMAGE,
+        cni_bin_dir=cni_bin_dir,
+        cni_conf_dir=cni_conf_dir,
+    )
+    if output is OutputFormat.JSON:
+        typer.echo(render({"apiVersion": "v1", "kind": "List", "items": items}, output), nl=False)
+        return
+    if output is OutputFormat.TABLE:
+        raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
+    typer.echo("---\n".join(render(item, output) for item in items), nl=False)

@@ -1,0 +1,201 @@
+"""``meshctl cni install`` as a node agent: install, watch and repair, readiness, clean up on exit.
+
+Invariants:
+- The node's files are polled (``poll_interval``), so any rewrite by another agent, a removed
+  binary or a rotated token is noticed within one interval and repaired; repairs are rate-limited
+  (a token bucket) and a component that keeps undoing them is named in a warning with a hint.
+- ``/readyz`` answers 200 only while the runtime's config includes us (``Installer.status``);
+  ``/healthz`` answers 200 while the loop runs. Every read has a timeout.
+- SIGTERM or SIGINT: stop watching, then ``Installer.cleanup`` (the node's config as it was).
+- The CNI plugin's log records arriving on ``<run_dir>/log.sock`` are re-logged here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import logging
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshctl.core.cni.spec import LOG_SOCKET_NAME
+from meshctl.errors import MeshctlError, UserError
+
+from .installer import Installer, InstallSettings, Status
+
+log = logging.getLogger(__name__)
+plugin_log = logging.getLogger("meshctl.cni.plugin")
+
+CONFLICT_WINDOW = 60.0  # seconds
+CONFLICT_REPAIRS = 5  # more repairs than this within the window: someone keeps undoing ours
+CONFLICT_HINT = (
+    "another component keeps rewriting the CNI config or removing the plugin (e.g. Cilium with "
+    "cni.exclusive=true, or a second CNI installer): configure it to leave chained plugins alone"
+)
+
+
+class RepairBudget:
+    """A token bucket: ``burst`` repairs at once, then one per ``refill`` seconds."""
+
+    def __init__(self, burst: int = 3, refill: float = 5.0) -> None:
+        self._burst = burst
+        self._refill = refill
+        self._tokens = float(burst)
+        self._last = time.monotonic()
+
+    def take(self, now: float) -> bool:
+        self._tokens = min(self._burst, self._tokens + (now - self._last) / self._refill)
+        self._last = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
+
+
+@dataclass(slots=True)
+class _State:
+    status: Status
+    running: bool = True
+
+
+async def run(settings: InstallSettings, installer: Installer | None = None) -> int:
+    """Serve until SIGTERM/SIGINT, then clean up; returns the exit code."""
+    installer = installer or Installer(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    state = _State(Status(False, "starting"))
+    async with contextlib.AsyncExitStack() as stack:
+        if settings.readiness_address:
+            server = await _readiness_server(settings.readiness_address, state)
+            stack.push_async_callback(_close_server, server)
+        sink = Path(settings.run_dir) / LOG_SOCKET_NAME
+        transport = await _log_sink(sink)
+        if transport is not None:
+            stack.callback(sink.unlink, missing_ok=True)
+            stack.callback(transport.close)
+        try:
+            await _watch(installer, settings, state, stop)
+        finally:
+            state.running = False
+            done = installer.cleanup()
+            log.info("cleaned up: %s", ", ".join(done) or "nothing to remove")
+    return 0
+
+
+async def _watch(
+    installer: Installer, settings: InstallSettings, state: _State, stop: asyncio.Event
+) -> None:
+    budget = RepairBudget()
+    repairs: collections.deque[float] = collections.deque()
+    installed_once = False
+    last_problem = ""
+    while not stop.is_set():
+        now = time.monotonic()
+        try:
+            status = installer.status()
+            if not status.ready and budget.take(now):
+                changed = installer.install()
+                if installed_once and changed:
+                    repairs.append(now)
+                    while repairs and repairs[0] < now - CONFLICT_WINDOW:
+                        repairs.popleft()
+                    log.warning("repaired (%s): %s", status.reason, ", ".join(changed))
+                    if len(repairs) > CONFLICT_REPAIRS:
+                        log.warning(
+                            "%d repairs in %.0fs. Hint: %s",
+                            len(repairs),
+                            CONFLICT_WINDOW,
+                            CONFLICT_HINT,
+                        )
+                elif changed:
+                    log.info("installed: %s", ", ".join(changed))
+                installed_once = True
+                status = installer.status()
+            elif not status.ready:
+                log.debug("repair rate-limited: %s", status.reason)
+            last_problem = ""
+        except MeshctlError as exc:
+            status = Status(False, exc.message)
+            if exc.message != last_problem:  # say it once, not every poll
+                log.warning("%s%s", exc.message, f" Hint: {exc.hint}" if exc.hint else "")
+                last_problem = exc.message
+        state.status = status
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), settings.poll_interval)
+
+
+async def _readiness_server(address: str, state: _State) -> asyncio.Server:
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise UserError(
+            f"--readiness-address: invalid value {address!r}", hint="give HOST:PORT, e.g. :8000"
+        )
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+            path = request.split(b" ", 2)[1].decode(errors="replace") if b" " in request else ""
+            if path == "/readyz":
+                code, body = (200, "ok") if state.status.ready else (503, state.status.reason)
+            elif path == "/healthz":
+                code, body = (200, "ok") if state.running else (503, "stopping")
+            else:
+                code, body = 404, "not found"
+            payload = (body + "\n").encode()
+            reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[code]
+            writer.write(
+                f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
+                f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+                + payload
+            )
+            await asyncio.wait_for(writer.drain(), 5.0)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # a probe that hung up or sent garbage gets nothing
+        finally:
+            writer.close()
+
+    try:
+        return await asyncio.start_server(handle, host or None, int(port))
+    except OSError as exc:
+        raise MeshctlError(
+            f"cannot listen on {address} for readiness: {exc.strerror}",
+            hint="pick a free port with --readiness-address",
+        ) from exc
+
+
+async def _close_server(server: asyncio.Server) -> None:
+    server.close()
+    await server.wait_closed()
+
+
+class _PluginLogs(asyncio.DatagramProtocol):
+    def datagram_received(self, data: bytes, addr: object) -> None:
+        try:
+            record = json.loads(data)
+            level = logging.getLevelName(str(record.get("level", "info")).upper())
+            message = str(record.get("msg", ""))
+        except (ValueError, AttributeError):
+            level, message = logging.INFO, data.decode(errors="replace")
+        plugin_log.log(level if isinstance(level, int) else logging.INFO, "%s", message)
+
+
+async def _log_sink(path: Path) -> asyncio.DatagramTransport | None:
+    """Bind the plugin's log socket; without it the plugin still logs to its file."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a stale socket from a killed installer
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            _PluginLogs, local_addr=str(path), family=socket.AF_UNIX
+        )
+    except OSError as exc:
+        log.warning("plugin log socket %s unavailable: %s", path, exc.strerror)
+        return None
+    return transport

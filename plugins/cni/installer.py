@@ -1,0 +1,358 @@
+"""The node installer's file work: plugin binary, plugin kubeconfig, our entry in the CNI config.
+
+Decisions come from ``meshctl.core.cni.netconf``; this module reads and writes files only.
+Invariants:
+- Every write is atomic (temp file in the same directory, fsync, rename), so a runtime never
+  reads a half-written config or executes a half-copied binary; a config keeps its file mode.
+- ``install`` is idempotent: when everything is in place it writes nothing.
+- The original of the config we merged into is kept in ``<run_dir>/conf-backup.json`` before the
+  merged file is written, so ``cleanup`` (SIGTERM, ``meshctl cni uninstall``, or a later installer
+  after a crash) gives the node its config back byte for byte.
+- The service-account token is never logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meshctl.config import setting
+from meshctl.core.cni import netconf
+from meshctl.core.cni.spec import (
+    DEFAULT_EXCLUDED_NAMESPACES,
+    DEFAULT_RUN_DIR,
+    KUBECONFIG_NAME,
+    PLUGIN_TYPE,
+)
+from meshctl.errors import ConfigError, MeshctlError
+
+log = logging.getLogger(__name__)
+
+BACKUP_NAME = "conf-backup.json"
+SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def _positive(raw: Any) -> float:
+    value = float(raw)
+    if value <= 0:
+        raise ValueError("must be positive")
+    return value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstallSettings:
+    """Where the node's CNI files live and how the plugin is configured (Istio's env names)."""
+
+    cni_bin_dir: str = setting("/host/opt/cni/bin", env="CNI_BIN_DIR", flag="--cni-bin-dir")
+    cni_conf_dir: str = setting(
+        "/host/etc/cni/net.d", env=("MOUNTED_CNI_NET_DIR", "CNI_NET_DIR"), flag="--cni-conf-dir"
+    )
+    # Empty: the lexically first valid file, as the runtime picks it.
+    cni_conf_name: str = setting("", env="CNI_CONF_NAME", flag="--cni-conf-name")
+    # Same path on the host and in the installer's container: the plugin reads it on the host.
+    run_dir: str = setting(DEFAULT_RUN_DIR, env="CNI_AGENT_RUN_DIR", flag="--run-dir")
+    service_account_dir: str = setting(
+        SA_DIR, env="MESHCTL_CNI_SERVICE_ACCOUNT_DIR", flag="--service-account-dir"
+    )
+    kube_server: str = setting("", env="MESHCTL_CNI_KUBE_SERVER", flag="--kube-server")
+    kubernetes_service_host: str = setting("", env="KUBERNETES_SERVICE_HOST")
+    kubernetes_service_port: str = setting("443", env="KUBERNETES_SERVICE_PORT")
+    kube_ca_file: str = setting("", env="KUBE_CA_FILE", flag="--kube-ca-file")
+    skip_tls_verify: bool = setting(False, env="SKIP_TLS_VERIFY", flag="--skip-tls-verify")
+    exclude_namespaces: tuple[str, ...] = setting(
+        DEFAULT_EXCLUDED_NAMESPACES, env="EXCLUDE_NAMESPACES", flag="--exclude-namespaces"
+    )
+    plugin_log_level: str = setting(
+        "info", env="PLUGIN_LOG_LEVEL", choices=("debug", "info", "warning", "error")
+    )
+    iptables_backend: str = setting(
+        "iptc",
+        env="MESHCTL_CNI_IPTABLES_BACKEND",
+        flag="--iptables-backend",
+        choices=("auto", "nft", "legacy", "iptc"),
+    )
+    pod_lookup_timeout: float = setting(
+        5.0, env="MESHCTL_CNI_POD_LOOKUP_TIMEOUT", parse=_positive, hint="give seconds, e.g. 5"
+    )
+    readiness_address: str = setting(
+        "0.0.0.0:8000", env="MESHCTL_CNI_READINESS_ADDRESS", flag="--readiness-address"
+    )
+    poll_interval: float = setting(
+        0.5, env="MESHCTL_CNI_POLL_INTERVAL", flag="--poll-interval", parse=_positive
+    )
+
+    @property
+    def server(self) -> str:
+        if self.kube_server:
+            return self.kube_server
+        host = self.kubernetes_service_host
+        if not host:
+            raise ConfigError(
+                "no API server address: KUBERNETES_SERVICE_HOST is not set",
+                hint="run in a pod, or pass --kube-server https://HOST:PORT",
+            )
+        return f"https://{f'[{host}]' if ':' in host else host}:{self.kubernetes_service_port}"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        return Path(self.run_dir) / KUBECONFIG_NAME
+
+    @property
+    def binary_path(self) -> Path:
+        return Path(self.cni_bin_dir) / PLUGIN_TYPE
+
+    def entry(self) -> dict[str, Any]:
+        """Our plugin's entry in the node's conflist (keys read by ``meshctl.core.cni.spec``)."""
+        return {
+            "type": PLUGIN_TYPE,
+            "run_dir": self.run_dir,
+            "kubeconfig": str(self.kubeconfig_path),
+            "exclude_namespaces": list(self.exclude_namespaces),
+            "log_level": self.plugin_log_level,
+            "iptables_backend": self.iptables_backend,
+            "pod_lookup_timeout": self.pod_lookup_timeout,
+        }
+
+
+def plugin_binary() -> bytes:
+    """What to install as ``meshctl-cni``.
+
+    Frozen: this very executable, copied as-is (it dispatches on its name, see meshctl/entry.py).
+    Unfrozen (development, tests): a launcher script that runs this interpreter with
+    ``-m meshctl cni-plugin``, so the installed plugin runs the same code as this installer.
+    """
+    if getattr(sys, "frozen", False):
+        return Path(sys.executable).read_bytes()
+    return (
+        "#!/bin/sh\n"
+        "# meshctl-cni launcher written by 'meshctl cni install' for an unfrozen meshctl.\n"
+        f"exec '{sys.executable}' -m meshctl cni-plugin \"$@\"\n"
+    ).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    ready: bool
+    reason: str
+
+
+class Installer:
+    """Puts the plugin in place on this node, checks it is still there, and takes it away."""
+
+    def __init__(self, settings: InstallSettings, binary: bytes | None = None) -> None:
+        self.settings = settings
+        self._binary = plugin_binary() if binary is None else binary
+
+    # --- install -----------------------------------------------------------------------------
+
+    def install(self) -> list[str]:
+        """Make the node hold our binary, kubeconfig and config entry; returns what changed."""
+        changed = []
+        if self._install_binary():
+            changed.append(f"binary {self.settings.binary_path}")
+        if self._install_kubeconfig():
+            changed.append(f"kubeconfig {self.settings.kubeconfig_path}")
+        conf = self._install_conf()
+        if conf:
+            changed.append(f"config {conf}")
+        return changed
+
+    def _install_binary(self) -> bool:
+        path = self.settings.binary_path
+        with contextlib.suppress(OSError):
+            if path.read_bytes() == self._binary and os.access(path, os.X_OK):
+                return False
+        try:
+            atomic_write(path, self._binary, 0o755)
+        except OSError as exc:
+            raise MeshctlError(
+                f"cannot install the plugin binary into {path.parent}: {exc.strerror or exc}",
+                hint="the CNI bin dir must be a writable hostPath (on GKE: /home/kubernetes/bin)",
+            ) from exc
+        return True
+
+    def desired_kubeconfig(self) -> bytes:
+        sa = Path(self.settings.service_account_dir)
+        try:
+            token = (sa / "token").read_text(encoding="utf-8").strip()
+            ca_file = (
+                Path(self.settings.kube_ca_file) if self.settings.kube_ca_file else sa / "ca.crt"
+            )
+            ca = None if self.settings.skip_tls_verify else ca_file.read_bytes()
+        except OSError as exc:
+            raise MeshctlError(
+                f"cannot read the service account credentials: {exc.strerror}: {exc.filename}",
+                hint="mount the service account token (automountServiceAccountToken: true)",
+            ) from exc
+        return netconf.kubeconfig(
+            self.settings.server, token, ca, insecure=self.settings.skip_tls_verify
+        )
+
+    def _install_kubeconfig(self) -> bool:
+        wanted = self.desired_kubeconfig()
+        path = self.settings.kubeconfig_path
+        with contextlib.suppress(OSError):
+            if path.read_bytes() == wanted:
+                return False
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, wanted, 0o600)  # holds a bearer token
+        return True
+
+    def _conf_files(self) -> dict[str, bytes]:
+        directory = Path(self.settings.cni_conf_dir)
+        files = {}
+        try:
+            names = sorted(p.name for p in directory.iterdir())
+        except OSError as exc:
+            raise MeshctlError(
+                f"cannot list the CNI conf dir {directory}: {exc.strerror}",
+                hint="mount the host's /etc/cni/net.d (--cni-conf-dir)",
+            ) from exc
+        for name in names:
+            if name.endswith(netconf.CONF_EXTENSIONS) and not name.startswith("."):
+                with contextlib.suppress(OSError):
+                    files[name] = (directory / name).read_bytes()
+        return files
+
+    def _target(self, files: dict[str, bytes]) -> str | None:
+        name = self.settings.cni_conf_name
+        if not name:
+            return netconf.primary(files)
+        for candidate in (name, netconf.conflist_name(name)):
+            if candidate in files and netconf.parse(candidate, files[candidate]) is not None:
+                return candidate
+        return None
+
+    def _install_conf(self) -> str | None:
+        files = self._conf_files()
+        name = self._target(files)
+        if name is None:
+            raise MeshctlError(
+                f"no valid CNI network config in {self.settings.cni_conf_dir} yet",
+                hint="the node's primary CNI plugin writes it; meshctl waits and merges then",
+            )
+        entry = self.settings.entry()
+        data = netconf.parse(name, files[name])
+        if data is not None and netconf.installed(data, entry):
+            return None
+        backup = self.read_backup()
+        if backup is not None and backup.written_name != name and backup.written_name in files:
+            # The runtime now uses another file: give the old one back before taking the new one,
+            # except where the old original *is* the new file (a primary CNI rewrote the .conf we
+            # had wrapped): that content is theirs now, and newer than our copy.
+            undo = netconf.restore(backup, files)
+            self._apply([a for a in undo if not (isinstance(a, netconf.Write) and a.name == name)])
+            files = self._conf_files()
+            backup = None
+        directory = Path(self.settings.cni_conf_dir)
+        current = files[name]
+        mode = stat.S_IMODE((directory / name).stat().st_mode)
+        keep = backup is not None and backup.written_name == name and current == backup.written
+        new_name, merged = netconf.merge(name, current, entry)
+        original = netconf.strip(name, current) or current
+        fresh = netconf.Backup(
+            original_name=backup.original_name if keep and backup else name,
+            original=backup.original if keep and backup else original,
+            mode=backup.mode if keep and backup else mode,
+            written_name=new_name,
+            written=merged,
+        )
+        # Backup first: if we die between the two writes, cleanup still knows the original.
+        atomic_write(self._backup_path(), fresh.to_json().encode(), 0o600)
+        atomic_write(directory / new_name, merged, mode)
+        if new_name != name:
+            (directory / name).unlink(missing_ok=True)
+            log.info("wrapped %s into %s with %s appended", name, new_name, PLUGIN_TYPE)
+        return new_name
+
+    # --- status ------------------------------------------------------------------------------
+
+    def status(self) -> Status:
+        """Ready when the binary, the kubeconfig and our entry in the runtime's config are there."""
+        if not os.access(self.settings.binary_path, os.X_OK):
+            return Status(False, f"{self.settings.binary_path} is missing")
+        try:
+            if self.settings.kubeconfig_path.read_bytes() != self.desired_kubeconfig():
+                return Status(False, "the plugin kubeconfig is stale (token rotated?)")
+        except OSError:
+            return Status(False, f"{self.settings.kubeconfig_path} is missing")
+        files = self._conf_files()
+        name = self._target(files)
+        if name is None:
+            return Status(False, f"no valid CNI network config in {self.settings.cni_conf_dir}")
+        data = netconf.parse(name, files[name])
+        if data is None or not netconf.installed(data, self.settings.entry()):
+            return Status(
+                False, f"{name} (the runtime's CNI config) does not include {PLUGIN_TYPE}"
+            )
+        return Status(True, f"{PLUGIN_TYPE} is chained in {name}")
+
+    # --- cleanup -----------------------------------------------------------------------------
+
+    def cleanup(self) -> list[str]:
+        """Take everything out again; the node's config as it was before ``install``."""
+        done = []
+        with contextlib.suppress(MeshctlError):
+            actions = netconf.restore(self.read_backup(), self._conf_files())
+            self._apply(actions)
+            done += [f"{type(a).__name__.lower()} {a.name}" for a in actions]
+        for path in (self._backup_path(), self.settings.kubeconfig_path, self.settings.binary_path):
+            try:
+                path.unlink()
+                done.append(f"removed {path}")
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.warning("cannot remove %s: %s", path, exc.strerror)
+        return done
+
+    def read_backup(self) -> netconf.Backup | None:
+        try:
+            return netconf.Backup.from_json(self._backup_path().read_text(encoding="utf-8"))
+        except OSError:
+            return None
+
+    def _backup_path(self) -> Path:
+        return Path(self.settings.run_dir) / BACKUP_NAME
+
+    def _apply(self, actions: list[netconf.Action]) -> None:
+        directory = Path(self.settings.cni_conf_dir)
+        for action in actions:
+            path = directory / action.name
+            if isinstance(action, netconf.Delete):
+                path.unlink(missing_ok=True)
+                continue
+            mode = action.mode
+            if mode < 0:
+                mode = stat.S_IMODE(path.stat().st_mode)
+            atomic_write(path, action.data, mode)
+
+
+def atomic_write(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data`` (``mode``) so readers see the old or the new file, whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.meshctl-tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            os.fchmod(out.fileno(), mode)  # the umask must not narrow it
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    # The rename itself must survive a crash too.
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,115 @@
+"""The objects that run ``meshctl cni install`` on every node: RBAC and the DaemonSet, as data.
+
+Invariants: the installer runs unprivileged (root only to write the host's CNI dirs, every
+capability dropped, read-only root filesystem); it mounts exactly the three host paths it writes;
+the plugin's RBAC is read-only on pods (the CNI plugin only ever GETs the pod it is called for).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshctl.core.cni.spec import DEFAULT_RUN_DIR
+from meshctl.core.inject.settings import DEFAULT_IMAGE
+
+NAME = "meshctl-cni-node"
+READINESS_PORT = 8000
+
+
+def objects(
+    *,
+    namespace: str = "meshctl-system",
+    image: str = DEFAULT_IMAGE,
+    cni_bin_dir: str = "/opt/cni/bin",
+    cni_conf_dir: str = "/etc/cni/net.d",
+    run_dir: str = DEFAULT_RUN_DIR,
+    exclude_namespaces: tuple[str, ...] = ("kube-system", "meshctl-system"),
+) -> list[dict[str, Any]]:
+    """ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply order."""
+    labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "meshctl"}
+    meta = {"name": NAME, "namespace": namespace, "labels": labels}
+    env = [
+        {"name": "CNI_BIN_DIR", "value": "/host/opt/cni/bin"},
+        {"name": "MOUNTED_CNI_NET_DIR", "value": "/host/etc/cni/net.d"},
+        {"name": "CNI_AGENT_RUN_DIR", "value": run_dir},
+        {"name": "EXCLUDE_NAMESPACES", "value": ",".join(exclude_namespaces)},
+        {"name": "MESHCTL_CNI_READINESS_ADDRESS", "value": f":{READINESS_PORT}"},
+    ]
+    mounts = [
+        ("cni-bin-dir", cni_bin_dir, "/host/opt/cni/bin"),
+        ("cni-net-dir", cni_conf_dir, "/host/etc/cni/net.d"),
+        # Same path inside and out: the conflist entry names it for the plugin on the host.
+        ("cni-run-dir", run_dir, run_dir),
+    ]
+    container = {
+        "name": "install-cni",
+        "image": image,
+        "command": ["meshctl"],
+        "args": ["--log-level", "info", "--log-format", "json", "cni", "install"],
+        "env": env,
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": READINESS_PORT},
+            "periodSeconds": 5,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": READINESS_PORT},
+            "periodSeconds": 10,
+        },
+        "resources": {"requests": {"cpu": "10m", "memory": "40Mi"}},
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsGroup": 0,
+            "runAsNonRoot": False,
+            "privileged": False,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": n, "mountPath": inside} for n, _, inside in mounts],
+    }
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {"sidecar.istio.io/inject": "false"}},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    # Pods cannot start on a node without the mesh's CNI plugin in place.
+                    "priorityClassName": "system-node-critical",
+                    "tolerations": [{"operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 10,
+                    "nodeSelector": {"kubernetes.io/os": "linux"},
+                    "containers": [container],
+                    "volumes": [
+                        {"name": n, "hostPath": {"path": host, "type": "DirectoryOrCreate"}}
+                        for n, host, _ in mounts
+                    ],
+                },
+            },
+        },
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": NAME, "labels": labels},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": NAME, "labels": labels},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": NAME,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
+        },
+        daemonset,
+    ]

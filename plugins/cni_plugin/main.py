@@ -1,0 +1,252 @@
+"""``meshctl-cni``: the chained CNI plugin the container runtime runs for every pod sandbox.
+
+A raw plugin (``main(argv) -> int``, no typer): meshctl/entry.py routes here when the binary runs
+as ``meshctl-cni`` or with ``CNI_COMMAND`` set and no arguments (and ``meshctl cni-plugin``).
+Invariants:
+- stdout carries exactly one thing: the result JSON (ADD, VERSION) or the CNI error JSON; logs go
+  to the run dir's file and the node agent (agentlog.py), never to stdout.
+- ADD captures only pods injected in CNI mode, with the rules their init container would apply
+  (``meshctl.core.cni.pod``), in their netns, in-process (``iptc`` backend by default).
+- Fail closed: when the pod cannot be read for a namespace that is not excluded, ADD fails (code
+  11, try again later) rather than let a pod start with its traffic uncaptured.
+- DEL is idempotent and never blocks teardown: a missing netns or missing rules is success.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from meshctl.core.cni import spec
+from meshctl.core.cni.spec import CniError, Request
+from meshctl.errors import ConfigError, MeshctlError, NetError
+
+if TYPE_CHECKING:
+    from meshctl.core.capture.settings import CaptureSettings
+    from meshctl.core.cni.pod import Decision
+
+# The capture engine, the pod policy and the API client are imported where first used: VERSION,
+# DEL of a gone sandbox and excluded namespaces never pay for them (start-up is the ADD budget).
+
+log = logging.getLogger("meshctl.cni")
+
+
+def main(argv: list[str]) -> int:
+    """Serve one CNI invocation; exit 0 with the result, or 1 with the error JSON on stdout."""
+    del argv  # the runtime passes everything through the environment and stdin
+    try:
+        stdin = sys.stdin.buffer.read()
+    except OSError as exc:
+        return _fail(CniError(spec.IO_FAILURE, f"cannot read stdin: {exc}"), spec.LATEST_VERSION)
+    env = os.environ
+    try:
+        request = spec.parse_request(env, stdin)
+    except CniError as exc:
+        _configure_logging_for_bad_input(stdin)
+        # Expected failures: the message is the record; a traceback would only be noise.
+        log.error("rejected %s request: %s", env.get("CNI_COMMAND", "(none)"), exc.msg)  # noqa: TRY400
+        return _fail(exc, spec.error_version(env, stdin))
+    _configure_logging(request)
+    try:
+        output = _handle(request)
+    except CniError as exc:
+        log.error("%s %s failed: %s %s", request.command, request.pod, exc.msg, exc.details)  # noqa: TRY400
+        return _fail(exc, request.cni_version)
+    except Exception as exc:  # a bug must still answer the runtime in the spec's format
+        log.exception("%s %s: unexpected failure", request.command, request.pod)
+        failure = CniError(spec.INTERNAL, f"unexpected {type(exc).__name__}: {exc}")
+        return _fail(failure, request.cni_version)
+    if output:
+        sys.stdout.write(output + "\n")
+    return 0
+
+
+def _handle(request: Request) -> str | None:  # noqa: PLR0911 (one exit per outcome)
+    if request.command == "VERSION":
+        return spec.version_result(request)
+    if request.command == "STATUS":
+        _status(request)
+        return None
+    if request.command == "DEL":
+        _delete(request)
+        return None
+    _require_netns(request)
+    if request.pod_namespace in request.plugin.exclude_namespaces:
+        log.info("%s %s: namespace excluded, nothing to do", request.command, request.pod)
+        return spec.add_result(request) if request.command == "ADD" else None
+    decision = _decide(request)
+    if not decision.capture:
+        log.info("%s %s: no capture: %s", request.command, request.pod, decision.reason)
+        return spec.add_result(request) if request.command == "ADD" else None
+    if request.command == "ADD":
+        _apply(request, decision.args)
+        return spec.add_result(request)
+    _check(request, decision.args)
+    return None
+
+
+def _require_netns(request: Request) -> None:
+    if not Path(request.netns).exists():
+        raise CniError(
+            spec.INVALID_ENVIRONMENT,
+            f"CNI_NETNS: network namespace {request.netns} does not exist",
+        )
+
+
+def _decide(request: Request) -> Decision:
+    from meshctl.core.cni import pod as pods
+    from meshctl.core.inject.errors import InvalidAnnotationError
+    from meshctl.kube import pods as kube_pods
+    from meshctl.kube import rest
+
+    fail_closed = (
+        f"cannot read pod {request.pod} from the API server, so it cannot tell whether the pod "
+        "must be captured; refusing to start it uncaptured (fail closed)"
+    )
+    try:
+        config = rest.load(request.plugin.kubeconfig_path)
+    except ConfigError as exc:
+        raise CniError(spec.TRY_AGAIN_LATER, fail_closed, f"{exc.message}; {exc.hint}") from exc
+    try:
+        pod = kube_pods.get_pod(
+            config,
+            request.pod_namespace,
+            request.pod_name,
+            timeout=request.plugin.api_timeout,
+            deadline=request.plugin.pod_lookup_timeout,
+        )
+    except rest.ApiUnreachableError as exc:
+        raise CniError(spec.TRY_AGAIN_LATER, fail_closed, exc.message) from exc
+    except rest.ApiStatusError as exc:
+        raise CniError(
+            spec.API_REFUSED, f"reading pod {request.pod} failed (HTTP {exc.status})", exc.message
+        ) from exc
+    try:
+        decision = pods.decide(pod)
+    except InvalidAnnotationError as exc:
+        raise CniError(spec.BAD_ANNOTATIONS, f"pod {request.pod}: {exc.message}") from exc
+    log.debug("%s %s: %s %s", request.command, request.pod, decision.reason, decision.args)
+    return decision
+
+
+def _settings(request: Request, args: tuple[str, ...]) -> CaptureSettings:
+    from meshctl.core.capture.settings import settings_from_args
+
+    try:
+        return settings_from_args(args)
+    except ConfigError as exc:
+        raise CniError(spec.BAD_ANNOTATIONS, f"pod {request.pod}: {exc.message}") from exc
+
+
+def _apply(request: Request, args: tuple[str, ...]) -> None:
+    from meshctl.core.capture.plan import plan
+    from meshctl.net import capture as kernel
+    from meshctl.net.netns import NetnsRef
+
+    settings = _settings(request, args)
+    try:
+        outcome = kernel.apply(
+            plan(settings),
+            target=NetnsRef(request.netns, request.netns),
+            backend=request.plugin.iptables_backend,
+        )
+    except MeshctlError as exc:
+        raise CniError(
+            spec.CAPTURE_FAILED,
+            f"installing capture rules for pod {request.pod} in {request.netns} failed: "
+            f"{exc.message}",
+            exc.hint or "",
+        ) from exc
+    log.info(
+        "ADD %s: captured (%s, backend %s, %s)",
+        request.pod,
+        settings.describe(),
+        outcome.backend,
+        " ".join(args),
+    )
+
+
+def _check(request: Request, args: tuple[str, ...]) -> None:
+    from meshctl.core.capture.plan import plan
+    from meshctl.net import capture as kernel
+    from meshctl.net.netns import NetnsRef
+
+    settings = _settings(request, args)
+    try:
+        drift = kernel.check(
+            plan(settings),
+            target=NetnsRef(request.netns, request.netns),
+            backend="auto",  # read whichever tables hold the rules, as the user's check does
+        )
+    except MeshctlError as exc:
+        raise CniError(
+            spec.CAPTURE_FAILED, f"reading rules of {request.pod}: {exc.message}"
+        ) from exc
+    if not drift.in_sync:
+        diff = "".join(drift.diffs.values()) + "\n".join(drift.routing)
+        raise CniError(
+            spec.RULES_MISSING,
+            f"capture rules of pod {request.pod} are not as its annotations ask",
+            diff[:2000],
+        )
+
+
+def _delete(request: Request) -> None:
+    from meshctl.net import capture as kernel
+    from meshctl.net.netns import NetnsRef
+
+    if not request.netns or not Path(request.netns).exists():
+        log.info("DEL %s: netns already gone, nothing to remove", request.pod)
+        return
+    if request.pod_namespace in request.plugin.exclude_namespaces:
+        return
+    try:
+        outcomes = kernel.clean(target=NetnsRef(request.netns, request.netns), backend="auto")
+    except (NetError, MeshctlError) as exc:
+        # The rules live only in this netns, which the runtime deletes next: failing DEL would
+        # only block the sandbox's teardown.
+        log.warning("DEL %s: removing capture rules failed: %s", request.pod, exc.message)
+        return
+    removed = [o.backend for o in outcomes if o.changed]
+    log.info("DEL %s: %s", request.pod, f"removed ({', '.join(removed)})" if removed else "none")
+
+
+def _status(request: Request) -> None:
+    from meshctl.kube import rest
+
+    try:
+        rest.load(request.plugin.kubeconfig_path)
+    except ConfigError as exc:
+        raise CniError(
+            spec.NOT_AVAILABLE,
+            "meshctl-cni cannot serve ADD: its kubeconfig is missing",
+            f"{exc.message}; is 'meshctl cni install' running on this node?",
+        ) from exc
+
+
+def _configure_logging(request: Request) -> None:
+    from .agentlog import configure
+
+    configure(request.plugin.run_dir, request.plugin.log_level)
+
+
+def _configure_logging_for_bad_input(stdin: bytes) -> None:
+    """Log a rejected request where the config would have sent it, when that much is readable."""
+    from .agentlog import configure
+
+    try:
+        run_dir = json.loads(stdin).get("run_dir", spec.DEFAULT_RUN_DIR)
+    except (ValueError, AttributeError):
+        run_dir = spec.DEFAULT_RUN_DIR
+    if isinstance(run_dir, str) and Path(run_dir).is_dir():
+        configure(run_dir, "info")
+
+
+def _fail(error: CniError, cni_version: str) -> int:
+    sys.stdout.write(error.to_json(cni_version) + "\n")
+    sys.stderr.write(f"Error: {error.msg}\n")
+    return 1

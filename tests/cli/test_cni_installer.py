@@ -1,0 +1,180 @@
+"""``meshctl cni install`` as the DaemonSet runs it: readiness, repair, token rotation, SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness.cli import run_meshctl
+from tests.harness.kube import free_port
+
+SEED = Path(__file__).parents[1] / "golden" / "cni" / "testdata" / "dbnet.conflist"
+
+
+def readyz(port: int) -> tuple[int, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", "/readyz")
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    except OSError:
+        return 0, ""
+    finally:
+        conn.close()
+
+
+def eventually(what: str, ok: Callable[[], bool], timeout: float = 5.0) -> float:
+    started = time.monotonic()
+    while not ok():
+        if time.monotonic() - started > timeout:
+            pytest.fail(f"not within {timeout}s: {what}")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    (tmp_path / "net.d").mkdir()
+    shutil.copy(SEED, tmp_path / "net.d" / "dbnet.conflist")
+    (tmp_path / "sa").mkdir()
+    (tmp_path / "sa" / "token").write_text("token-1\n")
+    (tmp_path / "sa" / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    return tmp_path
+
+
+@contextlib.contextmanager
+def running(node: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "meshctl", "--log-level", "info", "cni", "install",
+        "--cni-bin-dir", str(node / "bin"), "--cni-conf-dir", str(node / "net.d"),
+        "--run-dir", str(node / "run"), "--service-account-dir", str(node / "sa"),
+        "--kube-server", "https://127.0.0.1:6443",
+        "--readiness-address", f"127.0.0.1:{port}", "--poll-interval", "0.2",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    try:
+        eventually("ready", lambda: readyz(port)[0] == 200 or proc.poll() is not None, 30)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def ours(node: Path) -> bool:
+    try:
+        plugins = json.loads((node / "net.d" / "dbnet.conflist").read_text())["plugins"]
+    except (OSError, ValueError):
+        return False
+    return plugins[-1]["type"] == "meshctl-cni"
+
+
+def test_overwritten_config_gets_our_entry_back_and_sigterm_restores_it(node: Path):
+    original = (node / "net.d" / "dbnet.conflist").read_bytes()
+    with running(node) as (proc, port):
+        assert ours(node)
+        # Another agent (the primary CNI) rewrites its config without us.
+        (node / "net.d" / "dbnet.conflist").write_bytes(original)
+        took = eventually("entry repaired", lambda: ours(node), timeout=5)
+        assert took < 3
+        eventually("ready again", lambda: readyz(port)[0] == 200)
+        # The binary removed behind our back comes back too.
+        (node / "bin" / "meshctl-cni").unlink()
+        eventually("binary repaired", (node / "bin" / "meshctl-cni").exists)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        stderr = proc.stderr.read() if proc.stderr else ""
+    assert (node / "net.d" / "dbnet.conflist").read_bytes() == original
+    assert not {"meshctl-cni-kubeconfig", "conf-backup.json", "log.sock"} & {
+        p.name for p in (node / "run").iterdir()
+    }
+    assert not (node / "bin" / "meshctl-cni").exists()
+    assert "repaired" in stderr
+    assert "token-1" not in stderr, "the token is never logged"
+
+
+def test_rotated_token_refreshes_the_plugin_kubeconfig(node: Path):
+    with running(node):
+        kubeconfig = node / "run" / "meshctl-cni-kubeconfig"
+        assert json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == "token-1"  # noqa: S105 (a test value)
+        assert kubeconfig.stat().st_mode & 0o777 == 0o600
+        (node / "sa" / "token").write_text("token-2\n")
+
+        def rotated() -> bool:
+            return json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == "token-2"  # noqa: S105 (a test value)
+
+        eventually("kubeconfig refreshed", rotated)
+
+
+def test_readiness_is_503_until_a_primary_cni_config_appears(node: Path):
+    seed = (node / "net.d" / "dbnet.conflist").read_bytes()
+    (node / "net.d" / "dbnet.conflist").unlink()
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "meshctl", "cni", "install",
+        "--cni-bin-dir", str(node / "bin"), "--cni-conf-dir", str(node / "net.d"),
+        "--run-dir", str(node / "run"), "--service-account-dir", str(node / "sa"),
+        "--kube-server", "https://127.0.0.1:6443",
+        "--readiness-address", f"127.0.0.1:{port}", "--poll-interval", "0.2",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stderr=subprocess.DEVNULL)
+    try:
+        eventually("readiness answers", lambda: readyz(port)[0] != 0, 30)
+        status, reason = readyz(port)
+        assert status == 503
+        assert "no valid CNI network config" in reason
+        (node / "net.d" / "dbnet.conflist").write_bytes(seed)  # the primary CNI starts
+        eventually("ready once merged", lambda: readyz(port)[0] == 200)
+        assert ours(node)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+    assert (node / "net.d" / "dbnet.conflist").read_bytes() == seed
+
+
+def test_uninstall_command_restores_what_a_killed_installer_left(node: Path):
+    original = (node / "net.d" / "dbnet.conflist").read_bytes()
+    with running(node) as (proc, _):
+        proc.kill()  # SIGKILL: no cleanup ran
+        proc.wait(10)
+    assert ours(node)
+    result = run_meshctl(
+        "cni", "uninstall", "--cni-bin-dir", str(node / "bin"),
+        "--cni-conf-dir", str(node / "net.d"), "--run-dir", str(node / "run"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert (node / "net.d" / "dbnet.conflist").read_bytes() == original
+    assert not (node / "bin" / "meshctl-cni").exists()
+
+
+def test_manifest_is_a_daemonset_with_host_mounts_and_node_critical_priority():
+    result = run_meshctl("cni", "manifest", "-o", "json", "--image", "registry.example/m:1")
+    assert result.returncode == 0, result.stderr
+    items = json.loads(result.stdout)["items"]
+    assert [i["kind"] for i in items] == [
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "DaemonSet",
+    ]
+    spec = items[3]["spec"]["template"]["spec"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    paths = {v["hostPath"]["path"] for v in spec["volumes"]}
+    assert paths == {"/opt/cni/bin", "/etc/cni/net.d", "/var/run/meshctl-cni"}
+    container = spec["containers"][0]
+    assert container["image"] == "registry.example/m:1"
+    assert container["args"][-2:] == ["cni", "install"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert items[1]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]

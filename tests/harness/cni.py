@@ -1,0 +1,106 @@
+"""Running meshctl's CNI plugin the way a container runtime does: exec, CNI_* env, JSON on stdin.
+
+Owns: installing the plugin launcher into a test bin dir, one exec of it, and reading the MESH_
+chains of a test namespace. Everything runs on temp dirs and test namespaces only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PREV_RESULT: dict[str, Any] = {
+    "cniVersion": "1.0.0",
+    "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/x"}],
+    "ips": [{"address": "10.244.9.5/24", "gateway": "10.244.9.1", "interface": 0}],
+}
+
+
+def install_launcher(bin_dir: Path) -> Path:
+    """The plugin as ``meshctl cni install`` installs it here (unfrozen: a launcher script)."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    path = bin_dir / "meshctl-cni"
+    # Imported by name: mypy checks the harness without the installed `meshctl_plugins` package.
+    installer = importlib.import_module("meshctl_plugins.cni.installer")
+    path.write_bytes(installer.plugin_binary())
+    path.chmod(0o755)
+    return path
+
+
+def network_config(version: str = "1.0.0", **keys: Any) -> dict[str, Any]:
+    """Our entry as the runtime passes it: list name and version injected, prevResult added."""
+    conf: dict[str, Any] = {"cniVersion": version, "name": "test-net", "type": "meshctl-cni"}
+    conf["prevResult"] = {**PREV_RESULT, "cniVersion": version}
+    conf.update(keys)
+    return conf
+
+
+@dataclass(frozen=True, slots=True)
+class CniRun:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def json(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.stdout)
+        return data
+
+
+def exec_plugin(
+    binary: Path,
+    command: str,
+    stdin: dict[str, Any] | str,
+    *,
+    netns: str = "",
+    pod: tuple[str, str] | None = ("default", "app"),
+    container_id: str = "0123456789abcdef",
+    ifname: str = "eth0",
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> CniRun:
+    """One plugin run, in this process's network namespace, with exactly the CNI environment."""
+    variables = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "CNI_COMMAND": command,
+        "CNI_CONTAINERID": container_id,
+        "CNI_NETNS": netns,
+        "CNI_IFNAME": ifname,
+        "CNI_PATH": str(binary.parent),
+    }
+    if pod is not None:
+        variables["CNI_ARGS"] = (
+            f"IgnoreUnknown=1;K8S_POD_NAMESPACE={pod[0]};K8S_POD_NAME={pod[1]};"
+            "K8S_POD_INFRA_CONTAINER_ID=0123456789abcdef"
+        )
+    variables.update(env or {})
+    proc = subprocess.run(
+        [str(binary)],
+        input=stdin if isinstance(stdin, str) else json.dumps(stdin),
+        env={k: v for k, v in variables.items() if v != ""},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return CniRun(proc.returncode, proc.stdout, proc.stderr)
+
+
+def mesh_rules(netns_name: str) -> list[str]:
+    """The MESH_ lines of a namespace's legacy and nft tables (empty: no capture installed)."""
+    lines = []
+    for tool in ("iptables-legacy-save", "iptables-nft-save"):
+        proc = subprocess.run(
+            ["ip", "netns", "exec", netns_name, tool],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        lines += [line for line in proc.stdout.splitlines() if "MESH_" in line]
+    return lines

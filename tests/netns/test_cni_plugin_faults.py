@@ -1,0 +1,75 @@
+"""The CNI plugin against a real pod namespace: bad input and a dead API server install nothing."""
+
+from __future__ import annotations
+
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from meshctl.core.cni import spec
+from tests.harness.cni import exec_plugin, install_launcher, mesh_rules, network_config
+from tests.harness.kube import free_port
+
+pytestmark = pytest.mark.netns
+
+
+@pytest.fixture
+def plugin(tmp_path: Path) -> Path:
+    return install_launcher(tmp_path / "bin")
+
+
+@pytest.mark.parametrize(
+    ("stdin", "env", "code"),
+    [
+        ("{not json", {}, spec.DECODE_FAILURE),
+        ({"cniVersion": "1.0.0", "name": "n", "type": "meshctl-cni"}, {}, spec.INVALID_CONFIG),
+        (network_config("0.1.0"), {}, spec.INCOMPATIBLE_VERSION),
+        (network_config(), {"CNI_ARGS": ""}, spec.INVALID_ENVIRONMENT),
+    ],
+)
+def test_bad_input_installs_no_rules_in_the_pod_netns(plugin, netns, stdin, env, code):
+    run = exec_plugin(plugin, "ADD", stdin, netns=netns.path, env=env)
+    assert (run.returncode, run.json["code"]) == (1, code)
+    assert mesh_rules(netns.name) == []
+
+
+def test_unreachable_api_server_fails_add_closed(plugin: Path, netns, tmp_path: Path):
+    # A loopback port nobody listens on: connections are refused at once, as for a stopped
+    # API server; the plugin must not let the pod start uncaptured.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        textwrap.dedent(f"""
+        apiVersion: v1
+        kind: Config
+        clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{free_port()}"}}}}]
+        users: [{{name: u, user: {{token: t}}}}]
+        contexts: [{{name: x, context: {{cluster: c, user: u}}}}]
+        current-context: x
+        """)
+    )
+    conf = network_config(
+        kubeconfig=str(kubeconfig), run_dir=str(tmp_path / "run"), pod_lookup_timeout=1
+    )
+    started = time.monotonic()
+    run = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
+    elapsed = time.monotonic() - started
+
+    assert run.returncode == 1
+    error = run.json
+    assert error["code"] == spec.TRY_AGAIN_LATER
+    assert "cannot read pod shop/cart-1" in error["msg"]
+    assert "fail closed" in error["msg"]
+    assert "unreachable" in error["details"]
+    assert mesh_rules(netns.name) == []
+    assert 0.9 < elapsed < 10, "retries briefly (pod_lookup_timeout), then gives up"
+    assert "fail closed" in (tmp_path / "run" / "meshctl-cni.log").read_text()
+
+
+def test_missing_kubeconfig_fails_add_closed_too(plugin: Path, netns, tmp_path: Path):
+    conf = network_config(run_dir=str(tmp_path / "run"))
+    run = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
+    assert (run.returncode, run.json["code"]) == (1, spec.TRY_AGAIN_LATER)
+    assert "meshctl cni install" in run.json["details"]
+    assert mesh_rules(netns.name) == []
