@@ -80,12 +80,38 @@ def check_plugins(binary: Path) -> list[str]:
         )
         if certs.returncode != 0 or not any(Path(tmp, "w").glob("*.pem")):
             problems.append(f"ztunnel certs: exit {certs.returncode}: {certs.stderr.strip()!r}")
+        manifest = run(binary, "cni", "manifest")
+        if manifest.returncode != 0 or "kind: DaemonSet" not in manifest.stdout:
+            problems.append(
+                f"cni manifest: exit {manifest.returncode}: {manifest.stderr.strip()!r}"
+            )
+        problems += check_cni_name(binary, Path(tmp))
         dataplane = run(binary, "ztunnel-dataplane", "--help")
         if dataplane.returncode != 0 or "--channel-fd" not in dataplane.stdout:
             problems.append(f"ztunnel-dataplane --help: exit {dataplane.returncode}")
     if os.geteuid() == 0:
         problems += check_iptc(binary)
     return problems
+
+
+def check_cni_name(binary: Path, tmp: Path) -> list[str]:
+    """Installed as ``meshctl-cni``, the binary answers the container runtime's VERSION call."""
+    plugin = tmp / "meshctl-cni"
+    plugin.symlink_to(binary.resolve())
+    answer = subprocess.run(
+        [str(plugin)],
+        input='{"cniVersion": "1.0.0", "name": "smoke", "type": "meshctl-cni"}',
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "CNI_COMMAND": "VERSION"},
+    )
+    try:
+        versions = json.loads(answer.stdout)["supportedVersions"]
+    except (ValueError, KeyError):
+        return [f"meshctl-cni VERSION: exit {answer.returncode}: {answer.stdout[:200]!r}"]
+    return [] if "1.1.0" in versions else [f"meshctl-cni VERSION: {versions!r} lacks 1.1.0"]
 
 
 def check_iptc(binary: Path) -> list[str]:
