@@ -13,9 +13,9 @@ stray ``CNI_COMMAND`` in a user's shell never changes what ``meshctl version`` d
 
 from __future__ import annotations
 
-import inspect
 import os
 import sys
+import types
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -38,7 +38,7 @@ def cni_plugin() -> RawMain:
 
     info = find(CNI_PLUGIN_COMMAND)
     target = load(info) if info is not None else None
-    if not inspect.isfunction(target):
+    if not isinstance(target, types.FunctionType):
         raise MeshctlError(
             f"no CNI plugin: the {CNI_PLUGIN_COMMAND!r} entry point is missing or not a function",
             hint="reinstall meshctl",
@@ -56,7 +56,7 @@ def raw_plugin(argv: Sequence[str]) -> tuple[RawMain, list[str]] | None:
     if info is None:
         return None
     target = load(info)
-    if not inspect.isfunction(target):
+    if not isinstance(target, types.FunctionType):
         return None
     return target, list(argv[1:])
 

@@ -159,9 +159,14 @@ def legacy_presence(families: tuple[Family, ...]) -> Presence:
 
 def nft_presence(families: tuple[Family, ...]) -> Presence:
     """iptables-nft's tables live in nf_tables families ``ip``/``ip6``; read them by netlink."""
-    from pyroute2.nftables.main import NFTables
+    from meshctl.net.nftables_probe import table_families
 
     wanted = {_NFPROTO[f]: f for f in families}
+    # A fresh pod namespace has no tables at all: answer that without importing pyroute2.
+    if not wanted.keys() & set(table_families()):
+        return Presence(False, frozenset())
+    from pyroute2.nftables.main import NFTables
+
     try:
         with NFTables(nfgen_family=0) as nft:
             chains = [
