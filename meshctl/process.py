@@ -7,7 +7,9 @@ channel (a socketpair speaking ``meshctl.core.channel``), one or more worker chi
 restarted with exponential backoff, and the drain on SIGTERM/SIGINT. Invariants: the supervisor
 never imports the data plane; a new child always receives the latest config, certificates and
 workloads before anything else; ``run`` returns 0 after a requested drain (signal or
-``/quitquitquit``) and never leaves a child behind.
+``/quitquitquit``) and never leaves a child behind. It also relays ``/config_dump``'s question
+to the other workers (``Gather`` -> ``ReportRequest`` each -> ``Gathered``) and answers within
+``report_timeout`` with whatever arrived, naming the workers that did not answer.
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ class Supervisor:
         poll_interval: float = 1.0,
         backoff: Backoff | None = None,
         hello_timeout: float = 30.0,
+        report_timeout: float = 1.0,
     ) -> None:
         if workers < 1:
             raise ValueError("at least one worker")
@@ -120,6 +123,10 @@ class Supervisor:
         self._quit = asyncio.Event()
         self._children: dict[int, _Child] = {}
         self.restarts = 0
+        self._report_timeout = report_timeout
+        self._requests = 0  # tokens of ReportRequests, unique for this supervisor
+        self._reports: dict[tuple[int, int], asyncio.Future[channel.Report]] = {}
+        self._gathering: set[asyncio.Task[None]] = set()
 
     def stop(self) -> None:
         """Begin the drain (what SIGTERM does)."""
@@ -141,7 +148,7 @@ class Supervisor:
             await self._drain()
             return 0
         finally:
-            for task in (stop, quit_, poller, *slots):
+            for task in (stop, quit_, poller, *slots, *self._gathering):
                 task.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
@@ -237,6 +244,14 @@ class Supervisor:
                 elif isinstance(message, channel.Drained):
                     child.quit_requested = not self._stop.is_set()
                     child.drained.set()
+                elif isinstance(message, channel.Gather):
+                    task = asyncio.ensure_future(self._gather(child, message.request))
+                    self._gathering.add(task)
+                    task.add_done_callback(self._gathering.discard)
+                elif isinstance(message, channel.Report):
+                    waiter = self._reports.get((message.request, child.index))
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(message)
             try:
                 data = await child.reader.read(65536)
                 if not data:
@@ -245,6 +260,39 @@ class Supervisor:
             except (ConnectionError, channel.ChannelError) as exc:
                 log.error("data plane %d channel: %s", child.index, exc)  # noqa: TRY400 (expected; no traceback)
                 return
+
+    async def _gather(self, asker: _Child, request: int) -> None:
+        """Ask every other live worker for its ``Report``; answer ``asker`` with what came in
+        time (a worker that is restarting or stuck is named in ``missing``, never waited for)."""
+        self._requests += 1
+        token = self._requests
+        loop = asyncio.get_running_loop()
+        waits: dict[int, asyncio.Future[channel.Report]] = {}
+        for child in list(self._children.values()):
+            if child is asker or child.proc.poll() is not None:
+                continue
+            waits[child.index] = self._reports[(token, child.index)] = loop.create_future()
+            self._send(child, channel.ReportRequest(request=token))
+        if waits:
+            await asyncio.wait(waits.values(), timeout=self._report_timeout)
+        reports: list[dict[str, Any]] = []
+        missing: list[int] = []
+        for index in range(self._workers):
+            if index == asker.index:
+                continue
+            self._reports.pop((token, index), None)
+            waiter = waits.get(index)
+            if waiter is not None and waiter.done():
+                got = waiter.result()
+                reports.append(
+                    {"worker": got.worker, "pid": got.pid, "connections": got.connections}
+                )
+            else:
+                if waiter is not None:
+                    waiter.cancel()
+                missing.append(index)
+        answer = channel.Gathered(request=request, reports=tuple(reports), missing=tuple(missing))
+        self._send(asker, answer)
 
     async def _watch(self, child: _Child) -> str:
         """Wait for the child to exit ("exited"), ask to quit ("quit") or a stop ("stop")."""

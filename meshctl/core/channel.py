@@ -120,9 +120,77 @@ class Drained:
     remaining: int
 
 
-Message = Hello | ProxyConfig | Certs | Workloads | Drain | Status | Drained
+# /config_dump across workers: each worker owns its connections, and only worker 0 serves the
+# admin port, so it asks the supervisor to gather the others' reports (workers never talk to
+# each other). ``request`` pairs each answer with its question on either hop.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gather:
+    """Data plane -> supervisor: collect every other worker's ``Report`` and answer ``Gathered``."""
+
+    TYPE: ClassVar[str] = "gather"
+    request: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportRequest:
+    """Supervisor -> data plane: answer with a ``Report`` of your open connections."""
+
+    TYPE: ClassVar[str] = "report_request"
+    request: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """Data plane -> supervisor: one worker's connections (the ``/config_dump`` section)."""
+
+    TYPE: ClassVar[str] = "report"
+    request: int
+    worker: int
+    pid: int
+    connections: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gathered:
+    """Supervisor -> data plane: the reports that arrived in time, and the workers that did not
+    answer (restarting, or too slow); the asking worker's own report is not among them."""
+
+    TYPE: ClassVar[str] = "gathered"
+    request: int
+    reports: tuple[dict[str, Any], ...] = ()  # Report fields: worker, pid, connections
+    missing: tuple[int, ...] = ()
+
+
+Message = (
+    Hello
+    | ProxyConfig
+    | Certs
+    | Workloads
+    | Drain
+    | Status
+    | Drained
+    | Gather
+    | ReportRequest
+    | Report
+    | Gathered
+)
 _KINDS: dict[str, type[Message]] = {
-    k.TYPE: k for k in (Hello, ProxyConfig, Certs, Workloads, Drain, Status, Drained)
+    k.TYPE: k
+    for k in (
+        Hello,
+        ProxyConfig,
+        Certs,
+        Workloads,
+        Drain,
+        Status,
+        Drained,
+        Gather,
+        ReportRequest,
+        Report,
+        Gathered,
+    )
 }
 
 

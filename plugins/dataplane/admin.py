@@ -102,7 +102,8 @@ class Endpoints:
 
     async def admin(self, method: str, path: str, query: dict[str, list[str]]) -> Response:
         if path == "/config_dump":
-            return 200, "application/json", json.dumps(self.config_dump(), indent=2).encode()
+            dump = await self.config_dump()
+            return 200, "application/json", json.dumps(dump, indent=2).encode()
         if path == "/logging":
             if method == "POST" and "level" in query:
                 level = query["level"][0].upper()
@@ -117,26 +118,52 @@ class Endpoints:
             return text(200, "OK\n")
         return text(404, "not found\n")
 
-    def config_dump(self) -> dict[str, Any]:
-        """ztunnel's shape: workloads, services, policies, certificates, config, version."""
+    async def config_dump(self) -> dict[str, Any]:
+        """ztunnel's shape: workloads, services, policies, certificates, config, version.
+
+        Workloads, policies and certificates are the same in every worker (one feed); the
+        connections are each worker's own, so they are gathered from all of them through the
+        supervisor and summed, every flow tagged with its worker. A worker that does not answer
+        in time (restarting) is listed in ``workersMissing`` instead of holding up the answer.
+        """
         rt = self.rt
         store = rt.store
+        own = {
+            "worker": rt.config.worker,
+            "pid": os.getpid(),
+            "connections": rt.connection_report(),
+        }
+        gathered = await rt.gather_reports()
+        reports = sorted([own, *gathered.reports], key=lambda r: int(r["worker"]))
+        connections: dict[str, Any] = {
+            key: sum(int(r["connections"][key]) for r in reports)
+            for key in ("inbound_tunnels", "pooled", "open")
+        }
+        connections["flows"] = [
+            {**flow, "worker": r["worker"]} for r in reports for flow in r["connections"]["flows"]
+        ]
         return {
             "version": __version__,
             "config": {k: v for k, v in _fields(rt.config).items() if k not in ("listeners",)},
             "identity": str(rt.identity),
-            # Connections below are this worker's; metrics add up every worker's.
+            # The worker that answered; ``workers`` below lists each one's share.
             "worker": {"index": rt.config.worker, "of": rt.config.workers, "pid": os.getpid()},
             "workloads": [_record(w) for w in store.workloads],
             "services": [_record(s) for s in store.services],
             "policies": [_record(p) for p in store.policies],
             "certificates": rt.certificate_summary(),
-            "connections": {
-                "inbound_tunnels": len(rt.inbound.tunnels),
-                "pooled": rt.pool.connections,
-                "open": rt.active_flows(),
-                "flows": [flow.describe() for flow in rt.telemetry.flows],
-            },
+            "connections": connections,
+            "workers": [
+                {
+                    "index": r["worker"],
+                    "pid": r["pid"],
+                    "inboundTunnels": r["connections"]["inbound_tunnels"],
+                    "pooled": r["connections"]["pooled"],
+                    "open": r["connections"]["open"],
+                }
+                for r in reports
+            ],
+            "workersMissing": list(gathered.missing),
         }
 
 

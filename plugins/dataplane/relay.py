@@ -50,7 +50,8 @@ class AppStream(asyncio.Protocol):
         self._owed = 0  # flow credit held back while the app socket's buffer is full
         self._done = False
         self._early: list[bytes] = []  # app bytes before the stream exists
-        self._pending: list[tuple[bytes, int]] = []  # tunnel bytes before the app socket exists
+        # Tunnel bytes that arrived before the app socket exists, with their flow credit.
+        self._pending: list[tuple[bytes | memoryview, int]] = []
         self._pending_eof = False
 
     # -- binding -----------------------------------------------------------------------------
@@ -129,7 +130,7 @@ class AppStream(asyncio.Protocol):
     def tunnel_refused(self, status: int) -> None:
         self._abort(f"tunnel refused with HTTP {status}")
 
-    def tunnel_data(self, data: bytes, flow: int) -> None:
+    def tunnel_data(self, data: bytes | memoryview, flow: int) -> None:
         if self.transport is None and not self._done:
             self._pending.append((data, flow))  # credit returns once the app socket takes it
             return
@@ -267,7 +268,11 @@ class Accepted:
         self.local = local
 
     async def hand_over(
-        self, protocol: asyncio.Protocol, *, ssl: Any = None, handshake_timeout: float | None = None
+        self,
+        protocol: asyncio.Protocol | asyncio.BufferedProtocol,
+        *,
+        ssl: Any = None,
+        handshake_timeout: float | None = None,
     ) -> asyncio.Transport:
         """Wrap the socket in a transport (TLS when ``ssl``) driving ``protocol``."""
         loop = asyncio.get_running_loop()

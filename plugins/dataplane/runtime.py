@@ -28,7 +28,7 @@ from meshctl.core.workloads import LocalConfigError, Store, Workload, parse_loca
 from . import admin, tls
 from .inbound import Inbound
 from .inbound_plaintext import InboundPlaintext
-from .metrics import Telemetry
+from .metrics import PUBLISH_INTERVAL, Telemetry
 from .outbound import Outbound
 from .pool import Pool
 from .relay import Accepted, accept_loop
@@ -76,6 +76,8 @@ class Runtime:
         self._writer: asyncio.StreamWriter | None = None
         self._quit = asyncio.Event()
         self._drain_deadline: float | None = None
+        self._gathers: dict[int, asyncio.Future[channel.Gathered]] = {}
+        self._gather_seq = 0
 
     # -- used by the traffic paths -----------------------------------------------------------
 
@@ -144,6 +146,37 @@ class Runtime:
             return []
         return admin.certificate_summary(self.certs, str(self.identity))
 
+    def connection_report(self) -> dict[str, Any]:
+        """This worker's connections, as ``/config_dump`` shows them (and a ``Report`` carries)."""
+        return {
+            "inbound_tunnels": len(self.inbound.tunnels),
+            "pooled": self.pool.connections,
+            "open": self.active_flows(),
+            "flows": [flow.describe() for flow in self.telemetry.flows],
+        }
+
+    async def gather_reports(self, timeout: float = 2.0) -> channel.Gathered:
+        """The other workers' reports, gathered by the supervisor (none with one worker).
+
+        Waits at most ``timeout`` (the supervisor answers within its own, shorter, deadline);
+        a lost answer lists every other worker as missing rather than failing the request.
+        """
+        others = tuple(i for i in range(self.config.workers) if i != self.config.worker)
+        if not others or self._writer is None or self._writer.is_closing():
+            return channel.Gathered(request=0, missing=others)
+        self._gather_seq += 1
+        request = self._gather_seq
+        waiter: asyncio.Future[channel.Gathered] = asyncio.get_running_loop().create_future()
+        self._gathers[request] = waiter
+        self._send(channel.Gather(request=request))
+        try:
+            async with asyncio.timeout(timeout):
+                return await waiter
+        except TimeoutError:
+            return channel.Gathered(request=request, missing=others)
+        finally:
+            self._gathers.pop(request, None)
+
     def request_quit(self) -> None:
         """``/quitquitquit``: drain and exit, and tell the supervisor not to restart us."""
         self._quit.set()
@@ -164,6 +197,7 @@ class Runtime:
             loop.add_signal_handler(signal.SIGINT, lambda: None)  # the supervisor decides
         decoder = channel.Decoder()
         quit_wait = asyncio.ensure_future(self._quit.wait())
+        publisher = asyncio.ensure_future(self._publish_metrics())
         deadline: float | None = None
         try:
             while True:
@@ -184,11 +218,20 @@ class Runtime:
             log.error("supervisor channel broken: %s", exc)  # noqa: TRY400 (no traceback needed)
             deadline = 1.0
         remaining = await self.drain(self.config.drain_deadline if deadline is None else deadline)
+        publisher.cancel()
+        self.telemetry.publish_open()
         self._send(channel.Drained(remaining=remaining))
         if self._writer is not None:
             with contextlib.suppress(ConnectionError, TimeoutError):
                 await asyncio.wait_for(self._writer.drain(), 1)
         return 0
+
+    async def _publish_metrics(self) -> None:
+        """Open flows' bytes reach the shared counters at least every ``PUBLISH_INTERVAL``
+        (every worker's, not only those of the worker that serves /metrics)."""
+        while True:
+            await asyncio.sleep(PUBLISH_INTERVAL)
+            self.telemetry.publish_open()
 
     async def _apply_all(self, messages: list[channel.Message]) -> float | None:
         """Apply ``messages`` in order; a drain stops there and returns its deadline."""
@@ -199,6 +242,20 @@ class Runtime:
         return None
 
     async def _apply(self, message: channel.Message) -> None:
+        if isinstance(message, channel.ReportRequest):
+            report = channel.Report(
+                request=message.request,
+                worker=self.config.worker,
+                pid=_pid(),
+                connections=self.connection_report(),
+            )
+            self._send(report)
+            return
+        if isinstance(message, channel.Gathered):
+            waiter = self._gathers.get(message.request)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(message)
+            return
         if isinstance(message, channel.ProxyConfig):
             if self._configured:
                 log.warning("ignoring a second config message")

@@ -118,14 +118,16 @@ def run(
     global_settings: config.GlobalSettings = ctx.obj
 
     def argv(channel_fd: int) -> list[str]:
+        # The command name first: the data plane is a raw plugin and must not go through the
+        # Typer root command, which global flags before it would (typer + pydantic: ~8 MB).
         return self_command(
+            DATAPLANE_COMMAND,
+            "--channel-fd",
+            str(channel_fd),
             "--log-level",
             global_settings.log_level if not global_settings.debug else "debug",
             "--log-format",
             global_settings.log_format,
-            DATAPLANE_COMMAND,
-            "--channel-fd",
-            str(channel_fd),
         )
 
     # Every worker writes its counters here; worker 0 serves the sum (prometheus-client's

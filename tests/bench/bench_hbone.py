@@ -2,6 +2,7 @@
 
 Run (as root; needs network namespaces): python tests/bench/bench_hbone.py [--seconds S]
     [--profile DIR]   also record py-spy flame graphs of both data planes during each test
+                      (BENCH_PROFILE_NATIVE=1: with native frames, where C code spends the time)
 
 Topology as in issue 6: a node namespace with a bridge and two pod namespaces, each with the
 sidecar capture rules (``meshctl iptables apply``) and its own ``meshctl ztunnel run``. The
@@ -155,7 +156,7 @@ def client_conns(ip: str, port: int, seconds: float, concurrency: int) -> dict[s
         end = start + seconds
         await asyncio.gather(*(one_worker(end, counts, errors) for _ in range(concurrency)))
         took = time.perf_counter() - start
-        return {"per_s": counts[0] / took, "errors": float(errors[0])}
+        return {"per_s": counts[0] / took, "count": counts[0], "errors": float(errors[0])}
 
     return uvloop.run(main())
 
@@ -243,9 +244,11 @@ def _profiled(m: dict, name: str, out: Path | None) -> Iterator[None]:
         for pid in m[side].dataplane_pids(1):
             target = out / f"{name}-{side}-{pid}.folded"
             argv = ["py-spy", "record", "-p", str(pid), "-o", str(target), "-r", "200"]
+            # Native frames need the target paused per sample (slower, but it shows C time).
+            mode = ["--native"] if os.environ.get("BENCH_PROFILE_NATIVE") else ["--nonblocking"]
             procs.append(
                 subprocess.Popen(
-                    [*argv, "--format", "raw", "--nonblocking"],
+                    [*argv, "--format", "raw", *mode],
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
                 )
@@ -303,12 +306,12 @@ def _rss(m: dict) -> Row:
     return ("idle data plane RSS", value, "-", f"<= {target:.0f} MB", max(rss) <= target)
 
 
-def _cpu_seconds(pids: list[int]) -> float:
-    """utime + stime of ``pids`` (proc(5) fields 14 and 15, in clock ticks)."""
+def _cpu_seconds(pids: list[int], *, kernel_only: bool = False) -> float:
+    """utime + stime (or stime alone) of ``pids`` (proc(5) fields 14 and 15, in clock ticks)."""
     total = 0
     for pid in pids:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-        total += int(fields[11]) + int(fields[12])
+        total += int(fields[12]) + (0 if kernel_only else int(fields[11]))
     return total / os.sysconf("SC_CLK_TCK")
 
 
@@ -352,12 +355,21 @@ def _latency(m: dict, seconds: float, profile: Path | None) -> Row:
 
 def _conns(m: dict, seconds: float, profile: Path | None) -> Row:
     direct = _client(m, True, "conns", str(seconds), "32")
+    pids = m["car_a"].dataplane_pids(1) + m["car_b"].dataplane_pids(1)
+    cpu, kernel = _cpu_seconds(pids), _cpu_seconds(pids, kernel_only=True)
     with _profiled(m, "conns", profile):
         mesh = _client(m, False, "conns", str(seconds), "32")
+    # CPU per connection in both proxies: steadier than the rate on a shared 2-core machine.
+    used = _cpu_seconds(pids) - cpu
+    per_conn = used / max(mesh["count"], 1) * 1e6
+    in_kernel = (_cpu_seconds(pids, kernel_only=True) - kernel) / used if used else 0.0
     pooled = m["car_a"].config_dump()["connections"]["pooled"]
     return (
         "new connections/s",
-        f"{mesh['per_s']:.0f} ({mesh['errors']:.0f} errors, {pooled} pooled conns)",
+        (
+            f"{mesh['per_s']:.0f} ({mesh['errors']:.0f} errors, {pooled} pooled conns; "
+            f"{per_conn:.0f} proxy CPU-us/conn, {in_kernel:.0%} kernel)"
+        ),
         f"{direct['per_s']:.0f}",
         f">= {TARGETS['conns_per_s']:.0f}",
         mesh["per_s"] >= TARGETS["conns_per_s"] and not mesh["errors"],

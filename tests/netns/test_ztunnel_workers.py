@@ -45,6 +45,18 @@ def test_two_workers_share_connections_add_up_metrics_and_survive_one_dying(tmp_
         time.sleep(0.3)
         grew = {pid: _tcp_sockets(pid) - before[pid] for pid in workers}
         assert all(n > 0 for n in grew.values()), grew  # both workers accepted connections
+        # /config_dump (served by worker 0) shows every worker's connections, not only its own.
+        dump = m.car_a.config_dump()
+        assert dump["workersMissing"] == []
+        assert sorted(w["pid"] for w in dump["workers"]) == workers
+        per_worker = {w["index"]: w["open"] for w in dump["workers"]}
+        assert sum(per_worker.values()) == 40
+        assert all(n > 0 for n in per_worker.values()), per_worker
+        assert dump["connections"]["open"] == 40
+        flows = dump["connections"]["flows"]
+        assert len(flows) == 40
+        assert {f["worker"] for f in flows} == {0, 1}
+        assert {f["src"]["addr"] for f in flows} == {f"{m.a.ip}:{s.getsockname()[1]}" for s in held}
         for i, s in enumerate(held):
             s.shutdown(socket.SHUT_WR)
             reply = b""

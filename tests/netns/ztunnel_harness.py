@@ -136,11 +136,15 @@ class Sidecar:
     # The proxy runs as the group the capture rules exempt (``--gid-owner``): uid 1337 cannot
     # run the test interpreter, which lives under /root (trap 9 of the performance notes).
     group: int | None = PROXY_GID
+    # A frozen meshctl to run instead of this interpreter (its data plane is then the frozen
+    # binary re-executing itself).
+    binary: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     _log: object = field(default=None, repr=False)
 
     def start(self, wait_ready: bool = True) -> Sidecar:
-        argv = meshctl_argv(
+        command = (lambda *args: [self.binary, *args]) if self.binary else meshctl_argv
+        argv = command(
             "--log-level",
             os.environ.get("ZT_LOG", "info"),
             "ztunnel",
@@ -179,8 +183,10 @@ class Sidecar:
             time.sleep(0.05)
         raise AssertionError(f"sidecar not ready after {timeout}s: {last}; {self.log_text()}")
 
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")[-4000:] if self.log_path else ""
+    def log_text(self, tail: int | None = 4000) -> str:
+        """The end of the sidecar's log (``tail`` characters; None: all of it)."""
+        text = self.log_path.read_text(errors="replace") if self.log_path else ""
+        return text[-tail:] if tail is not None else text
 
     def metrics(self) -> str:
         return http_get(self.ns, 15020, "/stats/prometheus")[1]
@@ -193,17 +199,31 @@ class Sidecar:
 
     def dataplane_pids(self, count: int) -> list[int]:
         """The supervisor's data-plane children, once there are ``count`` of them."""
-        assert self.proc is not None
         end = time.monotonic() + 10
-        children: list[str] = []
+        children: list[int] = []
         while time.monotonic() < end:
-            # ``ip netns exec`` execs the supervisor, so the Popen pid is the supervisor's.
-            path = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children")
-            children = path.read_text().split()
+            children = _children(self.supervisor_pid())
             if len(children) >= count:
-                return sorted(int(c) for c in children)
+                return children
             time.sleep(0.02)
         raise AssertionError(f"{len(children)} data plane children, wanted {count}")
+
+    def supervisor_pid(self) -> int:
+        """The process running ``ztunnel run``.
+
+        ``ip netns exec`` execs its command, so that is the Popen pid, except for a one-file
+        frozen binary: there the Popen pid is PyInstaller's bootloader, which unpacks the
+        archive and runs Python as its only child (the data plane it re-executes reuses that
+        unpacked archive and is a single process).
+        """
+        assert self.proc is not None
+        if self.binary is None:
+            return self.proc.pid
+        end = time.monotonic() + 10
+        while not (children := _children(self.proc.pid)):
+            assert time.monotonic() < end, "the frozen binary's bootloader started no child"
+            time.sleep(0.02)
+        return children[0]
 
     def stop(self, timeout: float = 15) -> int:
         if self.proc is None:
@@ -218,6 +238,11 @@ class Sidecar:
         if hasattr(self._log, "close"):
             self._log.close()  # type: ignore[union-attr]
         return self.proc.returncode
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return sorted(int(c) for c in path.read_text().split())
 
 
 def metric_sum(text: str, name: str, **labels: str) -> float:
@@ -248,7 +273,7 @@ class EchoServer:
     """
 
     def __init__(self, ns: Netns, ip: str, port: int) -> None:
-        self.sock = ns.socket()
+        self.sock = ns.socket(family_of(ip))
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((ip, port))
         self.sock.listen(2048)
@@ -283,6 +308,10 @@ class EchoServer:
         self.sock.close()
 
 
+def family_of(ip: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in ip else socket.AF_INET
+
+
 def pattern(n: int) -> bytes:
     block = hashlib.sha256(n.to_bytes(8, "big")).digest() * 2048  # 64 KiB
     return (block * (n // len(block) + 1))[:n]
@@ -307,7 +336,7 @@ def _read_exact(conn: socket.socket, n: int) -> bytes:
 
 def echo_roundtrip(ns: Netns, addr: tuple[str, int], payload: bytes, timeout: float = 30) -> bytes:
     """Mode E from ``ns``: returns the reply (digest + bytes)."""
-    with ns.socket() as s:
+    with ns.socket(family_of(addr[0])) as s:
         s.settimeout(timeout)
         s.connect(addr)
         s.sendall(b"E" + payload)

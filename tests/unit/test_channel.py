@@ -19,6 +19,14 @@ MESSAGES = [
     channel.Drain(deadline=2.5),
     channel.Status(ready=True, certs_generation=1, workloads_generation=1),
     channel.Drained(remaining=0),
+    channel.Gather(request=7),
+    channel.ReportRequest(request=8),
+    channel.Report(request=8, worker=1, pid=99, connections={"open": 1, "flows": [{"a": 1}]}),
+    channel.Gathered(
+        request=7,
+        reports=({"worker": 1, "pid": 99, "connections": {"open": 0, "flows": []}},),
+        missing=(2,),
+    ),
 ]
 
 

@@ -22,6 +22,7 @@ import struct
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import h2.config
 import h2.connection
@@ -45,6 +46,9 @@ from meshctl.core.hbone.events import (
 )
 from meshctl.core.hbone.headers import parse_authority
 
+if TYPE_CHECKING:
+    from h2._typing import Buffer  # what h2's receive_data declares (PEP 688)
+
 DEFAULT_WINDOW = 4 * 1024 * 1024  # ztunnel's HTTP2_STREAM_WINDOW_SIZE / CONNECTION_WINDOW_SIZE
 DEFAULT_FRAME = 1024 * 1024  # ztunnel's HTTP2_FRAME_SIZE
 _H2_DEFAULT_WINDOW = 65535  # RFC 9113 §6.9.2: every window starts here
@@ -53,23 +57,109 @@ _H2_DEFAULT_WINDOW = 65535  # RFC 9113 §6.9.2: every window starts here
 _FRAME_HEADER = struct.Struct(">HBBBL")  # RFC 9113 §4.1: 24-bit length, type, flags, stream
 _DATA = 0x0
 _END_STREAM = 0x1
+_PADDED = 0x8
+_Bytes = bytes | bytearray | memoryview
 # DATA payloads at least this large leave by reference (no copy); smaller frames are joined
 # with their neighbours so a 1 KiB message stays one TLS record.
 _BY_REFERENCE = 16 * 1024
 
 
 class _H2(h2.connection.H2Connection):
-    """h2, except that large DATA payloads are queued by reference instead of copied.
+    """h2, except that DATA payloads are not copied on the way out nor (much) on the way in.
 
-    h2 serialises every frame into one bytearray and ``data_to_send`` copies it out again: for
-    bulk transfer that is three copies of each payload byte, the largest Python-level cost of
-    the sending proxy in the profile. Frames keep their order: bytes h2 queued by itself (the
-    preface) and joined small frames are flushed into the list before each payload.
+    Out: h2 serialises every frame into one bytearray and ``data_to_send`` copies it out again:
+    for bulk transfer that is three copies of each payload byte, the largest Python-level cost
+    of the sending proxy in the profile. Large payloads are queued by reference instead. Frames
+    keep their order: bytes h2 queued by itself (the preface) and joined small frames are
+    flushed into the list before each payload.
+
+    In: h2's ``FrameBuffer`` appends every read to a bytearray, slices each frame out of it and
+    copies the payload again (four copies of a 1 MiB DATA frame). ``receive_data`` splits
+    frames itself (RFC 9113 §4.1): an unpadded DATA frame goes straight to h2's frame handler
+    (flow control and stream state stay h2's) with its payload copied once from the read (or,
+    for a frame that spans reads, written once into a buffer of the frame's size, which then
+    *is* the payload); every other frame is fed whole to h2's own ``receive_data``, which keeps
+    its checks (preface, header blocks and CONTINUATION, padding, frame validation). The caller
+    may pass a buffer it reuses: nothing is kept that points into it.
     """
 
     def __init__(self, config: h2.config.H2Configuration) -> None:
         super().__init__(config=config)
         self._buffers: list[bytes] = []
+        self._head = bytearray()  # the first bytes (< 9) of a frame header split by a read
+        self._frame: bytearray | None = None  # a frame split by a read: header + payload
+        self._fill = 0  # bytes of ``_frame`` received so far
+
+    def receive_data(self, data: Buffer) -> list[h2.events.Event]:
+        fb = self.incoming_buffer
+        if fb._preamble_len or fb._data:  # h2 holds part of a frame: its turn
+            return super().receive_data(data)
+        events: list[h2.events.Event] = []
+        with memoryview(data) as view:
+            pos, end = 0, len(view)
+            while pos < end:
+                if self._frame is not None:  # complete the frame a previous read started
+                    take = min(len(self._frame) - self._fill, end - pos)
+                    self._frame[self._fill : self._fill + take] = view[pos : pos + take]
+                    self._fill += take
+                    pos += take
+                    if self._fill < len(self._frame):
+                        break
+                    frame, self._frame = self._frame, None
+                    events += self._one_frame(memoryview(frame), owned=True)
+                    continue
+                if self._head or end - pos < _FRAME_HEADER.size:
+                    take = min(_FRAME_HEADER.size - len(self._head), end - pos)
+                    self._head += view[pos : pos + take]
+                    pos += take
+                    if len(self._head) < _FRAME_HEADER.size:
+                        break
+                    header, self._head = bytes(self._head), bytearray()
+                    if self._length(header[:3]):
+                        self._start_frame(header)
+                    else:  # a header-only frame (SETTINGS ACK, empty DATA): complete already
+                        events += self._one_frame(memoryview(header), owned=True)
+                    continue
+                length = self._length(view[pos : pos + 3])
+                stop = pos + _FRAME_HEADER.size + length
+                if stop > end:
+                    self._start_frame(bytes(view[pos : pos + _FRAME_HEADER.size]))
+                    pos += _FRAME_HEADER.size
+                    continue
+                events += self._one_frame(view[pos:stop], owned=False)
+                pos = stop
+        return events
+
+    def _length(self, raw: _Bytes) -> int:
+        length = int.from_bytes(raw, "big")
+        if length > self.max_inbound_frame_size:  # refused before buffering any of it
+            self._terminate_connection(ErrorCodes.FRAME_SIZE_ERROR)
+            msg = f"received a frame of {length} bytes; the limit is {self.max_inbound_frame_size}"
+            raise h2.exceptions.FrameTooLargeError(msg)
+        return length
+
+    def _start_frame(self, header: bytes) -> None:
+        """A frame whose payload continues in later reads: one buffer of its full size."""
+        length = self._length(header[:3])
+        self._frame = bytearray(_FRAME_HEADER.size + length)
+        self._frame[: _FRAME_HEADER.size] = header
+        self._fill = _FRAME_HEADER.size
+
+    def _one_frame(self, frame: memoryview, *, owned: bool) -> list[h2.events.Event]:
+        """Handle one whole frame; ``owned``: ``frame`` is ours alone (its payload may stay)."""
+        kind, flags = frame[3], frame[4]
+        sid = int.from_bytes(frame[5:9], "big") & 0x7FFFFFFF
+        if kind != _DATA or not sid or flags & _PADDED or self.incoming_buffer._headers_buffer:
+            return super().receive_data(frame)  # h2 copies what it keeps
+        data = DataFrame(sid)
+        data.data = frame[_FRAME_HEADER.size :] if owned else frame[_FRAME_HEADER.size :].tobytes()
+        if flags & _END_STREAM:
+            data.flags.add("END_STREAM")
+        try:
+            return self._receive_frame(data)
+        except h2.exceptions.ProtocolError as exc:  # what h2's receive_data does with it
+            self._terminate_connection(exc.error_code)
+            raise
 
     def _prepare_for_sending(self, frames: list[Frame]) -> None:
         limit = self.max_outbound_frame_size
@@ -210,6 +300,11 @@ class HboneConnection:
         limit = min(peer_limit, self.settings.max_concurrent_streams)
         return self._h2.open_outbound_streams < limit
 
+    @property
+    def bulk_output(self) -> bool:
+        """Whether large DATA payloads (>= 16 KiB, kept by reference) wait in the output."""
+        return bool(self._h2._buffers)  # our own subclass's queue
+
     def held_bytes(self, stream_id: int) -> int:
         stream = self._streams.get(stream_id)
         return stream.held_len if stream else 0
@@ -292,10 +387,17 @@ class HboneConnection:
         with contextlib.suppress(h2.exceptions.StreamClosedError):
             self._h2.reset_stream(stream_id, error_code)
 
-    def consumed(self, stream_id: int, flow: int) -> None:
-        """Return ``flow`` bytes of window: they left this process (written to the app socket)."""
-        if flow and self._closed is None:
-            self._h2.acknowledge_received_data(flow, stream_id)
+    def consumed(self, stream_id: int, flow: int) -> bool:
+        """Return ``flow`` bytes of window: they left this process (written to the app socket).
+
+        True when that queued a WINDOW_UPDATE (h2 sends one per half window consumed), which
+        a sender may be waiting for.
+        """
+        if not flow or self._closed is not None:
+            return False
+        before = len(self._h2._data_to_send)  # our own subclass's queue
+        self._h2.acknowledge_received_data(flow, stream_id)
+        return len(self._h2._data_to_send) > before
 
     def close(self, error_code: int = ErrorCodes.NO_ERROR, reason: str = "closed locally") -> None:
         """Send GOAWAY and end the connection: every stream is over (h2 refuses all frames)."""
@@ -320,8 +422,12 @@ class HboneConnection:
     def going_away(self) -> bool:
         return self._going_away
 
-    def receive(self, data: bytes, now: float) -> list[Event]:
-        """Feed bytes read from the socket at time ``now`` (seconds, monotonic)."""
+    def receive(self, data: bytes | bytearray | memoryview, now: float) -> list[Event]:
+        """Feed bytes read from the socket at time ``now`` (seconds, monotonic).
+
+        ``data`` may be a view of a buffer the caller reuses for the next read: nothing
+        returned or kept refers to it.
+        """
         if self._closed is not None and self._closed.remote:
             return []
         try:

@@ -51,7 +51,7 @@ class DataReceived:
     """Tunnelled bytes. Call ``consumed(stream_id, flow)`` once they left this process."""
 
     stream_id: int
-    data: bytes
+    data: bytes | memoryview  # a memoryview only of a buffer nobody else holds (never reused)
     flow: int  # flow-controlled length (data plus padding) to acknowledge
 
 
