@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -11,19 +10,14 @@ import sys
 import pytest
 
 from meshctl.cli import main
-from meshctl.core.capture.settings import CaptureSettings
+from tests.harness.cli import isolate_capture_settings
 
 SUBCOMMANDS = ("render", "apply", "check", "clean", "trace", "validate")
 
 
 @pytest.fixture
 def run(capsys, monkeypatch, tmp_path):
-    for f in dataclasses.fields(CaptureSettings):
-        env = f.metadata["env"]
-        for name in (env,) if isinstance(env, str) else env or ():
-            monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("MESHCTL_CONFIG", raising=False)
+    isolate_capture_settings(monkeypatch, tmp_path)
 
     def invoke(*args: str) -> tuple[int, str, str]:
         code = main(list(args))

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import base64
 import copy
-import difflib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +23,10 @@ from meshctl.core.inject import admission, kinds
 from meshctl.core.inject.annotations import UNDO
 from meshctl.core.inject.documents import load
 from meshctl.core.inject.settings import InjectSettings
+from tests.harness.golden import assert_golden
 
 DATA = Path(__file__).resolve().parents[1] / "testdata" / "inject"
 IMAGE = "registry.example/meshctl:golden"
-REFRESH = os.environ.get("MESHCTL_REFRESH_GOLDEN") == "1"
 
 # Cases injected with more than the defaults: CLI flags, and the same as settings for the webhook.
 FLAGS: dict[str, tuple[list[str], dict[str, Any]]] = {
@@ -39,25 +37,6 @@ FLAGS: dict[str, tuple[list[str], dict[str, Any]]] = {
 PREVIOUSLY_INJECTED = {"already-injected", "istio-injected"}
 
 CASES = sorted(p.name.removesuffix(".yaml") for p in DATA.glob("*.yaml"))
-
-
-def check_golden(path: Path, actual: str) -> None:
-    """``actual`` equals the file at ``path`` (rewritten instead under MESHCTL_REFRESH_GOLDEN=1)."""
-    if REFRESH:
-        path.write_text(actual, encoding="utf-8")
-        return
-    assert path.is_file(), f"{path.name} is missing: run with MESHCTL_REFRESH_GOLDEN=1"
-    expected = path.read_text(encoding="utf-8")
-    if actual != expected:
-        diff = "".join(
-            difflib.unified_diff(
-                expected.splitlines(keepends=True),
-                actual.splitlines(keepends=True),
-                fromfile=f"{path.name} (golden)",
-                tofile="actual",
-            )
-        )
-        pytest.fail(f"{path.name} is stale (MESHCTL_REFRESH_GOLDEN=1 rewrites it):\n{diff}")
 
 
 def run_inject(capsys: pytest.CaptureFixture[str], *args: str) -> str:
@@ -88,7 +67,7 @@ def test_every_golden_has_its_input():
 def test_cli_output_matches_golden(name: str, capsys: pytest.CaptureFixture[str]):
     flags = FLAGS.get(name, ([], {}))[0]
     out = run_inject(capsys, "-f", str(DATA / f"{name}.yaml"), *flags)
-    check_golden(golden_path(name), out)
+    assert_golden(golden_path(name), out)
 
 
 @pytest.mark.parametrize("name", CASES)

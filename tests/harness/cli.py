@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
+
+from meshctl.core.capture.settings import CaptureSettings
 
 # `python -m meshctl` goes through meshctl/entry.py exactly like the console script.
 MESHCTL = (sys.executable, "-m", "meshctl")
@@ -26,3 +32,19 @@ def run_meshctl(
         env={**os.environ, **(env or {})},
         check=False,
     )
+
+
+# Read by `meshctl iptables` besides the CaptureSettings fields' own env vars.
+_IPTABLES_ENV = ("MESHCTL_CONFIG", "NETWORK_NAMESPACE", "MESHCTL_IPTABLES_BACKEND")
+
+
+def isolate_capture_settings(monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """Unset every env var `meshctl iptables` reads and point HOME at ``home`` (no settings file),
+    so in-process runs see only the flags a test passes."""
+    for f in dataclasses.fields(CaptureSettings):
+        env = f.metadata["env"]
+        for name in (env,) if isinstance(env, str) else env or ():
+            monkeypatch.delenv(name, raising=False)
+    for name in _IPTABLES_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))

@@ -47,6 +47,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from meshctl.core import certs
 from tests.harness import netns as netns_mod
 from tests.harness.netns import Netns, NetnsFactory
 
@@ -134,38 +135,16 @@ class CertificateAuthority:
     """A throwaway CA (ECDSA P-256: fast to generate) that issues serving and client certs."""
 
     def __init__(self, common_name: str) -> None:
-        self._key = ec.generate_private_key(ec.SECP256R1())
-        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-        now = datetime.datetime.now(datetime.UTC)
-        self._cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(self._key.public_key())
-            .serial_number(x509.random_serial_number())
-            # Backdated: a client whose clock is a little behind must still accept it.
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .add_extension(
-                x509.KeyUsage(
-                    digital_signature=True,
-                    content_commitment=False,
-                    key_encipherment=False,
-                    data_encipherment=False,
-                    key_agreement=False,
-                    key_cert_sign=True,
-                    crl_sign=True,
-                    encipher_only=False,
-                    decipher_only=False,
-                ),
-                critical=True,
-            )
-            .add_extension(
-                x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False
-            )
-            .sign(self._key, hashes.SHA256())
+        # The root itself is the product's development CA (self-signed, P-256, CA key usages).
+        root = certs.mint_root(
+            trust_domain=common_name,
+            now=datetime.datetime.now(datetime.UTC),
+            ttl=datetime.timedelta(days=2),
         )
+        key = serialization.load_pem_private_key(root.key_pem, password=None)
+        assert isinstance(key, ec.EllipticCurvePrivateKey)
+        self._key = key
+        self._cert = x509.load_pem_x509_certificate(root.cert_pem)
 
     @property
     def cert_pem(self) -> bytes:

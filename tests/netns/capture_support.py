@@ -8,7 +8,6 @@ daemons joined with a deadline, so a broken capture fails the test instead of ha
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -16,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshctl.cli import main
-from meshctl.core.capture.settings import CaptureSettings
 from meshctl.net.sockets import filesystem_ids, original_destination
+from tests.harness.cli import isolate_capture_settings
 from tests.harness.netns import Netns
 
 TIMEOUT = 5.0
@@ -36,13 +35,7 @@ class Meshctl:
 
     def __init__(self, capsys: Any, monkeypatch: Any, home: Any) -> None:
         self._capsys = capsys
-        for f in dataclasses.fields(CaptureSettings):
-            env = f.metadata["env"]
-            for name in (env,) if isinstance(env, str) else env or ():
-                monkeypatch.delenv(name, raising=False)
-        for name in ("MESHCTL_CONFIG", "NETWORK_NAMESPACE", "MESHCTL_IPTABLES_BACKEND"):
-            monkeypatch.delenv(name, raising=False)
-        monkeypatch.setenv("HOME", str(home))
+        isolate_capture_settings(monkeypatch, home)
 
     def __call__(self, *args: str) -> tuple[int, str, str]:
         code = main(list(args))

@@ -7,13 +7,12 @@ fails too, so renamed or removed cases cannot leave stale files behind.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
 
 from meshctl.cli import main
-from meshctl.core.capture.settings import CaptureSettings
+from tests.harness.cli import isolate_capture_settings
 from tests.harness.golden import assert_golden, orphans, refreshing
 
 DATA = Path(__file__).parent / "testdata"
@@ -82,12 +81,7 @@ TRACES: dict[str, list[str]] = {
 @pytest.fixture
 def run(capsys, monkeypatch, tmp_path):
     """``meshctl ARGS`` in-process with no capture env vars and no settings file."""
-    for f in dataclasses.fields(CaptureSettings):
-        env = f.metadata["env"]
-        for name in (env,) if isinstance(env, str) else env or ():
-            monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.delenv("MESHCTL_CONFIG", raising=False)
+    isolate_capture_settings(monkeypatch, tmp_path)
 
     def invoke(*args: str) -> str:
         code = main(list(args))
