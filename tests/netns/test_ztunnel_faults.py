@@ -53,6 +53,14 @@ class SlowStream:
         return self.error is None and self.reply == hashlib.sha256(self.sent).digest() + self.sent
 
 
+def _wait_for_opened(car, count: int, timeout: float = 10) -> None:
+    end = time.monotonic() + timeout
+    name = "istio_tcp_connections_opened_total"
+    while metric_sum(car.metrics(), name, reporter="destination") < count:
+        assert time.monotonic() < end, f"{car} opened fewer than {count} connections"
+        time.sleep(0.05)
+
+
 def test_killed_data_plane_is_restarted_and_new_connections_work_within_a_second(tmp_path):
     with two_pod_mesh(tmp_path) as m:
         addr = (m.b.ip, APP_PORT)
@@ -78,7 +86,10 @@ def test_sigterm_drains_open_connections_within_the_deadline(tmp_path):
     with two_pod_mesh(tmp_path, extra_b=("--drain-deadline", "3s")) as m:
         addr = (m.b.ip, APP_PORT)
         streams = [SlowStream(m.a.ns, addr, 15, 0.1) for _ in range(3)]  # ~1.5 s each
-        time.sleep(0.3)
+        # The drain keeps flows B has opened; one still in its handshake when SIGTERM lands is
+        # refused like any new connection. So wait until B has opened all three (a loaded CI
+        # machine can take longer than any fixed sleep).
+        _wait_for_opened(m.car_b, 3)
         start = time.monotonic()
         assert m.car_b.proc is not None
         m.car_b.proc.send_signal(signal.SIGTERM)
@@ -87,7 +98,9 @@ def test_sigterm_drains_open_connections_within_the_deadline(tmp_path):
         for s in streams:
             s.join(10)
         assert code == 0
-        assert all(s.intact for s in streams), [s.error for s in streams]
+        assert all(s.intact for s in streams), [
+            (s.error, len(s.sent), len(s.reply)) for s in streams
+        ]
         assert took < 3 + 2
         # After the drain, B accepts nothing: new connections fail.
         try:
