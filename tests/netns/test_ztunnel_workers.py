@@ -42,7 +42,11 @@ def test_two_workers_share_connections_add_up_metrics_and_survive_one_dying(tmp_
             s.sendall(b"E" + b"%d" % i)
             held.append(s)
             time.sleep(0.01)
-        time.sleep(0.3)
+        # Each connection is open at A once its tunnel stream is up; poll rather than guess how
+        # long that takes on a loaded machine.
+        end = time.monotonic() + 10
+        while m.car_a.config_dump()["connections"]["open"] < 40 and time.monotonic() < end:
+            time.sleep(0.05)
         grew = {pid: _tcp_sockets(pid) - before[pid] for pid in workers}
         assert all(n > 0 for n in grew.values()), grew  # both workers accepted connections
         # /config_dump (served by worker 0) shows every worker's connections, not only its own.
