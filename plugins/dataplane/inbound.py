@@ -10,7 +10,6 @@ socket ends as a counted failure or as tunnels that each end as an opened or fai
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
 import ssl
@@ -23,7 +22,7 @@ from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
 
 from . import tls
 from .metrics import Flow, Peer
-from .relay import Accepted, AppStream
+from .relay import Accepted, AppStream, adopt, connect
 from .tunnel import TunnelProtocol
 
 if TYPE_CHECKING:
@@ -158,13 +157,10 @@ class Inbound:
         self, proto: TunnelProtocol, sid: int, app: AppStream, flow: Flow, addr: tuple[str, int]
     ) -> None:
         rt = self.rt
-        loop = asyncio.get_running_loop()
         sock = rt.upstream_socket(addr[0], inbound=True)
         try:
-            # asyncio.timeout, not wait_for: no extra task per connection (profiled).
-            async with asyncio.timeout(rt.config.connect_timeout):
-                await loop.sock_connect(sock, addr)
-            await loop.create_connection(lambda: app, sock=sock)
+            await connect(sock, addr, rt.config.connect_timeout)
+            await adopt(sock, app)
         except (OSError, TimeoutError) as exc:
             sock.close()
             if sid in proto.sinks:

@@ -10,7 +10,6 @@ its route exists; every accepted connection ends as exactly one opened or failed
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
 import random
@@ -22,7 +21,7 @@ from meshctl.core.workloads import NoHealthyEndpointError
 from .metrics import Flow, Peer
 from .orig_dst import original_dst
 from .pool import DialError
-from .relay import Accepted, AppStream, Splice
+from .relay import Accepted, AppStream, Splice, adopt, connect
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -158,14 +157,12 @@ async def splice(
     rt: Runtime, acc: Accepted, flow: Flow, addr: tuple[str, int], *, inbound: bool = False
 ) -> None:
     """Plain TCP to ``addr`` for ``acc`` (passthrough, TCP workloads; ``inbound`` plaintext)."""
-    loop = asyncio.get_running_loop()
     client = Splice(flow.request_bytes, on_done=flow.close)
     upstream = Splice(flow.response_bytes)
     sock = rt.upstream_socket(addr[0], inbound=inbound)
     try:
-        async with asyncio.timeout(rt.config.connect_timeout):
-            await loop.sock_connect(sock, addr)
-        await loop.create_connection(lambda: upstream, sock=sock)
+        await connect(sock, addr, rt.config.connect_timeout)
+        await adopt(sock, upstream)
     except (OSError, TimeoutError) as exc:
         sock.close()
         flow.fail("CONNECT", f"cannot connect to {addr[0]}:{addr[1]}: {exc or 'timeout'}")

@@ -22,6 +22,7 @@ from meshctl.core.hbone import TunnelSettings
 from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
 
 from . import tls
+from .relay import connect
 from .tunnel import TunnelProtocol
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class Pool:
         if self._mark:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, self._mark)
         try:
-            await asyncio.wait_for(loop.sock_connect(sock, addr), self._connect_timeout)
+            await connect(sock, addr, self._connect_timeout)
         except (OSError, TimeoutError) as exc:
             sock.close()
             hint = "is the destination's proxy listening, or a NetworkPolicy blocking port 15008?"
