@@ -10,11 +10,11 @@ never matches. Dry-run policies are evaluated and reported but never enforced. I
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from meshctl.core.addresses import ip as parse_ip
 from meshctl.core.identity import SpiffeId
 from meshctl.core.workloads import Action, IPAddress, Policy, RbacMatch
 
@@ -37,8 +37,8 @@ class ConnectionFacts:
     ) -> ConnectionFacts:
         return cls(
             source=source,
-            source_ip=ipaddress.ip_address(source_ip),
-            destination_ip=ipaddress.ip_address(destination_ip),
+            source_ip=parse_ip(source_ip),
+            destination_ip=parse_ip(destination_ip),
             destination_port=destination_port,
         )
 

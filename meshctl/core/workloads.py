@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from meshctl.core.addresses import ip as parse_ip
 from meshctl.core.identity import IdentityError, SpiffeId
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -205,7 +206,7 @@ class Store:
         return cls(wls, svcs, pols, by_ip, by_vip, by_uid, {p.key: p for p in pols})
 
     def workload_by_ip(self, ip: str | IPAddress, network: str = "") -> Workload | None:
-        return self._by_ip.get((network, ipaddress.ip_address(ip)))
+        return self._by_ip.get((network, parse_ip(ip)))
 
     def workload_by_uid(self, uid: str) -> Workload | None:
         return self._by_uid.get(uid)
@@ -218,7 +219,7 @@ class Store:
         return None
 
     def service_by_vip(self, ip: str | IPAddress, network: str = "") -> Service | None:
-        return self._by_vip.get((network, ipaddress.ip_address(ip)))
+        return self._by_vip.get((network, parse_ip(ip)))
 
     def endpoints(self, service: Service, port: int) -> list[tuple[Workload, int]]:
         """Healthy workloads behind ``service`` with the target port each serves ``port`` on."""
@@ -245,7 +246,7 @@ class Store:
         ``pick`` chooses among healthy endpoints (the I/O shell passes a random choice; the
         default keeps tests deterministic). Raises ``NoHealthyEndpointError`` for a VIP with none.
         """
-        addr = ipaddress.ip_address(ip)
+        addr = parse_ip(ip)
         service = self._by_vip.get((network, addr))
         if service is not None:
             if port not in service.ports:

@@ -16,6 +16,7 @@ import ssl
 import time
 from typing import TYPE_CHECKING
 
+from meshctl.core.addresses import ip as parse_ip
 from meshctl.core.authz import ConnectionFacts, evaluate
 from meshctl.core.hbone import TunnelRejected, TunnelRequested
 from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
@@ -123,7 +124,7 @@ class Inbound:
             return
         facts = ConnectionFacts(
             source=flow.src.identity,
-            source_ip=ipaddress.ip_address(flow.src.addr[0]),
+            source_ip=parse_ip(flow.src.addr[0]),
             destination_ip=ev.authority.ip,
             destination_port=ev.authority.port,
         )

@@ -9,9 +9,9 @@ of our own ports is refused, never looped back into us.
 
 from __future__ import annotations
 
-import ipaddress
 from typing import TYPE_CHECKING
 
+from meshctl.core.addresses import ip as parse_ip
 from meshctl.core.authz import ConnectionFacts, evaluate
 
 from .metrics import Flow, Peer
@@ -47,8 +47,8 @@ class InboundPlaintext:
         flow = Flow(rt.telemetry, direction="inbound", src=src, dst=Peer(dst, rt.me, rt.identity))
         facts = ConnectionFacts(
             source=None,
-            source_ip=ipaddress.ip_address(peer[0]),
-            destination_ip=ipaddress.ip_address(dst[0]),
+            source_ip=parse_ip(peer[0]),
+            destination_ip=parse_ip(dst[0]),
             destination_port=dst[1],
         )
         decision = evaluate(rt.store.policies_for(rt.me) if rt.me else [], facts)

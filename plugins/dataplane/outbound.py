@@ -10,11 +10,11 @@ its route exists; every accepted connection ends as exactly one opened or failed
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import random
 from typing import TYPE_CHECKING
 
+from meshctl.core.addresses import ip as parse_ip
 from meshctl.core.hbone.headers import format_authority, format_forwarded
 from meshctl.core.workloads import NoHealthyEndpointError
 
@@ -83,7 +83,7 @@ class Outbound:
     def _is_self_call(self, dst: tuple[str, int], local_ip: str) -> bool:
         if dst[1] not in self.rt.own_ports:
             return False
-        ip = ipaddress.ip_address(dst[0])
+        ip = parse_ip(dst[0])
         return ip.is_loopback or dst[0] == local_ip or self.rt.is_local_ip(dst[0])
 
     async def _tunnel(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import signal
 import socket
@@ -20,6 +19,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from meshctl.core import channel
+from meshctl.core.addresses import ip as parse_ip
 from meshctl.core.hbone import TunnelSettings
 from meshctl.core.hbone.headers import format_baggage
 from meshctl.core.identity import SpiffeId, parse_workload_ref
@@ -107,7 +107,7 @@ class Runtime:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.config.mark:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, self.config.mark)
-            if inbound and not ipaddress.ip_address(ip).is_loopback:
+            if inbound and not parse_ip(ip).is_loopback:
                 _bind_passthrough(sock, family)
         except OSError:
             sock.close()
@@ -116,7 +116,7 @@ class Runtime:
 
     def is_local_ip(self, ip: str) -> bool:
         """Whether ``ip`` is an address of this network namespace (binding to it succeeds)."""
-        family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
+        family = socket.AF_INET6 if parse_ip(ip).version == 6 else socket.AF_INET
         with socket.socket(family, socket.SOCK_STREAM) as probe:
             try:
                 probe.bind((ip, 0))

@@ -9,9 +9,12 @@ carries ``:`` and ``[]``); ``baggage`` is the W3C Baggage list ztunnel sends (``
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from meshctl.core.addresses import ip as parse_ip
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -28,11 +31,14 @@ class Authority:
 
 
 def format_authority(ip: str | IPAddress, port: int) -> str:
-    addr = ipaddress.ip_address(ip)
+    addr = parse_ip(ip)
     host = f"[{addr}]" if addr.version == 6 else str(addr)
     return f"{host}:{port}"
 
 
+@functools.lru_cache(
+    maxsize=8192
+)  # every stream to one destination asks the same (errors not kept)
 def parse_authority(text: str) -> Authority:
     """``1.2.3.4:80`` or ``[::1]:80`` -> Authority; anything else is a ``ValueError``."""
     if text.startswith("["):
