@@ -3,8 +3,8 @@
 Owns everything that is global to the process and therefore done once, here: glibc malloc
 thresholds (uvloop's TLS transport reads each record into a fresh 256 KiB buffer, above the mmap
 threshold: an mmap/munmap pair and page faults per record), h2's per-frame ``repr`` (it hex-dumps
-every DATA payload for a trace log nobody reads), and uvloop as the event loop (installed here
-only, per the architecture rules).
+every DATA payload for a trace log nobody reads), the cyclic garbage collector's pace, and uvloop
+as the event loop (installed here only, per the architecture rules).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 import socket
 
@@ -58,6 +59,24 @@ def lean_log_records() -> None:
     logging.logMultiprocessing = False
 
 
+def tune_gc() -> None:
+    """Collect cyclic garbage rarely and never rescan what start-up built.
+
+    Everything alive once the modules are loaded (code, h2's and hpack's tables, the config)
+    lives as long as the process: ``gc.freeze`` moves it out of the collector's sight, so a full
+    collection scans only per-connection objects. Connections allocate many small containers
+    (streams, frames, events), so the default young-generation threshold of 700 ran a collection
+    every few connections; a higher one trades a little memory for fewer pauses in the latency
+    tail.
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(_GC_YOUNG, 20, 20)
+
+
+_GC_YOUNG = 20_000  # allocations between young collections (CPython's default: 700)
+
+
 def raise_fd_limit() -> int:
     """Every proxied connection holds two or three sockets: take the hard limit as the soft one."""
     import resource
@@ -79,6 +98,7 @@ def run(channel_fd: int) -> int:
     lean_log_records()
     raise_fd_limit()
     sock = socket.socket(fileno=channel_fd)
+    tune_gc()  # last: after every import the data plane needs
 
     async def main() -> int:
         return await Runtime(sock).run()
