@@ -30,6 +30,7 @@ import h2.events
 import h2.exceptions
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
+from hpack import NeverIndexedHeaderTuple
 from hyperframe.frame import DataFrame, Frame, GoAwayFrame
 
 from meshctl.core.hbone.events import (
@@ -51,7 +52,10 @@ if TYPE_CHECKING:
 
 DEFAULT_WINDOW = 4 * 1024 * 1024  # ztunnel's HTTP2_STREAM_WINDOW_SIZE / CONNECTION_WINDOW_SIZE
 DEFAULT_FRAME = 1024 * 1024  # ztunnel's HTTP2_FRAME_SIZE
-_H2_DEFAULT_WINDOW = 65535  # RFC 9113 §6.9.2: every window starts here
+_H2_DEFAULT_WINDOW = 65535
+_PER_STREAM = frozenset(
+    {b"forwarded"}
+)  # header values that differ on every stream  # RFC 9113 §6.9.2: every window starts here
 
 
 _FRAME_HEADER = struct.Struct(">HBBBL")  # RFC 9113 §4.1: 24-bit length, type, flags, stream
@@ -340,8 +344,16 @@ class HboneConnection:
             raise TunnelStateError("connection cannot take another stream")
         parse_authority(authority)  # refuse to send what our own server would reject
         stream_id = self._h2.get_next_available_stream_id()
-        request = [(b":method", b"CONNECT"), (b":authority", authority.encode("ascii"))]
-        request += [(k.lower().encode("ascii"), v.encode("latin-1")) for k, v in headers]
+        request: list[tuple[bytes, bytes]] = [
+            (b":method", b"CONNECT"),
+            (b":authority", authority.encode("ascii")),
+        ]
+        for k, v in headers:
+            name, value = k.lower().encode("ascii"), v.encode("latin-1")
+            # A value new for every stream (the client's port) would only churn the HPACK
+            # table, evicting the values that do repeat (authority, baggage): send it literal.
+            header = NeverIndexedHeaderTuple(name, value) if name in _PER_STREAM else (name, value)
+            request.append(header)
         self._h2.send_headers(stream_id, request)
         self._streams[stream_id] = _Stream(stream_id)
         return stream_id
