@@ -32,12 +32,17 @@ def _listener() -> socket.socket:
     return srv
 
 
+async def _dialled(srv: socket.socket) -> socket.socket:
+    sock = socket.socket()
+    sock.setblocking(False)
+    await connect(sock, srv.getsockname(), timeout=5)
+    return sock
+
+
 def test_a_transport_closed_in_connection_made_never_closes_a_reused_descriptor_again():
     async def main() -> None:
         with _listener() as srv:
-            sock = socket.socket()
-            sock.setblocking(False)
-            await connect(sock, srv.getsockname(), timeout=5)
+            sock = await _dialled(srv)
             number = sock.fileno()
             proto = _AbortsAtOnce()
             await adopt(sock, proto)
@@ -56,9 +61,7 @@ def test_a_transport_closed_in_connection_made_never_closes_a_reused_descriptor_
 def test_a_handed_over_socket_belongs_to_its_transport():
     async def main() -> bytes:
         with _listener() as srv:
-            sock = socket.socket()
-            sock.setblocking(False)
-            await connect(sock, srv.getsockname(), timeout=5)
+            sock = await _dialled(srv)
             got: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
             class Reader(asyncio.Protocol):
