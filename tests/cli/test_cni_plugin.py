@@ -145,3 +145,15 @@ def test_cni_subcommands_load(tmp_path: Path):
         result = run_meshctl(*args)
         assert result.returncode == 0, result.stderr
         assert "Usage:" in result.stdout
+
+
+def test_the_cni_role_runs_the_function_its_entry_point_names():
+    # The runtime's path imports the plugin by a fixed name (no entry-point lookup); the
+    # registered entry point, which `meshctl cni-plugin` and discovery use, must name the same.
+    import importlib.metadata
+
+    from meshctl import entry
+
+    (ep,) = importlib.metadata.entry_points(group="meshctl.plugins", name=entry.CNI_PLUGIN_COMMAND)
+    assert ep.value == entry.CNI_PLUGIN_TARGET
+    assert entry.cni_plugin() is ep.load()
