@@ -139,6 +139,23 @@ def test_refusal_status_reaches_the_client_and_ends_the_stream(status):
         p.c.send(sid, b"x")
 
 
+@pytest.mark.parametrize("status", [400, 401, 503])
+def test_refused_streams_free_their_slot_on_both_sides(status):
+    # Ten times the stream limit, refused one after another on one connection: a refused
+    # stream left half-closed would fill the connection after three.
+    p = Pair(server_settings=TunnelSettings(max_concurrent_streams=3))
+    p.pump()
+    for _ in range(30):
+        assert p.c.can_open()
+        sid = p.c.open("10.0.0.2:80")
+        p.pump()
+        p.s.respond(sid, status)
+        p.pump()
+        assert TunnelRefused(sid, status) in p.cev
+    assert p.c.can_open()
+    assert p.s.active_streams == 0
+
+
 def _raw_client_request(headers):
     """Send a request our client would never send, through a bare h2 client."""
     raw = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
@@ -249,10 +266,12 @@ def test_any_chunking_and_any_read_split_delivers_exact_bytes(chunks, split, tin
     assert StreamEnded(sid) in p.sev
 
 
-def test_pool_limit_stops_opening_at_max_concurrent_streams():
-    p = Pair(server_settings=TunnelSettings(max_concurrent_streams=3))
+@pytest.mark.parametrize("limit", [3, 20, 100])  # within and beyond can_open's margin
+def test_pool_limit_stops_opening_at_max_concurrent_streams(limit):
+    p = Pair(server_settings=TunnelSettings(max_concurrent_streams=limit))
     p.pump()  # settings exchanged
-    for _ in range(3):
+    for _ in range(limit):
+        assert p.c.can_open()
         p.c.open("10.0.0.2:80")
     assert not p.c.can_open()
     with pytest.raises(TunnelStateError):

@@ -52,10 +52,9 @@ if TYPE_CHECKING:
 
 DEFAULT_WINDOW = 4 * 1024 * 1024  # ztunnel's HTTP2_STREAM_WINDOW_SIZE / CONNECTION_WINDOW_SIZE
 DEFAULT_FRAME = 1024 * 1024  # ztunnel's HTTP2_FRAME_SIZE
-_H2_DEFAULT_WINDOW = 65535
-_PER_STREAM = frozenset(
-    {b"forwarded"}
-)  # header values that differ on every stream  # RFC 9113 §6.9.2: every window starts here
+_H2_DEFAULT_WINDOW = 65535  # RFC 9113 §6.9.2: every window starts here
+_PER_STREAM = frozenset({b"forwarded"})  # header values that differ on every stream
+_STREAM_MARGIN = 8  # below the stream limit by more than this, can_open trusts its own count
 
 
 _FRAME_HEADER = struct.Struct(">HBBBL")  # RFC 9113 §4.1: 24-bit length, type, flags, stream
@@ -310,6 +309,11 @@ class HboneConnection:
             return False
         peer_limit = self._h2.remote_settings.max_concurrent_streams
         limit = min(peer_limit, self.settings.max_concurrent_streams)
+        # Our own live streams are the open ones (every way a stream ends closes it in h2 too):
+        # well under the limit that answers without h2's count, which walks every stream (a
+        # visible share of a new connection's cost); near it, h2's exact count decides.
+        if len(self._streams) + _STREAM_MARGIN < limit:
+            return True
         return self._h2.open_outbound_streams < limit
 
     @property
@@ -564,9 +568,14 @@ class HboneConnection:
             stream.opened = True
             return [TunnelOpened(ev.stream_id), *self._flush(stream)]
         self._forget(ev.stream_id)
-        if ev.stream_ended is None:
-            with contextlib.suppress(h2.exceptions.StreamClosedError):
+        with contextlib.suppress(h2.exceptions.StreamClosedError):
+            if ev.stream_ended is None:
                 self._h2.reset_stream(ev.stream_id, ErrorCodes.CANCEL)
+            else:
+                # The answer is complete; ending our side closes the stream. Left half-closed,
+                # it would count against both sides' concurrent-stream limits for as long as
+                # the connection lives (a pooled one would fill up with refused streams).
+                self._h2.end_stream(ev.stream_id)
         return [TunnelRefused(ev.stream_id, status)]
 
     def _remote_end(self, stream: _Stream) -> Event:
