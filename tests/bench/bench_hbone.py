@@ -359,9 +359,9 @@ def _iperf3_gbit_s(m: dict, seconds: float, *, direct: bool) -> tuple[float, flo
     )
     try:
         argv = ["iperf3", "-c", m["b"].ip, "-p", str(port), "-t", str(seconds), "-J"]
-        for _ in range(50):  # until the server listens
+        for _ in range(50):  # until the server listens (a refusal is an "error" in the JSON)
             done = m["a"].ns.run(argv, check=False, timeout=seconds + 60, **(ids if direct else {}))
-            if done.returncode == 0:
+            with contextlib.suppress(ValueError, KeyError):
                 end = json.loads(done.stdout)["end"]["sum_received"]
                 return end["bits_per_second"] / 1e9, float(end["bytes"])
             time.sleep(0.1)
