@@ -22,12 +22,13 @@ import struct
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
+import hpack
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 from hpack import NeverIndexedHeaderTuple
@@ -67,6 +68,14 @@ _Bytes = bytes | bytearray | memoryview
 _BY_REFERENCE = 16 * 1024
 
 
+class _LiteralEncoder(hpack.Encoder):
+    """HPACK without Huffman-coding literals (optional in RFC 7541 §5.2): our header blocks are a
+    few short values, and pure-Python Huffman coding was half the cost of encoding them."""
+
+    def encode(self, headers: Any, huffman: bool = False) -> bytes:
+        return super().encode(headers, huffman=False)
+
+
 class _H2(h2.connection.H2Connection):
     """h2, except that DATA payloads are not copied on the way out nor (much) on the way in.
 
@@ -88,6 +97,7 @@ class _H2(h2.connection.H2Connection):
 
     def __init__(self, config: h2.config.H2Configuration) -> None:
         super().__init__(config=config)
+        self.encoder = _LiteralEncoder()
         self._buffers: list[bytes] = []
         self._head = bytearray()  # the first bytes (< 9) of a frame header split by a read
         self._frame: bytearray | None = None  # a frame split by a read: header + payload
