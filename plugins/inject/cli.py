@@ -221,6 +221,14 @@ def webhook(
             "--drain-seconds", metavar="S", help="On SIGTERM, let requests finish this long."
         ),
     ] = 5.0,
+    reload_interval: Annotated[
+        float,
+        typer.Option(
+            "--reload-interval",
+            metavar="S",
+            help="Check the certificate files this often; a rotated pair is loaded in place.",
+        ),
+    ] = 2.0,
     cni: CniOption = None,
     revision: RevisionOption = None,
     image: ImageOption = None,
@@ -230,6 +238,10 @@ def webhook(
     """Serve the injection webhook over HTTPS (HTTP/2 and HTTP/1.1) at /inject until stopped."""
     from .server import ServeOptions, serve  # deferred: only the server needs hypercorn
 
+    if not reload_interval > 0:
+        raise click.exceptions.BadParameter(
+            f"{reload_interval} is not a positive number of seconds", param_hint="--reload-interval"
+        )
     if not 0 < port < 65536:
         raise click.exceptions.BadParameter(
             f"{port} is not a port number (1-65535)", param_hint="--port"
@@ -248,6 +260,7 @@ def webhook(
         tls_cert=tls_cert,
         tls_key=tls_key,
         graceful_seconds=drain_seconds,
+        reload_seconds=reload_interval,
     )
     serve(settings, options)
 

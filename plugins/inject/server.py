@@ -13,7 +13,9 @@ serves a few requests per pod creation.
 Invariants: listens only where told; every request gets an answer (a handler bug is a 500, see
 admission.py); bodies over ``MAX_BODY_BYTES`` are refused with 413 without being read in full;
 SIGTERM/SIGINT stop accepting, let in-flight requests finish for ``graceful_seconds``, and the
-process is gone one second after that at the latest (idle keep-alive connections included).
+process is gone one second after that at the latest (idle keep-alive connections included); a
+rotated certificate (the files change) serves new connections within ``reload_seconds``, while
+a pair that does not load leaves the old one in service.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import gc
 import ipaddress
 import logging
+import os
 import signal
 import ssl
 from dataclasses import dataclass
@@ -48,6 +51,7 @@ class ServeOptions:
     tls_key: Path
     graceful_seconds: float = 5.0
     read_timeout_seconds: int = 30  # a client that stops sending mid-request is dropped
+    reload_seconds: float = 2.0  # how often the certificate files are checked for a rotation
 
 
 class WebhookApp:
@@ -113,10 +117,25 @@ async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> Non
             return
 
 
-def config_for(options: ServeOptions) -> Config:
+class _ReloadableConfig(Config):
+    """hypercorn's configuration, remembering the TLS contexts it hands out so that a rotated
+    certificate can be loaded into them: new handshakes get it, open connections keep theirs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contexts: list[ssl.SSLContext] = []
+
+    def create_ssl_context(self) -> ssl.SSLContext | None:
+        context = super().create_ssl_context()
+        if context is not None:
+            self.contexts.append(context)
+        return context
+
+
+def config_for(options: ServeOptions) -> _ReloadableConfig:
     """The hypercorn configuration: TLS with ALPN h2 then http/1.1, no access log."""
     check_tls_files(options.tls_cert, options.tls_key)
-    config = Config()
+    config = _ReloadableConfig()
     host = options.address
     if ":" in host:  # an IPv6 literal needs brackets in hypercorn's bind syntax
         host = f"[{ipaddress.ip_address(host)}]"
@@ -149,11 +168,45 @@ def check_tls_files(cert: Path, key: Path) -> None:
         ) from exc
 
 
+def _stamp(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...] | None:
+    """What changes when a file is rewritten or a Secret volume swaps its ``..data`` link."""
+    try:
+        return tuple((st.st_ino, st.st_mtime_ns, st.st_size) for st in map(os.stat, paths))
+    except OSError:
+        return None  # mid-rotation: look again next time
+
+
+async def _reload_certificates(config: _ReloadableConfig, options: ServeOptions) -> None:
+    """Load a rotated serving certificate (cert-manager, a Secret update) without a restart.
+
+    A pair that does not load (half written, key not matching) is refused with a warning and
+    the old certificate stays in service; the files are tried again when they change again.
+    """
+    paths = (options.tls_cert, options.tls_key)
+    seen = _stamp(paths)
+    while True:
+        await asyncio.sleep(options.reload_seconds)
+        stamp = _stamp(paths)
+        if stamp is None or stamp == seen:
+            continue
+        seen = stamp
+        try:
+            check_tls_files(options.tls_cert, options.tls_key)
+            for context in config.contexts:
+                context.load_cert_chain(str(options.tls_cert), str(options.tls_key))
+        except (MeshctlError, OSError, ssl.SSLError) as exc:
+            message = exc.message if isinstance(exc, MeshctlError) else str(exc)
+            log.warning("rotated certificate not loaded, still serving the old one: %s", message)
+            continue
+        log.info("serving certificate reloaded from %s", options.tls_cert)
+
+
 def serve(settings: InjectSettings, options: ServeOptions) -> None:
-    """Serves until SIGTERM or SIGINT, then drains for at most ``options.graceful_seconds``."""
+    """Serves until SIGTERM or SIGINT, then drains for at most ``options.graceful_seconds``;
+    a rotated certificate is picked up within ``options.reload_seconds``."""
     config = config_for(options)
     try:
-        asyncio.run(_serve(WebhookApp(settings), config))
+        asyncio.run(_serve(WebhookApp(settings), config, options))
     except OSError as exc:
         raise MeshctlError(
             f"cannot listen on {options.address}:{options.port}: {exc.strerror or exc}",
@@ -161,7 +214,7 @@ def serve(settings: InjectSettings, options: ServeOptions) -> None:
         ) from exc
 
 
-async def _serve(app: WebhookApp, config: Config) -> None:
+async def _serve(app: WebhookApp, config: _ReloadableConfig, options: ServeOptions) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -171,6 +224,8 @@ async def _serve(app: WebhookApp, config: Config) -> None:
     # full passes, which otherwise show up as the slowest requests (the p99 tail).
     gc.freeze()
     serving = asyncio.ensure_future(hypercorn_serve(app, config, shutdown_trigger=stop.wait))
+    reloading = asyncio.ensure_future(_reload_certificates(config, options))
+    serving.add_done_callback(lambda _: reloading.cancel())
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
     if serving.done():  # failed to start (a bind error): report it

@@ -251,3 +251,21 @@ def test_webhook_refuses_unusable_tls_files(tmp_path, capsys):
     )
     assert code == 1
     assert "does not exist" in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [("--port", "70000", "not a port number"), ("--reload-interval", "0", "positive number")],
+)
+def test_webhook_rejects_a_bad_listen_flag_before_loading_anything(
+    tmp_path, capsys, flag, value, says
+):
+    missing = str(tmp_path / "absent.pem")  # never read: the flag is refused first
+    code, out, err = run(
+        capsys, "inject", "webhook", "--tls-cert", missing, "--tls-key", missing, flag, value
+    )
+    assert code == 2
+    assert out == ""
+    assert says in err
+    assert flag in err
+    assert "Traceback" not in err

@@ -17,6 +17,7 @@ from pathlib import Path
 import h2.connection
 import h2.events
 import pytest
+from cryptography import x509
 
 from tests.harness.inject_webhook import WebhookProcess, start_webhook, stop_webhook
 
@@ -169,3 +170,50 @@ def test_sigterm_does_not_wait_for_idle_keep_alive_clients(tmp_path: Path):
         assert time.monotonic() - started < 5
     finally:
         idle.close()
+
+
+def _served_serial(server: WebhookProcess) -> int:
+    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    with server.context("http/1.1").wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der).serial_number
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Swap a file in one step, as a Secret volume update does (no half-written state)."""
+    staged = path.with_suffix(".new")
+    staged.write_bytes(data)
+    staged.rename(path)
+
+
+def test_a_rotated_certificate_is_served_without_a_restart_and_a_broken_one_is_refused(
+    tmp_path: Path,
+):
+    server = start_webhook(tmp_path, "--reload-interval", "0.2")
+    try:
+        first = _served_serial(server)
+        rotated = server.ca.issue("webhook", server=True, ip_sans=["127.0.0.1"])
+        _replace(server.key_file, rotated.key_pem)  # for a moment the pair does not match
+        _replace(server.cert_file, rotated.cert_pem)
+        serial = _eventually_serial(server, lambda s: s != first)
+        assert serial == x509.load_pem_x509_certificate(rotated.cert_pem).serial_number
+        assert post_h1(server, review_body())[0] == 200
+        # A key that does not belong to the certificate: the rotated pair stays in service.
+        stranger = server.ca.issue("other", server=True, ip_sans=["127.0.0.1"])
+        _replace(server.key_file, stranger.key_pem)
+        time.sleep(1.0)  # five checks
+        assert _served_serial(server) == serial
+        assert post_h1(server, review_body())[0] == 200
+        assert server.process.poll() is None
+    finally:
+        assert stop_webhook(server) == 0
+
+
+def _eventually_serial(server: WebhookProcess, ok, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while True:
+        serial = _served_serial(server)
+        if ok(serial) or time.monotonic() > deadline:
+            return serial
+        time.sleep(0.1)

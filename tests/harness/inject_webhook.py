@@ -29,6 +29,9 @@ class WebhookProcess:
     ca_pem: bytes
     ca_file: Path
     process: subprocess.Popen[bytes]
+    ca: CertificateAuthority  # issues a replacement serving certificate (rotation tests)
+    cert_file: Path
+    key_file: Path
 
     @property
     def url(self) -> str:
@@ -73,7 +76,7 @@ def start_webhook(workdir: Path, *extra: str, timeout: float = 30.0) -> WebhookP
         process.kill()
         process.wait()
         raise
-    return WebhookProcess(port, ca.cert_pem, ca_file, process)
+    return WebhookProcess(port, ca.cert_pem, ca_file, process, ca, cert, key)
 
 
 def stop_webhook(webhook: WebhookProcess, grace: float = 15.0) -> int:
