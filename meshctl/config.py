@@ -125,7 +125,7 @@ def load_file(
     env = os.environ if env is None else env
     explicit = path or env.get(CONFIG_ENV) or None
     target = Path(explicit).expanduser() if explicit else DEFAULT_CONFIG_PATH.expanduser()
-    if not explicit and not target.is_file():
+    if not explicit and not _is_file(target):
         return {}, str(target)
     import yaml  # deferred: most invocations have no settings file
 
@@ -150,6 +150,16 @@ def load_file(
             hint="write 'key: value' lines, e.g. 'log-level: info'",
         )
     return data, str(target)
+
+
+def _is_file(path: Path) -> bool:
+    """Whether the default settings file is there; an unreadable home (a container running as
+    another uid, a read-only or foreign HOME) counts as no file, not as a crash: nobody asked
+    for this file by name."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 SETTINGS_FILE_META = "meshctl.settings_file"

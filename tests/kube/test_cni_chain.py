@@ -189,6 +189,13 @@ def run_chain(core, api, kubelet: Kubelet, ns: str, excluded: str, conflist, nod
     assert reply == b"proxy:hi\n"
     assert seen == [(kubelet.gateway, 8080)]
 
+    # The pod's own istio-validation container, run as the kubelet would: its command and args
+    # from the stored Pod, as its uid/gid, in the pod's netns. Passes while the rules are there.
+    validation = validation_container(core, ns, "shop")
+    passed = run_validation(shop.netns.name, validation, tmp=node)
+    assert passed.returncode == 0, passed.stderr
+    assert "was redirected to port 15006" in passed.stderr
+
     # CHECK passes while the rules are there; DEL removes them; a second DEL succeeds.
     conf = {
         **conflist["plugins"][-1],
@@ -199,8 +206,34 @@ def run_chain(core, api, kubelet: Kubelet, ns: str, excluded: str, conflist, nod
     kubelet._exec_plugin("CHECK", conf, shop, "eth0")
     kubelet._exec_plugin("DEL", conf, shop, "eth0")
     assert mesh_rules(shop.netns.name) == []
+    failed = run_validation(shop.netns.name, validation, tmp=node)
+    assert failed.returncode == 126, failed.stderr  # the kubelet would restart the pod
     with pytest.raises(CniError, match="capture rules of pod"):
         kubelet._exec_plugin("CHECK", conf, shop, "eth0")
     kubelet.delete_pod(shop)  # the runtime's DEL of the whole chain: ours runs a second time
     kubelet.delete_pod(plain)
     kubelet.delete_pod(system)
+
+
+def validation_container(core: k8s.CoreV1Api, ns: str, name: str) -> k8s.V1Container:
+    stored = core.read_namespaced_pod(name, ns)
+    (container,) = [c for c in stored.spec.init_containers if c.name == "istio-validation"]
+    return container
+
+
+def run_validation(
+    netns: str, container: k8s.V1Container, tmp: Path
+) -> subprocess.CompletedProcess[str]:
+    """The container's command in ``netns`` as its user and group, unprivileged (no caps)."""
+    assert container.command == ["meshctl"]
+    context = container.security_context
+    ids = [f"--reuid={context.run_as_user}", f"--regid={context.run_as_group}", "--clear-groups"]
+    meshctl = [sys.executable, "-c", "from meshctl.cli import run; run()"]
+    argv = ["ip", "netns", "exec", netns, "setpriv", *ids, "--", *meshctl, *container.args]
+    env = {
+        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(tmp),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    argv += ["--probe-timeout", "2"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=False)

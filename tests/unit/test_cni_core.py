@@ -42,7 +42,8 @@ def cni_pod() -> dict:
 
 def test_cni_mode_pod_is_captured_with_its_annotations_and_proxy_ids():
     pod = cni_pod()
-    pod["spec"]["initContainers"][0]["securityContext"]["runAsUser"] = 2000
+    (proxy,) = [c for c in pod["spec"]["initContainers"] if c["name"] == "istio-proxy"]
+    proxy["securityContext"]["runAsUser"] = 2000
     decision = decide(pod)
     assert decision.capture
     assert decision.args == tuple(

@@ -84,6 +84,16 @@ def test_missing_default_settings_file_is_fine(tmp_path: Path, monkeypatch):
     assert config.load_file(None, env={}) == ({}, str(tmp_path / ".config/meshctl/config.yaml"))
 
 
+def test_an_inaccessible_default_settings_file_counts_as_none(tmp_path: Path, monkeypatch):
+    # A home the process may not look into (a container's other uid) fails stat() with EACCES
+    # as non-root; a name over NAME_MAX fails it for root too (ENAMETOOLONG), the same way.
+    unreachable = tmp_path / ("x" * 300) / "config.yaml"
+    with pytest.raises(OSError, match="too long"):
+        unreachable.is_file()
+    monkeypatch.setattr(config, "DEFAULT_CONFIG_PATH", unreachable)
+    assert config.load_file(None, env={}) == ({}, str(unreachable))
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [("a: [unclosed\n", "is not valid YAML at line"), ("- a\n- b\n", "must hold a mapping")],

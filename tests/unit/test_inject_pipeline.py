@@ -70,12 +70,31 @@ def test_init_container_runs_the_capture_command_as_root_with_net_admin():
     assert init["securityContext"]["capabilities"]["add"] == ["NET_ADMIN", "NET_RAW"]
 
 
-def test_cni_mode_has_no_privileged_init_container():
+def test_cni_mode_has_no_privileged_init_container_only_the_unprivileged_validation():
     result = inject(pod(), InjectSettings(image="x", cni=True))
-    assert names(result["spec"]["initContainers"]) == ["istio-proxy"]
+    init = result["spec"]["initContainers"]
+    assert names(init) == ["istio-validation", "istio-proxy"]
+    validation = init[0]
+    assert validation["args"][:2] == ["iptables", "validate"]
+    context = validation["securityContext"]
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert (context["runAsUser"], context["runAsGroup"], context["runAsNonRoot"]) == (
+        1337,
+        1337,
+        True,
+    )
+    assert context["readOnlyRootFilesystem"] is True
+    assert not context["privileged"]
     annotations = result["metadata"]["annotations"]
     assert annotations[ann.INTERCEPTION_MODE] == "REDIRECT"
     assert annotations[ann.EXCLUDE_INBOUND_PORTS] == "15090,15021,15020"
+    status = json.loads(annotations[ann.STATUS])
+    assert status["initContainers"] == ["istio-validation", "istio-proxy"]
+
+
+def test_cni_mode_without_interception_has_no_validation():
+    result = inject(pod(**{ann.INTERCEPTION_MODE: "NONE"}), InjectSettings(image="x", cni=True))
+    assert names(result["spec"]["initContainers"]) == ["istio-proxy"]
 
 
 def test_status_annotation_has_istios_shape():

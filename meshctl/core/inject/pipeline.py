@@ -363,8 +363,12 @@ def _merge(
     app_names = [c["name"] for c in containers]
     probers = probes.rewrite(containers) if options.rewrite_probes else {}
 
-    capture = not settings.cni and options.interception.mode != "NONE"
-    init = render.init_container(options, settings) if capture else None
+    # The capture's init container: the privileged rule installer, or in CNI mode (the plugin
+    # installs the rules) the unprivileged check that they are there; none without capture.
+    init = None
+    if options.interception.mode != "NONE":
+        make = render.validation_container if settings.cni else render.init_container
+        init = make(options, settings)
     proxy = render.proxy_container(
         options,
         settings,

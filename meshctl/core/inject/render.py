@@ -27,6 +27,7 @@ from meshctl.core.inject.probes import PROBERS_ENV
 from meshctl.core.inject.settings import InjectSettings
 
 INIT_CONTAINER = "istio-init"
+VALIDATION_CONTAINER = "istio-validation"  # CNI mode: proves the CNI plugin's capture works
 PROXY_CONTAINER = "istio-proxy"
 # The proxy image's entrypoint is not relied on: the command is spelled out.
 MESHCTL = "meshctl"
@@ -37,7 +38,7 @@ CERTS_VOLUME = "workload-certs"
 # The proxy's root filesystem is read-only; a one-file frozen binary unpacks itself under /tmp.
 TMP_VOLUME = "meshctl-tmp"
 VOLUMES = (CERTS_VOLUME, TMP_VOLUME, TOKEN_VOLUME, ROOT_CA_VOLUME)
-CONTAINERS = (INIT_CONTAINER, PROXY_CONTAINER)
+CONTAINERS = (INIT_CONTAINER, VALIDATION_CONTAINER, PROXY_CONTAINER)
 
 TOKEN_PATH = "/var/run/secrets/tokens"  # noqa: S105 -- a mount path
 ROOT_CA_PATH = "/var/run/secrets/istio"
@@ -127,6 +128,33 @@ def init_container(options: PodOptions, settings: InjectSettings) -> dict[str, A
             "runAsNonRoot": False,
             "runAsUser": 0,
         },
+    }
+
+
+def validation_container(options: PodOptions, settings: InjectSettings) -> dict[str, Any]:
+    """CNI mode's unprivileged one-shot check, Istio's ``istio-validation``: a probe from the
+    proxy's uid must be redirected, else it exits 126 and the kubelet restarts the pod (the CNI
+    plugin may not have set up capture for it yet). Runs before the proxy: it borrows the
+    capture ports."""
+    args = iptables_args(options.interception, proxy_uid=settings.proxy_uid, proxy_gid=settings.gid)
+    return {
+        "name": VALIDATION_CONTAINER,
+        "image": options.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": [MESHCTL],
+        "args": ["iptables", "validate", *args],
+        "resources": _copy_resources(options.resources),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsGroup": settings.gid,
+            "runAsNonRoot": True,
+            "runAsUser": settings.proxy_uid,
+        },
+        # The one writable place: the frozen binary unpacks itself into /tmp.
+        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],  # noqa: S108 -- an emptyDir
     }
 
 
