@@ -110,15 +110,12 @@ def _resources(annotations: dict[str, str], settings: InjectSettings) -> dict[st
 
 def init_container(options: PodOptions, settings: InjectSettings) -> dict[str, Any]:
     """The privileged one-shot container that installs the capture rules in the pod's netns."""
-    args = iptables_args(options.interception, proxy_uid=settings.proxy_uid, proxy_gid=settings.gid)
-    return {
-        "name": INIT_CONTAINER,
-        "image": options.image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "command": [MESHCTL],
-        "args": ["iptables", "apply", *args],
-        "resources": _copy_resources(options.resources),
-        "securityContext": {
+    return _capture_container(
+        INIT_CONTAINER,
+        "apply",
+        options,
+        settings,
+        {
             "allowPrivilegeEscalation": False,
             # Only what rule installation needs; runs as root because iptables needs it.
             "capabilities": {"add": ["NET_ADMIN", "NET_RAW"], "drop": ["ALL"]},
@@ -128,7 +125,7 @@ def init_container(options: PodOptions, settings: InjectSettings) -> dict[str, A
             "runAsNonRoot": False,
             "runAsUser": 0,
         },
-    }
+    )
 
 
 def validation_container(options: PodOptions, settings: InjectSettings) -> dict[str, Any]:
@@ -136,15 +133,12 @@ def validation_container(options: PodOptions, settings: InjectSettings) -> dict[
     proxy's uid must be redirected, else it exits 126 and the kubelet restarts the pod (the CNI
     plugin may not have set up capture for it yet). Runs before the proxy: it borrows the
     capture ports."""
-    args = iptables_args(options.interception, proxy_uid=settings.proxy_uid, proxy_gid=settings.gid)
-    return {
-        "name": VALIDATION_CONTAINER,
-        "image": options.image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "command": [MESHCTL],
-        "args": ["iptables", "validate", *args],
-        "resources": _copy_resources(options.resources),
-        "securityContext": {
+    container = _capture_container(
+        VALIDATION_CONTAINER,
+        "validate",
+        options,
+        settings,
+        {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "privileged": False,
@@ -153,8 +147,25 @@ def validation_container(options: PodOptions, settings: InjectSettings) -> dict[
             "runAsNonRoot": True,
             "runAsUser": settings.proxy_uid,
         },
-        # The one writable place: the frozen binary unpacks itself into /tmp.
-        "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],  # noqa: S108 -- an emptyDir
+    )
+    # The one writable place: the frozen binary unpacks itself into /tmp.
+    container["volumeMounts"] = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]  # noqa: S108
+    return container
+
+
+def _capture_container(
+    name: str, verb: str, options: PodOptions, settings: InjectSettings, security: dict[str, Any]
+) -> dict[str, Any]:
+    """``meshctl iptables <verb>`` with the pod's capture arguments, as an init container."""
+    args = iptables_args(options.interception, proxy_uid=settings.proxy_uid, proxy_gid=settings.gid)
+    return {
+        "name": name,
+        "image": options.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": [MESHCTL],
+        "args": ["iptables", verb, *args],
+        "resources": _copy_resources(options.resources),
+        "securityContext": security,
     }
 
 
