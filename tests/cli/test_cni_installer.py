@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.cli import run_meshctl
+from tests.harness.cni import exec_plugin, network_config
 from tests.harness.kube import free_port
 
 SEED = Path(__file__).parents[1] / "golden" / "cni" / "testdata" / "dbnet.conflist"
@@ -178,3 +179,27 @@ def test_manifest_is_a_daemonset_with_host_mounts_and_node_critical_priority():
     assert container["args"][-2:] == ["cni", "install"]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert items[1]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+
+
+def test_the_plugins_log_reaches_the_node_agents_log(node: Path, tmp_path: Path):
+    # The runtime execs the plugin the installer put in the bin dir; the plugin logs to its file
+    # and to the agent's socket in the run dir, and the agent (the DaemonSet's container, whose
+    # stderr is what `kubectl logs` shows) writes the record into its own log.
+    sandbox = tmp_path / "netns"
+    sandbox.touch()  # only its existence is checked for a pod in an excluded namespace
+    conf = network_config(run_dir=str(node / "run"), log_level="info")
+    with running(node) as (proc, _):
+        run = exec_plugin(
+            node / "bin" / "meshctl-cni",
+            "ADD",
+            conf,
+            netns=str(sandbox),
+            pod=("kube-system", "dns"),
+        )
+        assert run.returncode == 0, run.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+        stderr = proc.stderr.read() if proc.stderr else ""
+    line = "kube-system/dns: namespace excluded"
+    assert line in (node / "run" / "meshctl-cni.log").read_text()
+    assert line in stderr
