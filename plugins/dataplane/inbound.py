@@ -23,7 +23,7 @@ from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
 
 from . import tls
 from .metrics import Flow, Peer
-from .relay import Accepted, AppStream, adopt, connect
+from .relay import Accepted, AppStream, dial
 from .tunnel import TunnelProtocol
 
 if TYPE_CHECKING:
@@ -160,10 +160,8 @@ class Inbound:
         rt = self.rt
         sock = rt.upstream_socket(addr[0], inbound=True)
         try:
-            await connect(sock, addr, rt.config.connect_timeout)
-            await adopt(sock, app)
+            await dial(sock, addr, app, rt.config.connect_timeout)
         except (OSError, TimeoutError) as exc:
-            sock.close()
             if sid in proto.sinks:
                 proto.respond(sid, 503)
             flow.fail("CONNECT", f"upstream {addr[0]}:{addr[1]}: {exc or 'timeout'}")

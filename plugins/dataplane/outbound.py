@@ -21,7 +21,7 @@ from meshctl.core.workloads import NoHealthyEndpointError
 from .metrics import Flow, Peer
 from .orig_dst import original_dst
 from .pool import DialError
-from .relay import Accepted, AppStream, Splice, adopt, connect
+from .relay import Accepted, AppStream, Splice, dial
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -161,10 +161,8 @@ async def splice(
     upstream = Splice(flow.response_bytes)
     sock = rt.upstream_socket(addr[0], inbound=inbound)
     try:
-        await connect(sock, addr, rt.config.connect_timeout)
-        await adopt(sock, upstream)
+        await dial(sock, addr, upstream, rt.config.connect_timeout)
     except (OSError, TimeoutError) as exc:
-        sock.close()
         flow.fail("CONNECT", f"cannot connect to {addr[0]}:{addr[1]}: {exc or 'timeout'}")
         acc.refuse()
         return

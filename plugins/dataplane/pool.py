@@ -62,7 +62,7 @@ class Pool:
         idle_timeout: float,
         connect_timeout: float,
         handshake_timeout: float,
-        mark: int = 0,
+        new_socket: Callable[[str], socket.socket],
     ) -> None:
         self._contexts = contexts
         self._settings = settings
@@ -70,7 +70,7 @@ class Pool:
         self._idle_timeout = idle_timeout
         self._connect_timeout = connect_timeout
         self._handshake_timeout = handshake_timeout
-        self._mark = mark
+        self._new_socket = new_socket  # a non-blocking TCP socket for an address (marked)
         self._entries: dict[PoolKey, _Entry] = {}
         self._idle: dict[TunnelProtocol, asyncio.TimerHandle] = {}
 
@@ -127,13 +127,7 @@ class Pool:
         def on_closed(proto: TunnelProtocol) -> None:
             self._remove(key, proto)
 
-        sock = socket.socket(
-            socket.AF_INET6 if ":" in addr[0] else socket.AF_INET, socket.SOCK_STREAM
-        )
-        sock.setblocking(False)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._mark:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, self._mark)
+        sock = self._new_socket(addr[0])
         try:
             await connect(sock, addr, self._connect_timeout)
         except (OSError, TimeoutError) as exc:

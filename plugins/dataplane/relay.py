@@ -347,6 +347,18 @@ async def adopt(sock: socket.socket, protocol: asyncio.Protocol) -> asyncio.Tran
     return transport
 
 
+async def dial(
+    sock: socket.socket, addr: tuple[str, int], protocol: asyncio.Protocol, timeout: float
+) -> asyncio.Transport:
+    """``connect`` then ``adopt``; on failure the socket is closed and the error raised."""
+    try:
+        await connect(sock, addr, timeout)
+        return await adopt(sock, protocol)
+    except (OSError, TimeoutError):
+        sock.close()  # a no-op once adopt's transport owns (and closed) the descriptor
+        raise
+
+
 async def connect(sock: socket.socket, addr: tuple[str, int], timeout: float) -> None:
     """Connect the non-blocking ``sock`` to the numeric address ``addr`` within ``timeout`` s.
 

@@ -66,6 +66,7 @@ class Runtime:
             idle_timeout=300,
             connect_timeout=10,
             handshake_timeout=5,
+            new_socket=self.upstream_socket,
         )
         self._tasks: set[asyncio.Task[Any]] = set()
         self._listeners: list[socket.socket] = []
@@ -301,7 +302,7 @@ class Runtime:
             idle_timeout=cfg.pool_idle_timeout,
             connect_timeout=cfg.connect_timeout,
             handshake_timeout=cfg.handshake_timeout,
-            mark=cfg.mark,
+            new_socket=self.upstream_socket,
         )
         ports: set[int] = set()
         paths = {
