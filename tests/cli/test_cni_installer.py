@@ -9,8 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from tests.harness.cli import run_meshctl
 from tests.harness.cni import exec_plugin, network_config
 from tests.harness.kube import free_port
+from tests.harness.wait import eventually
 
 SEED = Path(__file__).parents[1] / "golden" / "cni" / "testdata" / "dbnet.conflist"
 
@@ -32,15 +32,6 @@ def readyz(port: int) -> tuple[int, str]:
         return 0, ""
     finally:
         conn.close()
-
-
-def eventually(what: str, ok: Callable[[], bool], timeout: float = 5.0) -> float:
-    started = time.monotonic()
-    while not ok():
-        if time.monotonic() - started > timeout:
-            pytest.fail(f"not within {timeout}s: {what}")
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 @pytest.fixture

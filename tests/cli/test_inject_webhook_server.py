@@ -20,6 +20,7 @@ import pytest
 from cryptography import x509
 
 from tests.harness.inject_webhook import WebhookProcess, start_webhook, stop_webhook
+from tests.harness.wait import eventually
 
 POD = {
     "metadata": {"name": "web", "namespace": "shop"},
@@ -196,7 +197,8 @@ def test_a_rotated_certificate_is_served_without_a_restart_and_a_broken_one_is_r
         rotated = server.ca.issue("webhook", server=True, ip_sans=["127.0.0.1"])
         _replace(server.key_file, rotated.key_pem)  # for a moment the pair does not match
         _replace(server.cert_file, rotated.cert_pem)
-        serial = _eventually_serial(server, lambda s: s != first)
+        eventually("the rotated certificate served", lambda: _served_serial(server) != first, 10)
+        serial = _served_serial(server)
         assert serial == x509.load_pem_x509_certificate(rotated.cert_pem).serial_number
         assert post_h1(server, review_body())[0] == 200
         # A key that does not belong to the certificate: the rotated pair stays in service.
@@ -208,12 +210,3 @@ def test_a_rotated_certificate_is_served_without_a_restart_and_a_broken_one_is_r
         assert server.process.poll() is None
     finally:
         assert stop_webhook(server) == 0
-
-
-def _eventually_serial(server: WebhookProcess, ok, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while True:
-        serial = _served_serial(server)
-        if ok(serial) or time.monotonic() > deadline:
-            return serial
-        time.sleep(0.1)

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from meshctl.core.identity import SpiffeId
+from tests.harness.wait import eventually
 from tests.netns.ztunnel_harness import TD, echo_roundtrip, metric_sum
 from tests.netns.ztunnel_topology import APP_PORT, two_pod_mesh
 
@@ -54,11 +55,11 @@ class SlowStream:
 
 
 def _wait_for_opened(car, count: int, timeout: float = 10) -> None:
-    end = time.monotonic() + timeout
-    name = "istio_tcp_connections_opened_total"
-    while metric_sum(car.metrics(), name, reporter="destination") < count:
-        assert time.monotonic() < end, f"{car} opened fewer than {count} connections"
-        time.sleep(0.05)
+    def opened() -> bool:
+        name = "istio_tcp_connections_opened_total"
+        return metric_sum(car.metrics(), name, reporter="destination") >= count
+
+    eventually(f"{car} opened {count} connections", opened, timeout)
 
 
 def test_killed_data_plane_is_restarted_and_new_connections_work_within_a_second(tmp_path):
