@@ -308,8 +308,12 @@ class KubeCluster:
         return ctx
 
 
-def _kubeconfig(server: str, ca: bytes, admin: CertKey) -> dict[str, Any]:
-    # Embedded *-data fields: read alike by kubectl and the Python client, no side files.
+def client_kubeconfig(
+    server: str, ca: bytes, identity: CertKey, user: str = "admin"
+) -> dict[str, Any]:
+    """A kubeconfig for one client-certificate identity, credentials embedded (``*-data``
+    fields: read alike by kubectl and the Python client, no side files)."""
+
     def b64(data: bytes) -> str:
         return base64.b64encode(data).decode()
 
@@ -324,15 +328,15 @@ def _kubeconfig(server: str, ca: bytes, admin: CertKey) -> dict[str, Any]:
         ],
         "users": [
             {
-                "name": "admin",
+                "name": user,
                 "user": {
-                    "client-certificate-data": b64(admin.cert_pem),
-                    "client-key-data": b64(admin.key_pem),
+                    "client-certificate-data": b64(identity.cert_pem),
+                    "client-key-data": b64(identity.key_pem),
                 },
             }
         ],
         "contexts": [
-            {"name": "meshctl-test", "context": {"cluster": "meshctl-test", "user": "admin"}}
+            {"name": "meshctl-test", "context": {"cluster": "meshctl-test", "user": user}}
         ],
         "current-context": "meshctl-test",
     }
@@ -473,7 +477,7 @@ def _start_control_plane(
 
         kubeconfig = workdir / "admin.kubeconfig"
         kubeconfig.touch(mode=0o600)
-        kubeconfig.write_text(yaml.safe_dump(_kubeconfig(server, server_ca.cert_pem, admin)))
+        kubeconfig.write_text(yaml.safe_dump(client_kubeconfig(server, server_ca.cert_pem, admin)))
         return KubeCluster(
             version=binaries.version,
             server=server,

@@ -13,7 +13,6 @@ pods get addresses on the node bridge only, and nothing they send is forwarded o
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import datetime
 import ipaddress
@@ -40,12 +39,12 @@ from tests.harness.kube import (
     BUILD_HINT,
     REPO_ROOT,
     CertificateAuthority,
-    CertKey,
     ControlPlaneOptions,
     KubeBinaries,
     KubeCluster,
     _Child,
     cache_root,
+    client_kubeconfig,
     free_port,
     locate_binaries,
     pinned_version,
@@ -153,37 +152,6 @@ def host_unfit_reason() -> str | None:
 
 # ---------------------------------------------------------------------------------------------
 # Identities and configs
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
-
-
-def component_kubeconfig(
-    server: str, ca_pem: bytes, identity: CertKey, user: str
-) -> dict[str, Any]:
-    """A kubeconfig with embedded credentials for one component identity."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "node",
-                "cluster": {"server": server, "certificate-authority-data": _b64(ca_pem)},
-            }
-        ],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate-data": _b64(identity.cert_pem),
-                    "client-key-data": _b64(identity.key_pem),
-                },
-            }
-        ],
-        "contexts": [{"name": "node", "context": {"cluster": "node", "user": user}}],
-        "current-context": "node",
-    }
 
 
 def node_conflist() -> dict[str, Any]:
@@ -590,7 +558,7 @@ class _Start:
         path = pki / f"{name}.kubeconfig"
         path.touch(mode=0o600)
         path.write_text(
-            yaml.safe_dump(component_kubeconfig(cluster.server, cluster.ca_pem, identity, user))
+            yaml.safe_dump(client_kubeconfig(cluster.server, cluster.ca_pem, identity, user))
         )
         return path
 
