@@ -810,7 +810,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session")
-def kube_node() -> Iterator[TestNode]:
+def kube_node(request: pytest.FixtureRequest) -> Iterator[TestNode]:
     """The session's single-node cluster (one per machine); skips with the reason when unfit."""
     reason = host_unfit_reason()
     if reason:
@@ -819,10 +819,31 @@ def kube_node() -> Iterator[TestNode]:
     if isinstance(binaries, str):
         pytest.skip(binaries)
     node = TestNode(binaries, float(os.environ.get(LOCK_TIMEOUT_ENV, "1200")))
+    request.config.stash[_SESSION_NODE] = node
     try:
         yield node
     finally:
         node.stop()
+
+
+_SESSION_NODE = pytest.StashKey[TestNode]()
+_LAST_NODE_TEST = pytest.StashKey[str]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    users = [i for i in items if "kube_node" in getattr(i, "fixturenames", ())]
+    if users:
+        config.stash[_LAST_NODE_TEST] = users[-1].nodeid
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # After the last test that uses it, the node goes: the rest of the session (unit tests, say)
+    # runs on an untouched host, without the node's memory and CPU.
+    if item.nodeid == item.config.stash.get(_LAST_NODE_TEST, None):
+        node = item.config.stash.get(_SESSION_NODE, None)
+        if node is not None:
+            node.stop()
 
 
 @pytest.fixture
