@@ -28,7 +28,9 @@ def test_pod_runs_and_answers_logs_and_exec(kube_node: TestNode, node_namespace:
         assert ready.spec.node_name == kube_node.cluster.node_name
         assert ready.status.pod_ip.startswith("10.250.0.")
         assert ready.status.host_ip == kube_node.cluster.node_ip
-        assert wl.pod_logs(api, node_namespace, "hello") == "hello from hello\n"
+        # containerd writes the log file a moment after the container wrote to its stdout.
+        logs = wl.retry(lambda: wl.pod_logs(api, node_namespace, "hello"), bool, timeout=10)
+        assert logs == "hello from hello\n"
         ok = wl.pod_exec(api, node_namespace, "hello", ["sh", "-c", "echo out; echo err >&2"])
         assert (ok.returncode, ok.stdout, ok.stderr) == (0, "out\n", "err\n")
         failed = wl.pod_exec(api, node_namespace, "hello", ["sh", "-c", "exit 3"])
