@@ -1,10 +1,16 @@
-"""Smoke test of the frozen binary: it starts, lists its plugins, runs one, and fails cleanly.
+"""Smoke test of the frozen build.
 
-Usage: python packaging/smoke.py [dist/meshctl]. Exits non-zero with a one-line reason on failure.
+Usage: python packaging/smoke.py [dist/meshctl] [--tree DIR]
+
+- the one-file binary and the one-dir tree (default: ``meshctl-tree`` beside the binary): each
+  starts, lists its plugins, runs them, and fails cleanly; the tree matches its manifest.
+
+Exits non-zero with one line per failed expectation.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -130,17 +136,44 @@ def check_iptc(binary: Path) -> list[str]:
     return []
 
 
+def check_tree(tree: Path) -> list[str]:
+    """The tree matches its manifest byte for byte, and its executable passes ``check``."""
+    from meshctl import tree as trees
+    from meshctl.core.tree import MANIFEST_NAME, ManifestError, parse
+
+    try:
+        manifest = parse((tree / MANIFEST_NAME).read_bytes())
+    except (OSError, ManifestError) as exc:
+        return [f"tree {tree}: no valid {MANIFEST_NAME}: {exc}"]
+    found = trees.problems(tree, manifest, content=True)
+    if found:
+        return [f"tree {tree} differs from its manifest: {found[0]} (+{len(found) - 1} more)"]
+    return [f"tree: {line}" for line in check(tree / manifest.executable)]
+
+
 def main() -> int:
-    binary = Path(sys.argv[1] if len(sys.argv) > 1 else "dist/meshctl")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("binary", nargs="?", default="dist/meshctl", type=Path)
+    parser.add_argument("--tree", type=Path, help="default: meshctl-tree beside the binary")
+    args = parser.parse_args()
+    binary: Path = args.binary
+    tree: Path = args.tree or binary.parent / "meshctl-tree"
     if not binary.is_file():
         print(f"smoke: {binary} does not exist; run bash packaging/build.sh", file=sys.stderr)
         return 1
     problems = check(binary)
+    if tree.is_dir():
+        problems += check_tree(tree)
+    elif args.tree:
+        problems.append(f"no tree at {tree}: run bash packaging/build.sh")
     for line in problems:
         print(f"smoke: FAIL {line}", file=sys.stderr)
     if not problems:
         size = binary.stat().st_size / 2**20
-        print(f"smoke: ok {binary} ({size:.1f} MiB)")
+        shown = [f"{binary} ({size:.1f} MiB)"]
+        if tree.is_dir():
+            shown.append(str(tree))
+        print(f"smoke: ok {', '.join(shown)}")
     return 1 if problems else 0
 
 
