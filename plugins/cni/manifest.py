@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshctl.core.cni.spec import DEFAULT_RUN_DIR
-from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.image import default_image
 
 NAME = "meshctl-cni-node"
 READINESS_PORT = 8000
@@ -19,7 +19,7 @@ READINESS_PORT = 8000
 def objects(
     *,
     namespace: str = "meshctl-system",
-    image: str = DEFAULT_IMAGE,
+    image: str | None = None,
     cni_bin_dir: str = "/opt/cni/bin",
     cni_conf_dir: str = "/etc/cni/net.d",
     run_dir: str = DEFAULT_RUN_DIR,
@@ -43,7 +43,7 @@ def objects(
     ]
     container = {
         "name": "install-cni",
-        "image": image,
+        "image": image or default_image(),
         "command": ["meshctl"],
         "args": ["--log-level", "info", "--log-format", "json", "cni", "install"],
         "env": env,
