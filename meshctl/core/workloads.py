@@ -115,6 +115,17 @@ class StringMatch:
         return text != ""  # presence: any non-empty value
 
 
+def glob_match(text: str) -> StringMatch:
+    """Istio's policy string form: ``*`` (present), ``prefix*``, ``*suffix`` or exact."""
+    if text == "*":
+        return StringMatch(kind="presence")
+    if text.startswith("*"):
+        return StringMatch(kind="suffix", value=text[1:])
+    if text.endswith("*"):
+        return StringMatch(kind="prefix", value=text[:-1])
+    return StringMatch(kind="exact", value=text)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RbacMatch:
     """One match: every non-empty field must hold (AND); within a field any positive (OR) and
@@ -698,13 +709,7 @@ def _string_match(value: Any, path: str) -> StringMatch:
     """A principal or namespace: ztunnel's ``{Exact|Prefix|Suffix|Presence: ...}`` or Istio's
     glob string (``*``, ``prefix*``, ``*suffix``, exact)."""
     if isinstance(value, str):
-        if value == "*":
-            return StringMatch(kind="presence")
-        if value.endswith("*"):
-            return StringMatch(kind="prefix", value=value[:-1])
-        if value.startswith("*"):
-            return StringMatch(kind="suffix", value=value[1:])
-        return StringMatch(kind="exact", value=value)
+        return glob_match(value)
     if isinstance(value, Mapping) and len(value) == 1:
         kind, text = next(iter(value.items()))
         kinds = {"Exact": "exact", "Prefix": "prefix", "Suffix": "suffix", "Presence": "presence"}
