@@ -258,6 +258,7 @@ class Store:
     )
     # service key -> uids of the workloads that list it in their ``services``, in apply order.
     _endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    _by_node: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
     generation: int = 0
 
     @classmethod
@@ -310,6 +311,7 @@ class Store:
             draft.by_ip,
             draft.by_vip,
             draft.endpoints,
+            draft.by_node,
             self.generation + 1,
         )
 
@@ -357,6 +359,10 @@ class Store:
 
     def policy_by_key(self, key: str) -> Policy | None:
         return self._policies.get(key)
+
+    def workloads_on(self, node: str) -> tuple[Workload, ...]:
+        """The workloads whose ``node`` is ``node``."""
+        return tuple(self._workloads[uid] for uid in self._by_node.get(node, ()))
 
     def find_workload(self, namespace: str, name: str) -> Workload | None:
         """The workload called ``namespace/name`` (dedicated mode's ``--workload``)."""
@@ -442,6 +448,7 @@ class _Draft:
         self.by_ip = dict(base._by_ip)
         self.by_vip = dict(base._by_vip)
         self.endpoints = dict(base._endpoints)
+        self.by_node = dict(base._by_node)
 
     def workload(self, uid: str, record: Record | None) -> None:
         old = self.workloads.pop(uid, None)
@@ -451,8 +458,10 @@ class _Draft:
                     _drop(self.by_ip, (old.network, ip), uid)
             for key in old.services:
                 _drop(self.endpoints, key, uid)
+            _drop(self.by_node, old.node, uid)
         if isinstance(record, Workload):
             self.workloads[uid] = record
+            self.by_node[record.node] = (*self.by_node.get(record.node, ()), uid)
             if not _host_network(record):
                 for ip in record.workload_ips:
                     at = (record.network, ip)
