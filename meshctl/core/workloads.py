@@ -511,6 +511,14 @@ def parse_local_config(doc: Any) -> Store:
     return Store.build(workloads, services, policies)
 
 
+def parse_record(kind: Kind, doc: Any, path: str = "") -> Record:
+    """One record in its local-config form (as ``records.render`` writes it)."""
+    m = _Mapping(doc, path)
+    if kind is Kind.WORKLOAD:
+        return _workload(m)
+    return _service(m) if kind is Kind.SERVICE else _policy(m)
+
+
 # Fields ztunnel's local config accepts that this data plane records but does not act on yet
 # (waypoints, gateways, locality...): accepted so a ztunnel config loads, shown in /config_dump.
 _WORKLOAD_PASSIVE = (
