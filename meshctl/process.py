@@ -66,6 +66,17 @@ class Feed:
     def changes(self) -> list[channel.Message]:
         raise NotImplementedError
 
+    async def serve(self) -> None:
+        """Background work the feed needs while the supervisor runs (a discovery stream);
+        cancelled when the supervisor stops. Files need none."""
+
+    async def wait(self, timeout: float) -> None:
+        """Return when ``changes`` may have something, at the latest after ``timeout`` s.
+
+        Polled sources (files) just sleep; a pushing source (discovery) returns at once.
+        """
+        await asyncio.sleep(timeout)
+
 
 @dataclass(slots=True)
 class _Child:
@@ -137,6 +148,7 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         poller = asyncio.ensure_future(self._poll())
+        feeding = asyncio.ensure_future(self._feed.serve())
         slots = [asyncio.ensure_future(self._slot(i)) for i in range(self._workers)]
         stop = asyncio.ensure_future(self._stop.wait())
         quit_ = asyncio.ensure_future(self._quit.wait())
@@ -148,7 +160,7 @@ class Supervisor:
             await self._drain()
             return 0
         finally:
-            for task in (stop, quit_, poller, *slots, *self._gathering):
+            for task in (stop, quit_, poller, feeding, *slots, *self._gathering):
                 task.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
@@ -335,7 +347,7 @@ class Supervisor:
 
     async def _poll(self) -> None:
         while True:
-            await asyncio.sleep(self._poll_interval)
+            await self._feed.wait(self._poll_interval)
             try:
                 changes = self._feed.changes()
             except Exception:  # a reload problem must never take the proxy down

@@ -129,6 +129,10 @@ class Server:
         await self._server.wait_for_termination()
 
 
+# Where Istio's proxies find their projected service-account token (audience istio-ca).
+DEFAULT_TOKEN_FILE = Path("/var/run/secrets/tokens/istio-token")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallAuth:
     """What a proxy sends with each call: a bearer token (file read per call), a cluster id."""
@@ -136,6 +140,20 @@ class CallAuth:
     token_file: Path | None = None
     token: str | None = None
     cluster_id: str = "Kubernetes"
+
+    @classmethod
+    def from_setting(
+        cls, value: str | None, *, cluster_id: str, default_file: Path = DEFAULT_TOKEN_FILE
+    ) -> CallAuth:
+        """ztunnel's ``AUTH_TOKEN``: a path to an existing file is read on every call, any other
+        value is the token itself; unset means ``default_file`` when it exists, else no token."""
+        if value is None:
+            return cls(
+                token_file=default_file if default_file.is_file() else None, cluster_id=cluster_id
+            )
+        if Path(value).is_file():
+            return cls(token_file=Path(value), cluster_id=cluster_id)
+        return cls(token=value, cluster_id=cluster_id)
 
     def headers(self) -> tuple[tuple[str, str], ...]:
         token = self.token

@@ -23,6 +23,7 @@ from meshctl.core.addresses import ip as parse_ip
 from meshctl.core.hbone import TunnelSettings
 from meshctl.core.hbone.headers import format_baggage
 from meshctl.core.identity import SpiffeId, parse_workload_ref
+from meshctl.core.records import update_from_plain
 from meshctl.core.workloads import LocalConfigError, Store, Workload, parse_local_config
 
 from . import admin, tls
@@ -53,6 +54,7 @@ class Runtime:
         self.contexts: tls.TlsContexts | None = None
         self.certs: channel.Certs | None = None
         self.workloads_generation = -1
+        self.xds_state: dict[str, Any] = {}  # the supervisor's discovery client, if it has one
         self.tunnel_settings = TunnelSettings()
         self.own_ports: frozenset[int] = frozenset()
         self.baggage = ""
@@ -140,6 +142,9 @@ class Runtime:
             )
             if not ok
         ]
+        if "workloads" in missing and self.xds_state:
+            waiting = ", ".join(self.xds_state.get("waitingFor", ())) or "its first response"
+            missing[missing.index("workloads")] = f"workloads (discovery: waiting for {waiting})"
         return "waiting for " + ", ".join(missing) if missing else "starting"
 
     def certificate_summary(self) -> list[dict[str, Any]]:
@@ -266,6 +271,10 @@ class Runtime:
             self._apply_certs(message)
         elif isinstance(message, channel.Workloads):
             self._apply_workloads(message)
+        elif isinstance(message, channel.WorkloadUpdates):
+            self._apply_updates(message)
+        elif isinstance(message, channel.XdsState):
+            self.xds_state = message.state
         else:
             log.warning("unexpected %s message from the supervisor", message.TYPE)
             return
@@ -349,6 +358,23 @@ class Runtime:
         except LocalConfigError as exc:
             log.error("workload update refused, keeping the previous one: %s", exc)  # noqa: TRY400
             return
+        self.workloads_generation = message.generation
+        self._refresh_me()
+
+    def _apply_updates(self, message: channel.WorkloadUpdates) -> None:
+        if self.workloads_generation < 0:
+            log.warning("workload updates before any workloads; ignored")
+            return
+        if message.generation <= self.workloads_generation:
+            return  # already in the snapshot this worker started from
+        try:
+            updates = [update_from_plain(u) for u in message.updates]
+            store = self.store.apply(updates)
+        except (LocalConfigError, ValueError, KeyError, TypeError) as exc:
+            log.error("workload update refused, keeping the previous one: %s", exc)  # noqa: TRY400
+            self._send(channel.Status(ready=self.ready, problem=f"workload update refused: {exc}"))
+            return
+        self.store = store
         self.workloads_generation = message.generation
         self._refresh_me()
 

@@ -47,6 +47,22 @@ def run(
         str | None,
         typer.Option(metavar="FILE", help="ztunnel local config YAML [env LOCAL_XDS_PATH]"),
     ] = None,
+    xds_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Control plane to discover workloads from, instead of --local-config "
+            "(Delta ADS over TLS, e.g. :15012) [env XDS_ADDRESS]",
+        ),
+    ] = None,
+    xds_root_ca: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="The control plane's root certificate "
+            "(/var/run/secrets/istio/root-cert.pem) [env XDS_ROOT_CA]",
+        ),
+    ] = None,
     cert_dir: Annotated[
         str | None,
         typer.Option(
@@ -73,7 +89,7 @@ def run(
     ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
-    from meshctl.process import Supervisor, self_command
+    from meshctl.process import Feed, Supervisor, self_command
 
     from .listeners import bind_all
     from .sources import FileFeed
@@ -83,6 +99,8 @@ def run(
         "mode": mode,
         "workload": workload,
         "local_config": local_config,
+        "xds_address": xds_address,
+        "xds_root_ca": xds_root_ca,
         "cert_dir": cert_dir,
         "trust_domain": trust_domain,
         "drain_deadline": drain_deadline,
@@ -109,11 +127,20 @@ def run(
             f"workers must be between 1 and {_MAX_WORKERS}, not {settings.workers}",
             hint="one per core the proxy may use, e.g. --workers 2",
         )
-    feed = FileFeed(
+    if settings.xds_address and settings.local_config:
+        raise ConfigError(
+            "--xds-address and --local-config both name where workloads come from",
+            hint="use discovery (--xds-address) or a local config file, not both",
+        )
+    feed: Feed = FileFeed(
         cert_dir=Path(settings.cert_dir),
         local_config=Path(settings.local_config) if settings.local_config else None,
         identity=identity,
     )
+    if settings.xds_address:
+        from .xds import XdsFeed, build_config  # grpc: only for a proxy with a control plane
+
+        feed = XdsFeed(certs=feed, client_config=build_config(settings))
     listeners = bind_all(settings)
     global_settings: config.GlobalSettings = ctx.obj
 

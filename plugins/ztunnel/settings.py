@@ -30,6 +30,14 @@ class ZtunnelSettings:
     # Data-plane worker processes (ztunnel's worker threads); they share the listeners.
     workers: int = setting(1, env="ZTUNNEL_WORKER_THREADS")
     reload_interval: str = setting("1s", env="MESHCTL_RELOAD_INTERVAL")
+    # Discovery (ztunnel's names): the control plane, its roots, the token, who we are.
+    xds_address: str | None = setting(None, env="XDS_ADDRESS")
+    xds_root_ca: str = setting("/var/run/secrets/istio/root-cert.pem", env="XDS_ROOT_CA")
+    alt_xds_hostname: str | None = setting(None, env="ALT_XDS_HOSTNAME")
+    xds_on_demand: bool = setting(False, env="XDS_ON_DEMAND")
+    auth_token: str | None = setting(None, env="AUTH_TOKEN")
+    instance_ip: str = setting("1.1.1.1", env="INSTANCE_IP")
+    node_name: str = setting("", env="NODE_NAME")
     outbound_port: int = setting(15001)
     inbound_plaintext_port: int = setting(15006)
     inbound_port: int = setting(15008)
