@@ -84,7 +84,7 @@ class Harness:
         assert self.server is not None
         await self.server.stop(0)
 
-    async def stream(self, token="node"):  # noqa: S107 (a test token)
+    async def stream(self, token="node"):
         return await tc.open_stream(
             f"127.0.0.1:{self.port}", root_pem=self.ca.cert_pem, token=token
         )
@@ -279,7 +279,7 @@ def test_refusals_and_protocol_errors_end_only_that_stream():
     async def scenario():
         h = Harness({"node": NODE_PROXY})
         await h.start()
-        channel, stream = await h.stream(token="wrong")  # noqa: S106
+        channel, stream = await h.stream(token="wrong")
         await stream.subscribe(tc.ADDRESS)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await stream.recv()
@@ -321,7 +321,7 @@ def test_the_proxys_client_syncs_reconnects_and_receives_removals(tmp_path: Path
             XdsConfig(
                 address=f"127.0.0.1:{port}",
                 roots=roots,
-                auth=rpc.CallAuth(token="node"),  # noqa: S106
+                auth=rpc.CallAuth(token="node"),
                 node=NodeInfo(pod_name="z", pod_namespace="meshctl-system"),
             ),
             lambda store, updates: changes.append(updates),
