@@ -111,6 +111,7 @@ def run_cmd(
 
     from meshctl.kube.client import KubeSettings, connect
 
+    from .cluster import Discovery
     from .plane import ControlPlane
 
     settings = _settings(ctx, flags)
@@ -120,7 +121,8 @@ def run_cmd(
         KubeSettings(kubeconfig=global_settings.kubeconfig, context=global_settings.context)
     )
     try:
-        code = asyncio.run(ControlPlane(settings, kube, inject).run())
+        plane = ControlPlane(settings, kube, inject, components=[Discovery(settings)])
+        code = asyncio.run(plane.run())
     finally:
         kube.api.close()
     raise typer.Exit(code)

@@ -17,18 +17,20 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
+
+from meshctl import rpc  # first: it quiets grpc's C core logging before grpc loads
 
 # isort: split
 import grpc
 import grpc.aio
 from google.protobuf import any_pb2
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from meshctl import xds
 from meshctl.core import delta
+from meshctl.core.callers import Caller, CallerError
 from meshctl.core.discovery import (
     ADDRESS_TYPE,
     AUTHORIZATION_TYPE,
@@ -42,75 +44,36 @@ from meshctl.core.discovery import (
 from meshctl.core.workloads import Store, Update
 from meshctl.proto import xds_pb2, xds_pb2_grpc
 
+from .metrics import Metrics
+
 log = logging.getLogger(__name__)
 
 _BODY_CACHE = 20_000  # encoded resources kept (by key and version)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Caller:
-    """An authenticated proxy: its service account, the pod its token is bound to, and whether
-    it is a trusted node proxy (serves every pod of ``node``)."""
+class Callers(Protocol):
+    """Caller authentication as the CA does it (``authn.Authenticator``)."""
 
-    namespace: str
-    service_account: str
-    pod: str = ""
-    node: str = ""
-    node_proxy: bool = False
+    async def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Caller: ...
 
-    def __str__(self) -> str:
-        who = f"{self.namespace}/{self.service_account}"
-        return who + (
-            f" (pod {self.pod}" + (f" on {self.node})" if self.node else ")") if self.pod else ""
-        )
+    def is_node_proxy(self, caller: Caller) -> bool: ...
+
+    async def node_of(self, caller: Caller) -> str: ...
 
 
-class CallerRefused(Exception):  # noqa: N818 (reads as what happened)
-    """Authentication failed; ``code`` is the gRPC status name to end the call with."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-Authenticate = Callable[[grpc.aio.ServicerContext[object, object]], Awaitable[Caller]]
-
-
-def scope_for(caller: Caller, *, cluster_id: str) -> ProxyScope:
-    """Whose policies a caller enforces: a node proxy's node, else its own pod."""
-    if caller.node_proxy and caller.node:
-        return ProxyScope(node=caller.node)
-    if caller.pod:
-        return ProxyScope(
-            workloads=frozenset({f"{cluster_id}//Pod/{caller.namespace}/{caller.pod}"})
-        )
-    return ProxyScope()  # no pod: global policies only
+async def scope_for(caller: Caller, callers: Callers, *, cluster_id: str) -> ProxyScope:
+    """Whose policies a caller enforces: a node proxy's node (its pod's, from the API), else
+    its own pod; a token bound to no pod gets the global policies only."""
+    if callers.is_node_proxy(caller):
+        return ProxyScope(node=await callers.node_of(caller))
+    if caller.pod_name:
+        uid = f"{cluster_id}//Pod/{caller.namespace}/{caller.pod_name}"
+        return ProxyScope(workloads=frozenset({uid}))
+    return ProxyScope()
 
 
-class DiscoveryMetrics:
-    """Istio's discovery metric names (``pilot_xds*``), in the control plane's registry."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.connected = Gauge(
-            "pilot_xds", "Proxies connected to this control plane over discovery", registry=registry
-        )
-        self.pushes = Counter(
-            "pilot_xds_pushes", "Discovery responses sent, by type", ["type"], registry=registry
-        )
-        self.rejects = Counter(
-            "pilot_total_xds_rejects",
-            "Discovery responses refused by proxies (NACK)",
-            ["type"],
-            registry=registry,
-        )
-        self.push_time = Histogram(
-            "pilot_xds_push_time",
-            "Seconds from a store change to its response being written to a proxy",
-            ["type"],
-            registry=registry,
-            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
-        )
+def _who(caller: Caller) -> str:
+    return caller.account + (f" (pod {caller.pod_name})" if caller.pod_name else "")
 
 
 def _short(type_url: str) -> str:
@@ -136,18 +99,23 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
     def __init__(
         self,
         *,
-        authenticate: Authenticate,
+        callers: Callers,
         cluster_id: str = "Kubernetes",
-        metrics: DiscoveryMetrics | None = None,
+        metrics: Metrics | None = None,
+        synced: bool = True,
     ) -> None:
-        self._authenticate = authenticate
+        self._callers = callers
         self._cluster_id = cluster_id
         self.metrics = metrics
         self.store = Store()
         self._streams: set[_Stream] = set()
         self._bodies: OrderedDict[tuple[str, str, str], any_pb2.Any] = OrderedDict()
         self._views: dict[ProxyScope, frozenset[str]] = {}  # for the current store generation
-        self.synced = asyncio.Event()  # set by the source once its first full lists are in
+        # Streams are answered once the store is whole (the source sets it after its first
+        # lists), so no proxy ever takes a half-built store for the mesh.
+        self.synced = asyncio.Event()
+        if synced:
+            self.synced.set()
 
     # -- the store side --------------------------------------------------------------------------
 
@@ -227,27 +195,29 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
         ],
     ) -> None:
         try:
-            caller = await self._authenticate(context)  # type: ignore[arg-type]
-        except CallerRefused as exc:
-            await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
-        scope = scope_for(caller, cluster_id=self._cluster_id)
+            caller = await self._callers.authenticate(rpc.call_metadata(context))
+            scope = await scope_for(caller, self._callers, cluster_id=self._cluster_id)
+        except CallerError as exc:
+            log.info("discovery refused (%s) for %s: %s", exc.status, rpc.peer(context), exc)
+            await rpc.abort(context, exc.status, exc.message)
+        await self.synced.wait()
         stream = _Stream(caller=caller, scope=scope, view=self._view(scope))
         self._streams.add(stream)
         if self.metrics:
-            self.metrics.connected.set(len(self._streams))
-        log.info("discovery: %s connected (%d streams)", caller, len(self._streams))
+            self.metrics.connected_proxies.set(len(self._streams))
+        log.info("discovery: %s connected (%d streams)", _who(caller), len(self._streams))
         reader = asyncio.ensure_future(self._read(stream, request_iterator))
         try:
             await self._write(stream, context, reader)
         except _Abort as exc:
-            log.warning("discovery: %s: %s", caller, exc)
+            log.warning("discovery: %s: %s", _who(caller), exc)
             await context.abort(exc.code, str(exc))
         finally:
             reader.cancel()
             self._streams.discard(stream)
             if self.metrics:
-                self.metrics.connected.set(len(self._streams))
-            log.info("discovery: %s disconnected (%d streams)", caller, len(self._streams))
+                self.metrics.connected_proxies.set(len(self._streams))
+            log.info("discovery: %s disconnected (%d streams)", _who(caller), len(self._streams))
 
     async def _read(
         self, stream: _Stream, requests: AsyncIterator[xds_pb2.DeltaDiscoveryRequest]
@@ -275,7 +245,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             if reader.done() and not stream.inbox:
                 error = None if reader.cancelled() else reader.exception()
                 if error is not None and not isinstance(error, asyncio.CancelledError):
-                    log.debug("discovery: %s: stream read failed: %s", stream.caller, error)
+                    log.debug("discovery: %s: stream read failed: %s", _who(stream.caller), error)
                 return  # the client closed its side, or reset the stream
 
     def _decide(self, stream: _Stream) -> Iterable[tuple[delta.Response, float]]:
@@ -301,15 +271,17 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             names = ", ".join(f"{r.name}@{r.version}" for r in outcome.nacked) or "?"
             log.warning(
                 "discovery: %s refused %s (%s): %s; not resending those versions",
-                stream.caller,
+                _who(stream.caller),
                 _short(request.type_url),
                 names,
                 outcome.error,
             )
             if self.metrics:
-                self.metrics.rejects.labels(_short(request.type_url)).inc()
+                self.metrics.xds_rejects.labels(_short(request.type_url)).inc()
         elif outcome.unknown_nonce:
-            log.debug("discovery: %s acknowledged unknown nonce %s", stream.caller, request.nonce)
+            log.debug(
+                "discovery: %s acknowledged unknown nonce %s", _who(stream.caller), request.nonce
+            )
 
     async def _send(
         self,
@@ -329,7 +301,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             kind = _short(response.type_url)
             self.metrics.pushes.labels(kind).inc()
             if since:
-                self.metrics.push_time.labels(kind).observe(time.monotonic() - since)
+                self.metrics.xds_push_time.labels(kind).observe(time.monotonic() - since)
 
 
 class _Abort(Exception):  # noqa: N818

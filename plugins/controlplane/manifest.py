@@ -53,6 +53,18 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
     webhook_name = configuration_name(settings.revision)
     cluster_rules = [
         {"apiGroups": [""], "resources": ["namespaces", "pods"], "verbs": ["get", "list", "watch"]},
+        # Discovery watches what becomes workloads, services and policies.
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {
+            "apiGroups": ["security.istio.io"],
+            "resources": ["authorizationpolicies"],
+            "verbs": ["get", "list", "watch"],
+        },
         {
             "apiGroups": [""],
             "resources": ["configmaps"],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.client
+import importlib
 import json
 import os
 import secrets
@@ -122,6 +123,31 @@ class ControlPlaneProcess:
                 self.process.wait()
 
 
+def install_crds(cluster: KubeCluster, timeout: float = 30.0) -> None:
+    """The control plane's CRDs (``crds.objects()``), created once and Established."""
+    # By name: the plugins install as meshctl_plugins, which the type checker of this harness
+    # does not follow.
+    crds = importlib.import_module("meshctl_plugins.controlplane.crds")
+    with cluster.api_client() as api:
+        ext = k8s.ApiextensionsV1Api(api)
+        for body in crds.objects():
+            name = body["metadata"]["name"]
+            try:
+                ext.create_custom_resource_definition(body)
+            except k8s.exceptions.ApiException as exc:
+                if exc.status != 409:
+                    raise
+            deadline = time.monotonic() + timeout
+            while True:
+                found = ext.read_custom_resource_definition(name)
+                conditions = (found.status and found.status.conditions) or []
+                if any(c.type == "Established" and c.status == "True" for c in conditions):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"CRD {name} not Established after {timeout}s")
+                time.sleep(0.1)
+
+
 def start(
     cluster: KubeCluster,
     namespace: str,
@@ -133,6 +159,7 @@ def start(
     timeout: float = 60.0,
 ) -> ControlPlaneProcess:
     """Start one replica serving for ``namespace`` (created by the caller)."""
+    install_crds(cluster)  # discovery watches AuthorizationPolicies: not ready without them
     revision = revision or f"t{secrets.token_hex(3)}"
     ports = [free_port() for _ in range(4)]
     log = workdir / f"controlplane-{revision}-{secrets.token_hex(2)}.log"

@@ -7,26 +7,26 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
-from meshctl_plugins.controlplane.discovery import (
-    Caller,
-    CallerRefused,
-    DiscoveryMetrics,
-    DiscoveryServer,
-)
-from prometheus_client import CollectorRegistry
+from meshctl_plugins.controlplane.discovery import DiscoveryServer
+from meshctl_plugins.controlplane.metrics import Metrics
 
 from meshctl import rpc
+from meshctl.core.callers import Caller, CallerError
+from meshctl.core.identity import SpiffeId
 from meshctl.core.workloads import Action, Kind, Policy, Protocol, Scope, Update, Workload
 from meshctl.proto import xds_pb2_grpc
 from tests.harness import xds_client as tc
 from tests.harness.kube import CertificateAuthority
 
 NODE_PROXY = Caller(
-    namespace="meshctl-system", service_account="ztunnel", node="n1", node_proxy=True
+    namespace="meshctl-system",
+    service_account="ztunnel",
+    identity=SpiffeId("cluster.local", "meshctl-system", "ztunnel"),
+    pod_name="ztunnel-1",
+    node_name="n1",
 )
 
 
@@ -52,25 +52,36 @@ def deny(name, ns="prod", scope=Scope.NAMESPACE):
     return Policy(name=name, namespace=ns, scope=scope, action=Action.DENY, rules=((),))
 
 
+class StandInCallers:
+    """Tokens are looked up in a dict (the TokenReview path is tested in tests/kube)."""
+
+    def __init__(self, callers: dict[str, Caller]) -> None:
+        self.callers = callers
+
+    async def authenticate(self, metadata) -> Caller:
+        token = dict(metadata).get("authorization", "")
+        caller = self.callers.get(token.removeprefix("Bearer "))
+        if caller is None:
+            raise CallerError("UNAUTHENTICATED", "unknown token")
+        return caller
+
+    def is_node_proxy(self, caller: Caller) -> bool:
+        return caller.service_account == "ztunnel"
+
+    async def node_of(self, caller: Caller) -> str:
+        return caller.node_name
+
+
 class Harness:
     def __init__(self, callers: dict[str, Caller]) -> None:
         self.ca = CertificateAuthority("xds-test")
         pair = self.ca.issue("cp", ip_sans=["127.0.0.1"], server=True)
         self.pair = rpc.KeyPair(cert_chain_pem=pair.cert_pem, key_pem=pair.key_pem)
-        self.callers = callers
-        self.registry = CollectorRegistry()
-        self.discovery = DiscoveryServer(
-            authenticate=self.authenticate, metrics=DiscoveryMetrics(self.registry)
-        )
+        self.metrics = Metrics()
+        self.registry = self.metrics.registry
+        self.discovery = DiscoveryServer(callers=StandInCallers(callers), metrics=self.metrics)
         self.server: rpc.Server | None = None
         self.port = 0
-
-    async def authenticate(self, context: Any) -> Caller:
-        token = dict(context.invocation_metadata()).get("authorization", "")
-        caller = self.callers.get(token.removeprefix("Bearer "))
-        if caller is None:
-            raise CallerRefused("UNAUTHENTICATED", "unknown token")
-        return caller
 
     async def start(self, port: int = 0) -> None:
         self.server = rpc.Server(self.pair)
