@@ -289,6 +289,8 @@ def pod_token(
     audience: str = "istio-ca",
     node: str = "node-a",
     expiration_seconds: int = 3600,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> str:
     """Creates Pod ``pod`` (bound to ``node``, as a scheduler would) running as the account,
     and returns a TokenRequest token bound to it, as the kubelet projects into the pod."""
@@ -298,7 +300,7 @@ def pod_token(
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": pod},
+            "metadata": {"name": pod, "labels": labels or {}, "annotations": annotations or {}},
             "spec": {
                 "serviceAccountName": service_account,
                 "nodeName": node,

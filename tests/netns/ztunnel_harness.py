@@ -130,8 +130,9 @@ class Sidecar:
     ns: Netns
     workload: str
     cert_dir: Path
-    local_config: Path
+    local_config: Path | None  # None: workloads come from discovery (``extra``/``env`` say where)
     extra: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     # The proxy runs as the group the capture rules exempt (``--gid-owner``): uid 1337 cannot
     # run the test interpreter, which lives under /root (trap 9 of the performance notes).
@@ -153,13 +154,12 @@ class Sidecar:
             self.workload,
             "--cert-dir",
             str(self.cert_dir),
-            "--local-config",
-            str(self.local_config),
+            *(("--local-config", str(self.local_config)) if self.local_config else ()),
             *self.extra,
         )
         log = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
         self._log = log
-        env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms"}
+        env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms", **self.env}
         ids = {} if self.group is None else {"group": self.group, "extra_groups": []}
         self.proc = self.ns.popen(argv, stdout=log, stderr=log, env=env, **ids)
         if wait_ready:
