@@ -16,6 +16,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 from meshctl.core import channel
@@ -52,6 +53,7 @@ class Runtime:
         self.me: Workload | None = None
         self.contexts: tls.TlsContexts | None = None
         self.certs: channel.Certs | None = None
+        self.cert_source: channel.CertSource | None = None
         self.workloads_generation = -1
         self.tunnel_settings = TunnelSettings()
         self.own_ports: frozenset[int] = frozenset()
@@ -145,7 +147,25 @@ class Runtime:
     def certificate_summary(self) -> list[dict[str, Any]]:
         if self.certs is None:
             return []
-        return admin.certificate_summary(self.certs, str(self.identity))
+        return admin.certificate_summary(self.certs, str(self.identity), self.cert_source)
+
+    def certificate_problem(self) -> str | None:
+        """Why the workload certificate cannot serve (expired), or None."""
+        if self.certs is None or not self.certs.chain_facts:
+            return None
+        end = datetime.fromisoformat(str(self.certs.chain_facts[0]["expirationTime"]))
+        if end > datetime.now(UTC):
+            return None
+        source = self.cert_source
+        why = f"; renewal failing: {source.last_error}" if source and source.last_error else ""
+        return f"workload certificate expired at {end.isoformat()}{why}"
+
+    def renewal_warning(self) -> str | None:
+        """A certificate still valid whose renewal fails (the CA is down), or None."""
+        source = self.cert_source
+        if source is None or source.renewing:
+            return None
+        return f"certificate renewal failing since {source.failing_since}: {source.last_error}"
 
     def connection_report(self) -> dict[str, Any]:
         """This worker's connections, as ``/config_dump`` shows them (and a ``Report`` carries)."""
@@ -264,6 +284,9 @@ class Runtime:
             await self._configure(message)
         elif isinstance(message, channel.Certs):
             self._apply_certs(message)
+        elif isinstance(message, channel.CertSource):
+            self.cert_source = message
+            return
         elif isinstance(message, channel.Workloads):
             self._apply_workloads(message)
         else:
