@@ -129,10 +129,6 @@ class Server:
         await self._server.wait_for_termination()
 
 
-# Where Istio's proxies find their projected service-account token (audience istio-ca).
-DEFAULT_TOKEN_FILE = Path("/var/run/secrets/tokens/istio-token")
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CallAuth:
     """What a proxy sends with each call: a bearer token (file read per call), a cluster id."""
@@ -142,16 +138,11 @@ class CallAuth:
     cluster_id: str = "Kubernetes"
 
     @classmethod
-    def from_setting(
-        cls, value: str | None, *, cluster_id: str, default_file: Path = DEFAULT_TOKEN_FILE
-    ) -> CallAuth:
-        """ztunnel's ``AUTH_TOKEN``: a path to an existing file is read on every call, any other
-        value is the token itself; unset means ``default_file`` when it exists, else no token."""
-        if value is None:
-            return cls(
-                token_file=default_file if default_file.is_file() else None, cluster_id=cluster_id
-            )
-        if Path(value).is_file():
+    def from_setting(cls, value: str, *, cluster_id: str) -> CallAuth:
+        """ztunnel's ``AUTH_TOKEN``: a path (it has a ``/``, or names an existing file) is read
+        on every call, so a rotated projected token is used at once; anything else is the
+        token itself."""
+        if "/" in value or Path(value).exists():
             return cls(token_file=Path(value), cluster_id=cluster_id)
         return cls(token=value, cluster_id=cluster_id)
 

@@ -45,6 +45,7 @@ def inject_settings(ctx: typer.Context, settings: ControlPlaneSettings) -> Any:
         "revision": settings.revision,
         "trust_domain": settings.trust_domain,
         "cluster_id": settings.cluster_id,
+        # This replica's own Service (its namespace may not be meshctl-system).
         "ca_address": f"{settings.service_name}.{settings.namespace}.svc:15012",
     }
     changes = {k: v for k, v in own.items() if getattr(base, k) == getattr(defaults, k)}

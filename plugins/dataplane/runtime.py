@@ -16,6 +16,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 from meshctl.core import channel
@@ -53,6 +54,7 @@ class Runtime:
         self.me: Workload | None = None
         self.contexts: tls.TlsContexts | None = None
         self.certs: channel.Certs | None = None
+        self.cert_source: channel.CertSource | None = None
         self.workloads_generation = -1
         self.xds_state: dict[str, Any] = {}  # the supervisor's discovery client, if it has one
         self.tunnel_settings = TunnelSettings()
@@ -150,7 +152,25 @@ class Runtime:
     def certificate_summary(self) -> list[dict[str, Any]]:
         if self.certs is None:
             return []
-        return admin.certificate_summary(self.certs, str(self.identity))
+        return admin.certificate_summary(self.certs, str(self.identity), self.cert_source)
+
+    def certificate_problem(self) -> str | None:
+        """Why the workload certificate cannot serve (expired), or None."""
+        if self.certs is None or not self.certs.chain_facts:
+            return None
+        end = datetime.fromisoformat(str(self.certs.chain_facts[0]["expirationTime"]))
+        if end > datetime.now(UTC):
+            return None
+        source = self.cert_source
+        why = f"; renewal failing: {source.last_error}" if source and source.last_error else ""
+        return f"workload certificate expired at {end.isoformat()}{why}"
+
+    def renewal_warning(self) -> str | None:
+        """A certificate still valid whose renewal fails (the CA is down), or None."""
+        source = self.cert_source
+        if source is None or source.renewing:
+            return None
+        return f"certificate renewal failing since {source.failing_since}: {source.last_error}"
 
     def connection_report(self) -> dict[str, Any]:
         """This worker's connections, as ``/config_dump`` shows them (and a ``Report`` carries)."""
@@ -247,7 +267,8 @@ class Runtime:
             await self._apply(message)
         return None
 
-    async def _apply(self, message: channel.Message) -> None:
+    def _take_note(self, message: channel.Message) -> bool:
+        """Messages that change no state readiness depends on; False for any other."""
         if isinstance(message, channel.ReportRequest):
             report = channel.Report(
                 request=message.request,
@@ -256,11 +277,20 @@ class Runtime:
                 connections=self.connection_report(),
             )
             self._send(report)
-            return
-        if isinstance(message, channel.Gathered):
+        elif isinstance(message, channel.Gathered):
             waiter = self._gathers.get(message.request)
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
+        elif isinstance(message, channel.CertSource):
+            self.cert_source = message
+        elif isinstance(message, channel.XdsState):
+            self.xds_state = message.state
+        else:
+            return False
+        return True
+
+    async def _apply(self, message: channel.Message) -> None:
+        if self._take_note(message):
             return
         if isinstance(message, channel.ProxyConfig):
             if self._configured:
@@ -273,8 +303,6 @@ class Runtime:
             self._apply_workloads(message)
         elif isinstance(message, channel.WorkloadUpdates):
             self._apply_updates(message)
-        elif isinstance(message, channel.XdsState):
-            self.xds_state = message.state
         else:
             log.warning("unexpected %s message from the supervisor", message.TYPE)
             return

@@ -399,11 +399,12 @@ def build_config(settings: ZtunnelSettings, env: Mapping[str, str] | None = None
 
 
 class XdsFeed(Feed):
-    """Certificates from ``certs`` (its ``Certs`` messages only), workloads from discovery.
+    """Certificates from ``certs`` (a file or CA feed: everything it sends but workloads),
+    workloads from discovery.
 
     The data plane gets no workloads until the client has ACKed a response of every type (so it
     is not ready before: ztunnel's rule), then the whole store once, then each change as it
-    arrives (``WorkloadUpdates``), and the client's state for ``/config_dump``.
+    arrives (``WorkloadUpdates``), and the client's state for ``/config_dump`` when it changes.
     """
 
     def __init__(self, *, certs: Feed, client_config: XdsConfig) -> None:
@@ -411,12 +412,14 @@ class XdsFeed(Feed):
         self.client = XdsClient(client_config, self._changed, self._state_changed)
         self._generation = 0
         self._pending: list[channel.Message] = []
+        self._sent_snapshot = False
+        self._sent_state: dict[str, Any] | None = None
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
 
     def _changed(self, store: Store, updates: list[Update]) -> None:
         self._generation += 1
-        if self.client.synced.is_set() and self._sent_snapshot:
+        if self._sent_snapshot:
             plain = tuple(update_to_plain(u) for u in updates)
             self._pending.append(
                 channel.WorkloadUpdates(updates=plain, generation=self._generation)
@@ -425,8 +428,6 @@ class XdsFeed(Feed):
 
     def _state_changed(self) -> None:
         self._wake.set()
-
-    _sent_snapshot = False
 
     def _snapshot(self) -> channel.Workloads:
         store = self.client.store
@@ -437,26 +438,31 @@ class XdsFeed(Feed):
         }
         return channel.Workloads(document=document, generation=self._generation)
 
-    def current(self) -> list[channel.Message]:
-        out: list[channel.Message] = [
-            m for m in self._certs.current() if isinstance(m, channel.Certs)
+    @staticmethod
+    def _not_workloads(messages: list[channel.Message]) -> list[channel.Message]:
+        return [
+            m for m in messages if not isinstance(m, channel.Workloads | channel.WorkloadUpdates)
         ]
+
+    def current(self) -> list[channel.Message]:
+        out = self._not_workloads(self._certs.current())
         if self.client.synced.is_set():
             out.append(self._snapshot())
         out.append(channel.XdsState(state=self.client.state()))
         return out
 
     def changes(self) -> list[channel.Message]:
-        out: list[channel.Message] = [
-            m for m in self._certs.changes() if isinstance(m, channel.Certs)
-        ]
+        out = self._not_workloads(self._certs.changes())
         if self.client.synced.is_set() and not self._sent_snapshot:
             self._sent_snapshot = True
             self._pending.clear()  # the snapshot has them
             out.append(self._snapshot())
         out += self._pending
         self._pending = []
-        out.append(channel.XdsState(state=self.client.state()))
+        state = self.client.state()
+        if state != self._sent_state:
+            self._sent_state = state
+            out.append(channel.XdsState(state=state))
         return out
 
     async def wait(self, timeout: float) -> None:
@@ -464,7 +470,11 @@ class XdsFeed(Feed):
             await asyncio.wait_for(self._wake.wait(), timeout)
         self._wake.clear()
 
-    async def serve(self) -> None:
+    async def run(self) -> None:
+        """The certificates' own work (a CA client renewing) beside the discovery client."""
+        await asyncio.gather(self._certs.run(), self._discover())
+
+    async def _discover(self) -> None:
         while True:
             try:
                 await self.client.run(self._stop)

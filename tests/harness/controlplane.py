@@ -157,11 +157,13 @@ def start(
     env: dict[str, str] | None = None,
     wait_ready: bool = True,
     timeout: float = 60.0,
+    grpc_port: int | None = None,
 ) -> ControlPlaneProcess:
-    """Start one replica serving for ``namespace`` (created by the caller)."""
+    """Start one replica serving for ``namespace`` (created by the caller); ``grpc_port``
+    reuses a port (a restarted CA at the address its clients know)."""
     install_crds(cluster)  # discovery watches AuthorizationPolicies: not ready without them
     revision = revision or f"t{secrets.token_hex(3)}"
-    ports = [free_port() for _ in range(4)]
+    ports = [grpc_port or free_port(), *(free_port() for _ in range(3))]
     log = workdir / f"controlplane-{revision}-{secrets.token_hex(2)}.log"
     argv = [
         *(sys.executable, "-c", "from meshctl.cli import run; run()"),

@@ -789,20 +789,19 @@ def wait_webhook_active(
 # Kubelet + container runtime stand-in
 
 
-class LoopbackForwarder:
-    """Makes host 127.0.0.1:port reachable as ``host``:port inside a netns (plain TCP relay).
+class _LoopbackForwarder:
+    """Makes host 127.0.0.1:port reachable as 127.0.0.1:port inside a netns (plain TCP relay).
 
     The node netns plays the host for CNI plugins; a chained plugin that looks pods up needs the
-    apiserver at the kubeconfig's address, which is the host's loopback. Pods reach a control
-    plane on the host the same way, at their node's gateway address.
+    apiserver at the kubeconfig's address, which is the host's loopback.
     """
 
-    def __init__(self, ns: Netns, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, ns: Netns, port: int, listen: tuple[str, int] | None = None) -> None:
         self._port = port
         # A socket keeps the netns it was created in: the listener stays there, accepted
         # connections too, while the outgoing side is made from this (host) netns.
         with ns.entered():
-            self._listener = socket.create_server((host, port))
+            self._listener = socket.create_server(listen or ("127.0.0.1", port))
         self._closing = threading.Event()
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -848,6 +847,17 @@ class LoopbackForwarder:
         with self._lock:
             for sock in self._sockets:
                 sock.close()
+
+
+@contextlib.contextmanager
+def forward_into(ns: Netns, port: int, listen: tuple[str, int]) -> Iterator[None]:
+    """Makes host 127.0.0.1:port reachable at ``listen`` inside ``ns`` (e.g. a node's bridge
+    address, for pods to reach a control plane running on the host's loopback)."""
+    forwarder = _LoopbackForwarder(ns, port, listen)
+    try:
+        yield
+    finally:
+        forwarder.close()
 
 
 class CniError(RuntimeError):
@@ -1134,7 +1144,7 @@ def kubelet(
         workdir = Path(tempfile.mkdtemp(prefix="meshctl-kubelet-"))
         cleanup.callback(shutil.rmtree, workdir, ignore_errors=True)
         node_ns = netns_factory("node")  # removed by netns_factory after this fixture
-        forwarder = LoopbackForwarder(node_ns, kube_cluster.port)
+        forwarder = _LoopbackForwarder(node_ns, kube_cluster.port)
         cleanup.callback(forwarder.close)
         kubelet = Kubelet(
             api=kube_api,

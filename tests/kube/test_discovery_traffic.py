@@ -24,7 +24,7 @@ from kubernetes import client as k8s
 
 from meshctl.core.identity import SpiffeId
 from tests.harness import controlplane as cp
-from tests.harness.kube import KubeCluster, LoopbackForwarder, create_namespace, delete_namespace
+from tests.harness.kube import KubeCluster, create_namespace, delete_namespace, forward_into
 from tests.harness.netns import node_with_pods
 from tests.netns.ztunnel_harness import (
     TD,
@@ -74,7 +74,12 @@ def mesh(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[Any]:
         create_namespace(api, system)
         create_namespace(api, apps)
         try:
-            with cp.running(kube_cluster, system, tmp_path) as plane, node_with_pods(2) as node:
+            with (
+                cp.running(kube_cluster, system, tmp_path) as plane,
+                node_with_pods(2) as node,
+                # The pods reach the control plane at the gateway, as they would its Service.
+                forward_into(node.ns, plane.grpc_port, (node.gateway, plane.grpc_port)),
+            ):
                 yield build(kube_cluster, api, plane, node, system, apps, tmp_path)
         finally:
             delete_namespace(api, apps)
@@ -107,8 +112,6 @@ def build(cluster, api, plane, node, system, apps, tmp):
         },
     )
     mesh.vip = service.spec.cluster_ip
-    # The pods reach the control plane at the gateway, as they would reach its Service.
-    mesh.forwarder = LoopbackForwarder(node.ns, plane.grpc_port, host=node.gateway)
     roots = tmp / "root-cert.pem"
     roots.write_bytes(cp.root_pem(api, system))
     ca = Ca.create(tmp / "certs")
@@ -219,7 +222,6 @@ def test_sidecars_fed_by_discovery_carry_traffic_and_a_crd_policy_refuses_it(mes
         for car in mesh.cars:
             car.stop()
         mesh.echo.close()
-        mesh.forwarder.close()
 
 
 def test_a_pod_ip_change_reaches_the_sidecar_without_a_restart(mesh):
@@ -249,4 +251,3 @@ def test_a_pod_ip_change_reaches_the_sidecar_without_a_restart(mesh):
         for car in mesh.cars:
             car.stop()
         mesh.echo.close()
-        mesh.forwarder.close()

@@ -132,7 +132,6 @@ class Sidecar:
     cert_dir: Path
     local_config: Path | None  # None: workloads come from discovery (``extra``/``env`` say where)
     extra: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
     log_path: Path | None = None
     # The proxy runs as the group the capture rules exempt (``--gid-owner``): uid 1337 cannot
     # run the test interpreter, which lives under /root (trap 9 of the performance notes).
@@ -140,6 +139,7 @@ class Sidecar:
     # A frozen meshctl to run instead of this interpreter (its data plane is then the frozen
     # binary re-executing itself).
     binary: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more environment for the proxy
     proc: subprocess.Popen[bytes] | None = None
     _log: object = field(default=None, repr=False)
 

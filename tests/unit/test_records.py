@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshctl.core.records import render, update_from_plain, update_to_plain
@@ -14,6 +14,7 @@ from tests.unit.record_strategies import policies, services, workloads
 KINDS = {"Workload": Kind.WORKLOAD, "Service": Kind.SERVICE, "Policy": Kind.POLICY}
 
 
+@settings(deadline=None)  # a loaded CI machine is slow, not wrong
 @given(st.one_of(workloads, services, policies))
 def test_every_record_reads_back_as_itself_after_json(record):
     kind = KINDS[type(record).__name__]
@@ -21,6 +22,7 @@ def test_every_record_reads_back_as_itself_after_json(record):
     assert parse_record(kind, doc) == record
 
 
+@settings(deadline=None)  # a loaded CI machine is slow, not wrong
 @given(st.one_of(workloads, services, policies), st.booleans())
 def test_updates_cross_the_channel_unchanged(record, removal):
     kind = KINDS[type(record).__name__]
@@ -30,6 +32,7 @@ def test_updates_cross_the_channel_unchanged(record, removal):
     assert update_from_plain(json.loads(json.dumps(update_to_plain(update)))) == update
 
 
+@settings(deadline=None)  # a loaded CI machine is slow, not wrong
 @given(st.lists(workloads, max_size=4, unique_by=lambda w: w.uid))
 def test_a_whole_store_renders_as_a_local_config_it_reads_back(ws):
     ips = [ip for w in ws for ip in w.workload_ips]

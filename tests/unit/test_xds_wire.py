@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshctl import xds
@@ -14,12 +14,14 @@ from meshctl.proto import xds_pb2
 from tests.unit.record_strategies import policies, services, workloads
 
 
+@settings(deadline=None)  # a loaded CI machine is slow, not wrong
 @given(st.one_of(workloads, services))
 def test_addresses_survive_the_wire(record):
     body = xds.pack(ADDRESS_TYPE, record)
     assert xds.unpack(ADDRESS_TYPE, body) == record
 
 
+@settings(deadline=None)  # a loaded CI machine is slow, not wrong
 @given(policies)
 def test_policies_survive_the_wire(policy):
     assert xds.unpack(AUTHORIZATION_TYPE, xds.pack(AUTHORIZATION_TYPE, policy)) == policy
