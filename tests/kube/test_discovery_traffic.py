@@ -1,7 +1,8 @@
-"""Two sidecars with no local config at all: their workloads come from ``meshctl controlplane
-run`` (real kube-apiserver, real TokenRequest tokens), and they carry traffic between real
-network namespaces; an L4 DENY AuthorizationPolicy created through the CRD refuses the
-connection, and deleting it lets traffic through again.
+"""Two injected sidecars with no files at all: their identities (mTLS certificates from the CA)
+and their workloads (discovery) come from ``meshctl controlplane run`` (real kube-apiserver, real
+TokenRequest tokens bound to their pods), and they carry traffic between real network
+namespaces; an L4 DENY AuthorizationPolicy created through the CRD refuses the connection, and
+deleting it lets traffic through again.
 
 The pods exist twice, as in a cluster: Pod objects in the API (their status written with the
 namespaces' addresses, as a kubelet would) and network namespaces on a node bridge. The control
@@ -22,13 +23,11 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from meshctl.core.identity import SpiffeId
 from tests.harness import controlplane as cp
 from tests.harness.kube import KubeCluster, create_namespace, delete_namespace, forward_into
 from tests.harness.netns import node_with_pods
 from tests.netns.ztunnel_harness import (
     TD,
-    Ca,
     EchoServer,
     Sidecar,
     capture,
@@ -112,24 +111,29 @@ def build(cluster, api, plane, node, system, apps, tmp):
         },
     )
     mesh.vip = service.spec.cluster_ip
-    roots = tmp / "root-cert.pem"
+    roots = tmp / "root-cert.pem"  # what the meshctl-ca-root-cert volume holds
     roots.write_bytes(cp.root_pem(api, system))
-    ca = Ca.create(tmp / "certs")
     uid = str(os.getuid())
     mesh.cars = []
+    address = f"{node.gateway}:{plane.grpc_port}"
     for pod, sa, group in ((a, "client", 1337), (b, "server", None)):
         token = tmp / f"{sa}.token"
         token.write_text(tokens[sa])
+        empty = tmp / f"{sa}-certs"  # no files at all: identity from the CA
+        empty.mkdir()
         car = Sidecar(
             pod.ns,
             f"{apps}/{sa}/{sa}",
-            ca.issue(sa, SpiffeId(TD, apps, sa)),
-            None,
-            extra=("--xds-address", f"{node.gateway}:{plane.grpc_port}"),
+            empty,
+            None,  # no local config: workloads from discovery
+            extra=(
+                *("--ca-address", address, "--ca-root", str(roots)),
+                *("--xds-address", address, "--xds-root-ca", str(roots)),
+                *("--token-file", str(token)),
+            ),
             env={
-                "XDS_ROOT_CA": str(roots),
+                "ALT_CA_HOSTNAME": plane.server_name,
                 "ALT_XDS_HOSTNAME": plane.server_name,
-                "AUTH_TOKEN": str(token),
                 "POD_NAME": sa,
                 "POD_NAMESPACE": apps,
                 "INSTANCE_IP": pod.ip,
