@@ -159,15 +159,9 @@ class ClusterIndex:
                 return []
             self._services[key] = svc
             self._services_by_ns.setdefault(namespace, set()).add(name)
-        updates = []
         record = build_service(svc, self.settings) if svc is not None else None
-        if record != self._emitted_services.get(key):
-            skey = store_key(self.settings, namespace, name)
-            updates.append(Update(kind=Kind.SERVICE, key=skey, record=record))
-            if record is None:
-                self._emitted_services.pop(key, None)
-            else:
-                self._emitted_services[key] = record
+        skey = store_key(self.settings, namespace, name)
+        updates = _emit(self._emitted_services, key, Kind.SERVICE, skey, record)
         return updates + self._refresh_pods(self._pods_by_ns.get(namespace, set()), namespace)
 
     def _set_slice(self, key: Key, new: SliceFacts | None) -> list[Update]:
@@ -200,14 +194,8 @@ class ClusterIndex:
             selected.add(name)
         else:
             selected.discard(name)
-        updates = []
         record = facts.policy if facts is not None else None
-        if record != self._emitted_policies.get(key):
-            updates.append(Update(kind=Kind.POLICY, key=f"{namespace}/{name}", record=record))
-            if record is None:
-                self._emitted_policies.pop(key, None)
-            else:
-                self._emitted_policies[key] = record
+        updates = _emit(self._emitted_policies, key, Kind.POLICY, f"{namespace}/{name}", record)
         touched_selector = any(f is not None and f.selector is not None for f in (old, facts))
         if touched_selector:
             if namespace == self.settings.root_namespace:
@@ -220,18 +208,12 @@ class ClusterIndex:
     # -- workloads -------------------------------------------------------------------------------
 
     def _refresh_pods(self, names: Iterable[str], namespace: str) -> list[Update]:
-        updates = []
+        updates: list[Update] = []
         for name in sorted(names):
             key = (namespace, name)
             new = self._build(self._pods[key]) if key in self._pods else None
-            if new == self._workloads.get(key):
-                continue
             uid = workload_uid(self.settings, namespace, name)
-            updates.append(Update(kind=Kind.WORKLOAD, key=uid, record=new))
-            if new is None:
-                self._workloads.pop(key, None)
-            else:
-                self._workloads[key] = new
+            updates += _emit(self._workloads, key, Kind.WORKLOAD, uid, new)
         return updates
 
     def _build(self, pod: PodFacts) -> Workload | None:
@@ -269,3 +251,14 @@ class ClusterIndex:
                 if facts.selector is not None and objects.selects(facts.selector, pod.labels):
                     found.append(f"{ns}/{name}")
         return tuple(sorted(found))
+
+
+def _emit(table: dict[Key, Any], key: Key, kind: Kind, name: str, record: Any) -> list[Update]:
+    """The update for ``record`` (None: gone) unless ``table`` says it was handed out already."""
+    if record == table.get(key):
+        return []
+    if record is None:
+        table.pop(key, None)
+    else:
+        table[key] = record
+    return [Update(kind=kind, key=name, record=record)]
