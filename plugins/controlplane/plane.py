@@ -206,7 +206,8 @@ class ControlPlane:
             return await self._serve(tasks)
         finally:
             status_stop.set()
-            await asyncio.wait(tasks, timeout=2.0)
+            if tasks:
+                await asyncio.wait(tasks, timeout=2.0)
             for task in tasks:
                 task.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -268,14 +269,22 @@ class ControlPlane:
             )
             serving.set_name("webhook")
             self._webhook = config
-            log.info("injection webhook on https://%s/inject", config.bind[0])
+            log.info("injection webhook on https://%s/inject", config.where)
 
             election_stop = asyncio.Event()
             electing = plane.spawn(self.leader.run(election_stop), "leader election")
             plane.spawn(self._rotate_serving(), "serving certificate")
             gc.freeze()  # start-up objects live forever: keep them out of full collections
-            await self._stop.wait()
-            return await self._drain(plane, server, serving, webhook_stop, election_stop, electing)
+            stopping = asyncio.ensure_future(self._stop.wait())
+            servers = {serving, *status_tasks}
+            await asyncio.wait({stopping, *servers}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            ended = [t for t in servers if t.done()]
+            for task in ended:  # a server that stopped on its own: say why, then shut down
+                error = task.exception() if not task.cancelled() else None
+                log.error("a listener stopped unexpectedly: %s", error or "cancelled")
+            code = await self._drain(plane, server, serving, webhook_stop, election_stop, electing)
+            return 1 if ended else code
         finally:
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
