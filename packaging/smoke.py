@@ -85,6 +85,13 @@ def check_plugins(binary: Path) -> list[str]:
             problems.append(
                 f"cni manifest: exit {manifest.returncode}: {manifest.stderr.strip()!r}"
             )
+        plane = run(binary, "controlplane", "manifest")
+        if plane.returncode != 0 or "kind: Deployment" not in plane.stdout:
+            problems.append(f"controlplane manifest: exit {plane.returncode}: {plane.stderr!r}")
+        # Imports the whole control plane (grpc, protobuf, hypercorn) before it needs a cluster.
+        nowhere = run(binary, "--kubeconfig", f"{tmp}/none", "controlplane", "run")
+        if nowhere.returncode != 2 or "kubeconfig" not in nowhere.stderr:
+            problems.append(f"controlplane run: exit {nowhere.returncode}: {nowhere.stderr!r}")
         problems += check_cni_name(binary, Path(tmp))
         dataplane = run(binary, "ztunnel-dataplane", "--help")
         if dataplane.returncode != 0 or "--channel-fd" not in dataplane.stdout:

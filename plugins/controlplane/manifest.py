@@ -159,7 +159,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
         "metadata": meta,
         "spec": {
             "replicas": settings.replicas,
-            "selector": {"matchLabels": selector},
+            "selector": {"matchLabels": dict(selector)},
             "strategy": {"rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "25%"}},
             "template": {
                 "metadata": {
@@ -179,7 +179,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
                                     "weight": 100,
                                     "podAffinityTerm": {
                                         "topologyKey": "kubernetes.io/hostname",
-                                        "labelSelector": {"matchLabels": selector},
+                                        "labelSelector": {"matchLabels": dict(selector)},
                                     },
                                 }
                             ]
@@ -196,7 +196,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
         "kind": "Service",
         "metadata": meta,
         "spec": {
-            "selector": selector,
+            "selector": dict(selector),
             "ports": [
                 {"name": "grpc-xds", "port": GRPC_PORT, "targetPort": GRPC_PORT},
                 {"name": "https-webhook", "port": 443, "targetPort": WEBHOOK_PORT},
@@ -208,7 +208,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": meta,
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": selector}},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": dict(selector)}},
     }
     configuration = webhook_configuration(
         ca_bundle=None,

@@ -158,6 +158,7 @@ def start(
     wait_ready: bool = True,
     timeout: float = 60.0,
     grpc_port: int | None = None,
+    kubeconfig: Path | None = None,
 ) -> ControlPlaneProcess:
     """Start one replica serving for ``namespace`` (created by the caller); ``grpc_port``
     reuses a port (a restarted CA at the address its clients know)."""
@@ -167,7 +168,7 @@ def start(
     log = workdir / f"controlplane-{revision}-{secrets.token_hex(2)}.log"
     argv = [
         *(sys.executable, "-c", "from meshctl.cli import run; run()"),
-        *("--log-level", "info", "--kubeconfig", str(cluster.kubeconfig)),
+        *("--log-level", "info", "--kubeconfig", str(kubeconfig or cluster.kubeconfig)),
         *("controlplane", "run", "--namespace", namespace, "--revision", revision),
         *("--grpc-address", f"127.0.0.1:{ports[0]}"),
         *("--webhook-address", f"127.0.0.1:{ports[1]}"),
