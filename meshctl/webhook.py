@@ -56,7 +56,7 @@ class WebhookApp:
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return  # websockets are not offered (no upgrade is ever accepted)
@@ -99,7 +99,8 @@ async def _read_body(receive: ASGIReceiveCallable, limit: int) -> bytes | None:
             return b"".join(chunks)
 
 
-async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+async def lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    """The ASGI lifespan protocol for an app with nothing to set up or tear down."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":

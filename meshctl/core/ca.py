@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from meshctl.core.certs import CA_KEY_USAGE, leaf_key_usage
 from meshctl.core.identity import IdentityError, SpiffeId
 
 MAX_CSR_BYTES = 64 * 1024  # a P-256 CSR is ~400 bytes; Istio's are well under 4 KiB
@@ -378,17 +379,7 @@ def _issue(
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=isinstance(public_key, rsa.RSAPublicKey),
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            leaf_key_usage(key_encipherment=isinstance(public_key, rsa.RSAPublicKey)),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
@@ -428,20 +419,7 @@ def mint_root(*, trust_domain: str, now: datetime, key_type: str = "ec-p256") ->
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(now + SELF_SIGNED_TTL)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(CA_KEY_USAGE, critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .sign(key, _digest(key))
     )

@@ -317,6 +317,14 @@ def test_the_webhook_is_served_with_a_mesh_certificate_and_its_ca_bundle_is_kept
             admission.delete_mutating_webhook_configuration(name)
 
 
+def _web_caller(
+    cluster: KubeCluster, api: k8s.ApiClient, namespace: str, home: str
+) -> tuple[bytes, str, str]:
+    """The mesh root, a token of service account ``web`` and its SPIFFE id."""
+    token = request_token(cluster, namespace, "web", "istio-ca")
+    return cp.root_pem(api, home), token, f"spiffe://cluster.local/ns/{namespace}/sa/web"
+
+
 def test_sigterm_drains_releases_the_lease_and_exits_zero(
     kube_cluster: KubeCluster,
     kube_api: k8s.ApiClient,
@@ -326,9 +334,7 @@ def test_sigterm_drains_releases_the_lease_and_exits_zero(
 ) -> None:
     plane = cp.start(kube_cluster, home, tmp_path, "--drain-deadline", "4s")
     try:
-        root = cp.root_pem(kube_api, home)
-        token = request_token(kube_cluster, kube_namespace, "web", "istio-ca")
-        identity = f"spiffe://cluster.local/ns/{kube_namespace}/sa/web"
+        root, token, identity = _web_caller(kube_cluster, kube_api, kube_namespace, home)
         wait_for("leading", lambda: leaders(plane))
         lease_name = f"meshctl-controlplane-{plane.revision}-leader"
         coordination = k8s.CoordinationV1Api(kube_api)
@@ -363,9 +369,7 @@ def test_sigterm_lets_in_flight_signing_finish(
 ) -> None:
     plane = cp.start(kube_cluster, home, tmp_path, "--drain-deadline", "5s")
     try:
-        root = cp.root_pem(kube_api, home)
-        token = request_token(kube_cluster, kube_namespace, "web", "istio-ca")
-        identity = f"spiffe://cluster.local/ns/{kube_namespace}/sa/web"
+        root, token, identity = _web_caller(kube_cluster, kube_api, kube_namespace, home)
         csrs = [cp.csr(identity)[0] for _ in range(200)]
 
         async def burst() -> list[str]:
