@@ -85,12 +85,48 @@ def certificate_facts(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CertSource:
+    """Supervisor -> data plane: where the certificates come from and how their renewal goes
+    (shown on readiness and ``/config_dump``); sent whenever that changes."""
+
+    TYPE: ClassVar[str] = "cert_source"
+    source: str  # "files" (a mounted directory) or "ca" (a CreateCertificate client)
+    ca_address: str = ""
+    renewing: bool = True  # False while the last attempt to renew failed
+    last_error: str = ""  # why it failed (one line; never key material)
+    failing_since: str = ""  # ISO 8601, when renewal started failing
+    last_success: str = ""  # ISO 8601
+    next_refresh: str = ""  # ISO 8601: half of the current certificate's lifetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workloads:
     """Supervisor -> data plane: a whole local-config document (already validated)."""
 
     TYPE: ClassVar[str] = "workloads"
     document: dict[str, Any]
     generation: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadUpdates:
+    """Supervisor -> data plane: changes on top of the last ``Workloads``/``WorkloadUpdates``.
+
+    Each update is ``records.update_to_plain``'s form (kind, key, version, record or None). A
+    batch whose ``generation`` is not above the one applied is old news and is skipped.
+    """
+
+    TYPE: ClassVar[str] = "workload_updates"
+    updates: tuple[dict[str, Any], ...]
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class XdsState:
+    """Supervisor -> data plane: the discovery client's state, for ``/config_dump``."""
+
+    TYPE: ClassVar[str] = "xds_state"
+    state: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,7 +203,10 @@ Message = (
     Hello
     | ProxyConfig
     | Certs
+    | CertSource
     | Workloads
+    | WorkloadUpdates
+    | XdsState
     | Drain
     | Status
     | Drained
@@ -182,7 +221,10 @@ _KINDS: dict[str, type[Message]] = {
         Hello,
         ProxyConfig,
         Certs,
+        CertSource,
         Workloads,
+        WorkloadUpdates,
+        XdsState,
         Drain,
         Status,
         Drained,

@@ -16,6 +16,7 @@ import logging
 import signal
 import socket
 from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 from meshctl.core import channel
@@ -23,6 +24,7 @@ from meshctl.core.addresses import ip as parse_ip
 from meshctl.core.hbone import TunnelSettings
 from meshctl.core.hbone.headers import format_baggage
 from meshctl.core.identity import SpiffeId, parse_workload_ref
+from meshctl.core.records import update_from_plain
 from meshctl.core.workloads import LocalConfigError, Store, Workload, parse_local_config
 
 from . import admin, tls
@@ -52,7 +54,9 @@ class Runtime:
         self.me: Workload | None = None
         self.contexts: tls.TlsContexts | None = None
         self.certs: channel.Certs | None = None
+        self.cert_source: channel.CertSource | None = None
         self.workloads_generation = -1
+        self.xds_state: dict[str, Any] = {}  # the supervisor's discovery client, if it has one
         self.tunnel_settings = TunnelSettings()
         self.own_ports: frozenset[int] = frozenset()
         self.baggage = ""
@@ -140,12 +144,33 @@ class Runtime:
             )
             if not ok
         ]
+        if "workloads" in missing and self.xds_state:
+            waiting = ", ".join(self.xds_state.get("waitingFor", ())) or "its first response"
+            missing[missing.index("workloads")] = f"workloads (discovery: waiting for {waiting})"
         return "waiting for " + ", ".join(missing) if missing else "starting"
 
     def certificate_summary(self) -> list[dict[str, Any]]:
         if self.certs is None:
             return []
-        return admin.certificate_summary(self.certs, str(self.identity))
+        return admin.certificate_summary(self.certs, str(self.identity), self.cert_source)
+
+    def certificate_problem(self) -> str | None:
+        """Why the workload certificate cannot serve (expired), or None."""
+        if self.certs is None or not self.certs.chain_facts:
+            return None
+        end = datetime.fromisoformat(str(self.certs.chain_facts[0]["expirationTime"]))
+        if end > datetime.now(UTC):
+            return None
+        source = self.cert_source
+        why = f"; renewal failing: {source.last_error}" if source and source.last_error else ""
+        return f"workload certificate expired at {end.isoformat()}{why}"
+
+    def renewal_warning(self) -> str | None:
+        """A certificate still valid whose renewal fails (the CA is down), or None."""
+        source = self.cert_source
+        if source is None or source.renewing:
+            return None
+        return f"certificate renewal failing since {source.failing_since}: {source.last_error}"
 
     def connection_report(self) -> dict[str, Any]:
         """This worker's connections, as ``/config_dump`` shows them (and a ``Report`` carries)."""
@@ -242,7 +267,8 @@ class Runtime:
             await self._apply(message)
         return None
 
-    async def _apply(self, message: channel.Message) -> None:
+    def _take_note(self, message: channel.Message) -> bool:
+        """Messages that change no state readiness depends on; False for any other."""
         if isinstance(message, channel.ReportRequest):
             report = channel.Report(
                 request=message.request,
@@ -251,11 +277,20 @@ class Runtime:
                 connections=self.connection_report(),
             )
             self._send(report)
-            return
-        if isinstance(message, channel.Gathered):
+        elif isinstance(message, channel.Gathered):
             waiter = self._gathers.get(message.request)
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
+        elif isinstance(message, channel.CertSource):
+            self.cert_source = message
+        elif isinstance(message, channel.XdsState):
+            self.xds_state = message.state
+        else:
+            return False
+        return True
+
+    async def _apply(self, message: channel.Message) -> None:
+        if self._take_note(message):
             return
         if isinstance(message, channel.ProxyConfig):
             if self._configured:
@@ -266,6 +301,8 @@ class Runtime:
             self._apply_certs(message)
         elif isinstance(message, channel.Workloads):
             self._apply_workloads(message)
+        elif isinstance(message, channel.WorkloadUpdates):
+            self._apply_updates(message)
         else:
             log.warning("unexpected %s message from the supervisor", message.TYPE)
             return
@@ -349,6 +386,23 @@ class Runtime:
         except LocalConfigError as exc:
             log.error("workload update refused, keeping the previous one: %s", exc)  # noqa: TRY400
             return
+        self.workloads_generation = message.generation
+        self._refresh_me()
+
+    def _apply_updates(self, message: channel.WorkloadUpdates) -> None:
+        if self.workloads_generation < 0:
+            log.warning("workload updates before any workloads; ignored")
+            return
+        if message.generation <= self.workloads_generation:
+            return  # already in the snapshot this worker started from
+        try:
+            updates = [update_from_plain(u) for u in message.updates]
+            store = self.store.apply(updates)
+        except (LocalConfigError, ValueError, KeyError, TypeError) as exc:
+            log.error("workload update refused, keeping the previous one: %s", exc)  # noqa: TRY400
+            self._send(channel.Status(ready=self.ready, problem=f"workload update refused: {exc}"))
+            return
+        self.store = store
         self.workloads_generation = message.generation
         self._refresh_me()
 

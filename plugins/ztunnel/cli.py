@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -20,6 +20,9 @@ from meshctl.core.identity import IdentityError, SpiffeId, parse_workload_ref
 from meshctl.errors import ConfigError, UserError
 
 from .settings import ZtunnelSettings, seconds
+
+if TYPE_CHECKING:
+    from meshctl.process import Feed
 
 app = typer.Typer(
     add_completion=False,
@@ -47,6 +50,22 @@ def run(
         str | None,
         typer.Option(metavar="FILE", help="ztunnel local config YAML [env LOCAL_XDS_PATH]"),
     ] = None,
+    xds_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Control plane to discover workloads from, instead of --local-config "
+            "(Delta ADS over TLS, e.g. :15012) [env XDS_ADDRESS]",
+        ),
+    ] = None,
+    xds_root_ca: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="The control plane's root certificate "
+            "(/var/run/secrets/istio/root-cert.pem) [env XDS_ROOT_CA]",
+        ),
+    ] = None,
     cert_dir: Annotated[
         str | None,
         typer.Option(
@@ -71,24 +90,55 @@ def run(
         int | None,
         typer.Option(help="Data-plane worker processes (1) [env ZTUNNEL_WORKER_THREADS]"),
     ] = None,
+    ca_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Mesh CA, e.g. meshctl-controlplane.meshctl-system.svc:15012 [env CA_ADDRESS]",
+        ),
+    ] = None,
+    ca_root: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="Mesh root bundle (/var/run/secrets/istio/root-cert.pem) [env CA_ROOT_CA]",
+        ),
+    ] = None,
+    auth_token: Annotated[
+        str | None,
+        typer.Option(
+            "--token-file",
+            metavar="FILE",
+            help="Service-account token for the CA (/var/run/secrets/tokens/istio-token) "
+            "[env AUTH_TOKEN]",
+        ),
+    ] = None,
+    secret_ttl: Annotated[
+        str | None, typer.Option(help="Certificate lifetime to request (24h) [env SECRET_TTL]")
+    ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
     from meshctl.process import Supervisor, self_command
 
     from .listeners import bind_all
-    from .sources import FileFeed
 
     file, file_name = config.file_section(ctx.meta, "ztunnel")
     flags = {
         "mode": mode,
         "workload": workload,
         "local_config": local_config,
+        "xds_address": xds_address,
+        "xds_root_ca": xds_root_ca,
         "cert_dir": cert_dir,
         "trust_domain": trust_domain,
         "drain_deadline": drain_deadline,
         "handshake_timeout": handshake_timeout,
         "mark": mark,
         "workers": workers,
+        "ca_address": ca_address,
+        "ca_root": ca_root,
+        "auth_token": auth_token,
+        "secret_ttl": secret_ttl,
     }
     settings = config.resolve(ZtunnelSettings, flags=flags, file=file, file_name=file_name)
     ref = settings.workload_ref()
@@ -109,11 +159,16 @@ def run(
             f"workers must be between 1 and {_MAX_WORKERS}, not {settings.workers}",
             hint="one per core the proxy may use, e.g. --workers 2",
         )
-    feed = FileFeed(
-        cert_dir=Path(settings.cert_dir),
-        local_config=Path(settings.local_config) if settings.local_config else None,
-        identity=identity,
-    )
+    if settings.xds_address and settings.local_config:
+        raise ConfigError(
+            "--xds-address and --local-config both name where workloads come from",
+            hint="use discovery (--xds-address) or a local config file, not both",
+        )
+    feed = _feed(settings, identity)
+    if settings.xds_address:
+        from .xds import XdsFeed, build_config  # grpc: only for a proxy with a control plane
+
+        feed = XdsFeed(certs=feed, client_config=build_config(settings))
     listeners = bind_all(settings)
     global_settings: config.GlobalSettings = ctx.obj
 
@@ -176,6 +231,35 @@ def run(
             sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
     raise typer.Exit(code)
+
+
+def _feed(settings: ZtunnelSettings, identity: SpiffeId) -> Feed:
+    """Mounted certificate files win (as Istio's file-mounted certs); else the CA if given."""
+    from .sources import FileFeed, has_cert_files
+
+    local_config = Path(settings.local_config) if settings.local_config else None
+    cert_dir = Path(settings.cert_dir)
+    if has_cert_files(cert_dir) or not settings.ca_address:
+        if settings.ca_address:
+            log.info("certificates from %s (mounted files win over the CA)", cert_dir)
+        return FileFeed(cert_dir=cert_dir, local_config=local_config, identity=identity)
+    from meshctl.rpc import CallAuth
+
+    from .caclient import CaClient, CaFeed
+
+    ttl = seconds(settings.secret_ttl, "secret TTL")
+    if ttl < 1:
+        raise ConfigError(f"secret TTL {settings.secret_ttl!r} is under a second", hint="e.g. 24h")
+    auth = CallAuth.from_setting(settings.auth_token, cluster_id=settings.cluster_id)
+    client = CaClient(settings.ca_address, auth=auth, server_name=settings.ca_server_name)
+    log.info("certificates from the CA at %s", settings.ca_address)
+    return CaFeed(
+        client=client,
+        identity=identity,
+        root_file=Path(settings.ca_root),
+        ttl_seconds=int(ttl),
+        local_config=local_config,
+    )
 
 
 @app.command()

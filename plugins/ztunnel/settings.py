@@ -20,6 +20,14 @@ class ZtunnelSettings:
     cluster_id: str = setting("Kubernetes", env="ISTIO_META_CLUSTER_ID")
     local_config: str | None = setting(None, env="LOCAL_XDS_PATH")
     cert_dir: str = setting("/var/run/secrets/workload-spiffe-credentials", env="MESHCTL_CERT_DIR")
+    # The mesh CA (ztunnel's CA_ADDRESS, istio-agent's CA_ADDR): certificates from
+    # CreateCertificate when set and no certificate files are mounted in cert_dir.
+    ca_address: str | None = setting(None, env=("CA_ADDRESS", "CA_ADDR"))
+    ca_root: str = setting("/var/run/secrets/istio/root-cert.pem", env="CA_ROOT_CA")
+    ca_server_name: str | None = setting(None, env="ALT_CA_HOSTNAME")
+    # A token file (read on every call) or, if no such file exists, the token itself (ztunnel).
+    auth_token: str = setting("/var/run/secrets/tokens/istio-token", env="AUTH_TOKEN")
+    secret_ttl: str = setting("24h", env="SECRET_TTL")
     # Durations as ztunnel writes them: "5s", "300ms", "5m", "1h".
     drain_deadline: str = setting("5s", env="CONNECTION_TERMINATION_DEADLINE")
     # A peer that has not finished the TLS handshake by then is dropped (slowloris guard).
@@ -30,6 +38,13 @@ class ZtunnelSettings:
     # Data-plane worker processes (ztunnel's worker threads); they share the listeners.
     workers: int = setting(1, env="ZTUNNEL_WORKER_THREADS")
     reload_interval: str = setting("1s", env="MESHCTL_RELOAD_INTERVAL")
+    # Discovery (ztunnel's names): the control plane, its roots, the token, who we are.
+    xds_address: str | None = setting(None, env="XDS_ADDRESS")
+    xds_root_ca: str = setting("/var/run/secrets/istio/root-cert.pem", env="XDS_ROOT_CA")
+    alt_xds_hostname: str | None = setting(None, env="ALT_XDS_HOSTNAME")
+    xds_on_demand: bool = setting(False, env="XDS_ON_DEMAND")
+    instance_ip: str = setting("1.1.1.1", env="INSTANCE_IP")
+    node_name: str = setting("", env="NODE_NAME")
     outbound_port: int = setting(15001)
     inbound_plaintext_port: int = setting(15006)
     inbound_port: int = setting(15008)

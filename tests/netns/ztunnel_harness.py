@@ -130,7 +130,7 @@ class Sidecar:
     ns: Netns
     workload: str
     cert_dir: Path
-    local_config: Path
+    local_config: Path | None  # None: workloads come from discovery (``extra``/``env`` say where)
     extra: tuple[str, ...] = ()
     log_path: Path | None = None
     # The proxy runs as the group the capture rules exempt (``--gid-owner``): uid 1337 cannot
@@ -139,6 +139,7 @@ class Sidecar:
     # A frozen meshctl to run instead of this interpreter (its data plane is then the frozen
     # binary re-executing itself).
     binary: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more environment for the proxy
     proc: subprocess.Popen[bytes] | None = None
     _log: object = field(default=None, repr=False)
 
@@ -153,13 +154,12 @@ class Sidecar:
             self.workload,
             "--cert-dir",
             str(self.cert_dir),
-            "--local-config",
-            str(self.local_config),
+            *(("--local-config", str(self.local_config)) if self.local_config else ()),
             *self.extra,
         )
         log = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
         self._log = log
-        env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms"}
+        env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms", **self.env}
         ids = {} if self.group is None else {"group": self.group, "extra_groups": []}
         self.proc = self.ns.popen(argv, stdout=log, stderr=log, env=env, **ids)
         if wait_ready:

@@ -16,6 +16,10 @@ MESSAGES = [
     channel.ProxyConfig(mode="sidecar", workload="default/web/web", listeners={"outbound": 5}),
     channel.Certs(cert_chain="C", key="K", roots="R", generation=3),
     channel.Workloads(document={"workloads": [{"uid": "x"}]}, generation=2),
+    channel.WorkloadUpdates(
+        updates=({"kind": "workload", "key": "u", "version": "1", "record": None},), generation=3
+    ),
+    channel.XdsState(state={"connected": True, "types": {"t": {"acked": True}}}),
     channel.Drain(deadline=2.5),
     channel.Status(ready=True, certs_generation=1, workloads_generation=1),
     channel.Drained(remaining=0),
