@@ -20,12 +20,14 @@ from typing import Any
 
 from meshctl.core import channel
 from meshctl.core.addresses import ip as parse_ip
+from meshctl.core.appprobes import parse_probers
 from meshctl.core.hbone import TunnelSettings
 from meshctl.core.hbone.headers import format_baggage
 from meshctl.core.identity import SpiffeId, parse_workload_ref
 from meshctl.core.workloads import LocalConfigError, Store, Workload, parse_local_config
 
 from . import admin, tls
+from .app_probes import AppProbes
 from .inbound import Inbound
 from .inbound_plaintext import InboundPlaintext
 from .metrics import PUBLISH_INTERVAL, Telemetry
@@ -68,6 +70,7 @@ class Runtime:
             handshake_timeout=5,
             new_socket=self.upstream_socket,
         )
+        self.app_probes = AppProbes({}, pod_ip="", new_socket=self.upstream_socket)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._listeners: list[socket.socket] = []
         self._accepting: list[asyncio.Task[None]] = []
@@ -304,6 +307,12 @@ class Runtime:
             handshake_timeout=cfg.handshake_timeout,
             new_socket=self.upstream_socket,
         )
+        try:
+            probers = parse_probers(cfg.app_probers)
+        except ValueError as exc:  # the supervisor validated it: only a version skew gets here
+            log.error("app probers refused: %s", exc)  # noqa: TRY400 (no traceback needed)
+            probers = {}
+        self.app_probes = AppProbes(probers, pod_ip=cfg.pod_ip, new_socket=self.upstream_socket)
         ports: set[int] = set()
         paths = {
             "outbound": Outbound(self).accepted,

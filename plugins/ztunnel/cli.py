@@ -155,6 +155,8 @@ def run(
             worker=worker,
             workers=settings.workers,
             metrics_dir=metrics_dir,
+            app_probers=settings.app_probers,
+            pod_ip=settings.instance_ip,
         )
 
     supervisor = Supervisor(
