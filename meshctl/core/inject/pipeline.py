@@ -23,7 +23,7 @@ from typing import Any
 from meshctl.core.inject import annotations as ann
 from meshctl.core.inject import probes, render
 from meshctl.core.inject.errors import InvalidAnnotationError, ManifestError
-from meshctl.core.inject.interception import cni_annotations
+from meshctl.core.inject.interception import STATUS_PORT, cni_annotations
 from meshctl.core.inject.settings import InjectSettings
 
 # Istio's list: system namespaces are never injected, whatever their pods say.
@@ -205,13 +205,17 @@ def _strip(pod: dict[str, Any]) -> None:
     if ann.STATUS not in annotations:
         return
     status = _status(annotations[ann.STATUS])
+    undo = _undo_record(annotations[ann.UNDO]) if ann.UNDO in annotations else None
     spec = pod["spec"]
-    # The probers live in the proxy's env: read them before the proxy goes.
-    probers: dict[str, Any] = {}
+    # The probers live in the proxy's env: read them before the proxy goes. Our undo record
+    # has the probes as the user wrote them (named ports too); Istio's pods only the probers.
+    originals: dict[str, Any] = {}
     for field in ("initContainers", "containers"):
         for item in spec.get(field) or ():
             if item.get("name") == render.PROXY_CONTAINER:
-                probers = _probers(item)
+                originals = _probers(item)
+    if undo is not None and isinstance(undo.get("probes"), dict):
+        originals = {**originals, **undo["probes"]}
     for field, names in (
         ("initContainers", status["initContainers"]),
         ("containers", status["containers"]),
@@ -220,11 +224,11 @@ def _strip(pod: dict[str, Any]) -> None:
     ):
         if names and isinstance(spec.get(field), list):
             spec[field] = [i for i in spec[field] if i.get("name") not in names]
-    probes.restore(spec["containers"], probers)
-    undo = annotations.pop(ann.UNDO, None)
+    probes.restore([*(spec.get("initContainers") or ()), *spec["containers"]], originals)
+    annotations.pop(ann.UNDO, None)
     del annotations[ann.STATUS]
     if undo is not None:
-        _apply_undo(pod, _undo_record(undo))
+        _apply_undo(pod, undo)
 
 
 def _status(text: Any) -> dict[str, list[str]]:
@@ -319,6 +323,8 @@ class _Undo:
         self.annotations: dict[str, str | None] = {}
         self.absent: list[str] = []
         self.null: list[str] = []
+        # Probes as written where the probers differ (a named port), by the path they now use.
+        self.probes: dict[str, Any] = {}
 
     def field(self, holder: dict[str, Any], key: str, path: str, empty: Any) -> Any:
         """``holder[key]``, created as ``empty`` (and remembered) when absent or null."""
@@ -339,7 +345,7 @@ class _Undo:
 
     def to_json(self) -> str:
         data: dict[str, Any] = {}
-        for name in ("labels", "annotations", "absent", "null"):
+        for name in ("labels", "annotations", "absent", "null", "probes"):
             value = getattr(self, name)
             if value:
                 data[name] = value
@@ -361,7 +367,9 @@ def _merge(
     spec = pod["spec"]
     containers: list[dict[str, Any]] = spec["containers"]
     app_names = [c["name"] for c in containers]
-    probers = probes.rewrite(containers) if options.rewrite_probes else {}
+    rewritten = probes.Rewritten()
+    if options.rewrite_probes:
+        rewritten = probes.rewrite([*(spec.get("initContainers") or ()), *containers], STATUS_PORT)
 
     # The capture's init container: the privileged rule installer, or in CNI mode (the plugin
     # installs the rules) the unprivileged check that they are there; none without capture.
@@ -374,7 +382,7 @@ def _merge(
         settings,
         workload_name=workload_name,
         app_containers=app_names,
-        probers=probers,
+        probers=rewritten.probers,
         extra_env=extra_env,
     )
     injected_init: list[str] = []
@@ -419,6 +427,7 @@ def _merge(
         "revision": settings.revision,
     }
     annotations[ann.STATUS] = json.dumps(status, separators=(",", ":"))
+    undo.probes = rewritten.not_in_probers()
     annotations[ann.UNDO] = undo.to_json()
 
 

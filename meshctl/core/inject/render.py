@@ -204,7 +204,9 @@ def proxy_container(
         {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(app_containers)},
     ]
     if probers:
-        env.append({"name": PROBERS_ENV, "value": json.dumps(probers, separators=(",", ":"))})
+        # Sorted by path, as Istio's injector writes the map.
+        text = json.dumps(dict(sorted(probers.items())), separators=(",", ":"))
+        env.append({"name": PROBERS_ENV, "value": text})
     # Env from the webhook's URL path (see admission.py) overrides the settings' values.
     by_name = {e["name"]: e for e in env}
     for name, value in extra_env:
