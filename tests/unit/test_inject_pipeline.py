@@ -146,19 +146,29 @@ def test_token_volume_has_the_mesh_audience():
     assert volumes["istiod-ca-cert"]["configMap"]["name"] == "istio-ca-root-cert"
 
 
-def test_resources_come_from_annotations():
+def test_resource_annotations_replace_the_defaults_as_istio_does():
     proxy = inject(pod(**{ann.PROXY_CPU: "300m", ann.PROXY_MEMORY_LIMIT: "2Gi"}))["spec"][
         "initContainers"
     ][1]
+    assert proxy["resources"] == {"requests": {"cpu": "300m"}, "limits": {"memory": "2Gi"}}
+
+
+def test_a_cpu_request_alone_sets_only_the_request_whatever_the_default_limit():
+    init, proxy = inject(pod(**{ann.PROXY_CPU: "4000m"}))["spec"]["initContainers"]
+    assert proxy["resources"] == init["resources"] == {"requests": {"cpu": "4000m"}}
+
+
+def test_without_resource_annotations_the_settings_apply():
+    proxy = inject(pod())["spec"]["initContainers"][1]
     assert proxy["resources"] == {
-        "requests": {"cpu": "300m", "memory": "128Mi"},
-        "limits": {"cpu": "2000m", "memory": "2Gi"},
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"cpu": "2000m", "memory": "1Gi"},
     }
 
 
 def test_a_request_above_its_limit_names_the_annotation():
     with pytest.raises(InvalidAnnotationError, match=r"sidecar\.istio\.io/proxyCPU'"):
-        inject(pod(**{ann.PROXY_CPU: "3"}))
+        inject(pod(**{ann.PROXY_CPU: "3", ann.PROXY_CPU_LIMIT: "2"}))
 
 
 @pytest.mark.parametrize(
@@ -380,3 +390,41 @@ def test_template_paths_by_group_and_kind(obj, path):
 )
 def test_workload_name_of_a_pod(metadata, name):
     assert kinds.workload_name_of_pod({"metadata": metadata}) == name
+
+
+def test_a_users_tls_mode_label_stays():
+    p = pod()
+    p["metadata"]["labels"][ann.TLS_MODE_LABEL] = "disabled"
+    assert inject(p)["metadata"]["labels"][ann.TLS_MODE_LABEL] == "disabled"
+    assert uninject_pod(inject(p)) == p
+
+
+def test_the_revision_is_recorded_as_istio_does():
+    result = inject(pod(), InjectSettings(image="x", revision="canary"))
+    assert result["metadata"]["annotations"][ann.REVISION_LABEL] == "canary"
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        ('{"containers": ["web"]}', "lists container 'web', which injection never adds"),
+        ('{"initContainers": ["istio-init"]}', "lists initContainer 'istio-init', which the pod"),
+        ('{"volumes": ["gone"]}', "lists volume 'gone', which the pod lacks"),
+    ],
+)
+def test_a_status_annotation_the_pod_does_not_bear_out_is_refused(status, message):
+    p = pod(**{ann.STATUS: status})
+    for transform in (inject, uninject_pod):
+        with pytest.raises(ManifestError, match=message):
+            transform(p)
+
+
+def test_unsupported_istio_annotations_are_warnings_not_silence():
+    outcome = inject_pod(
+        pod(**{"sidecar.istio.io/logLevel": "debug", "example.com/x": "y"}),
+        SETTINGS,
+        workload_name="web",
+    )
+    assert outcome.warnings == (
+        "annotation 'sidecar.istio.io/logLevel' is not supported by meshctl and has no effect",
+    )

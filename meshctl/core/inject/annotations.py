@@ -39,6 +39,18 @@ READINESS_INITIAL_DELAY = "readiness.status.sidecar.istio.io/initialDelaySeconds
 READINESS_PERIOD = "readiness.status.sidecar.istio.io/periodSeconds"
 READINESS_FAILURE_THRESHOLD = "readiness.status.sidecar.istio.io/failureThreshold"
 
+# Istio's annotation families: a key under one of these that meshctl does not read is reported
+# (a warning), never ignored silently.
+ISTIO_PREFIXES = (
+    "sidecar.istio.io/",
+    "proxy.istio.io/",
+    "traffic.sidecar.istio.io/",
+    "status.sidecar.istio.io/",
+    "readiness.status.sidecar.istio.io/",
+    "inject.istio.io/",
+    "prometheus.istio.io/",
+)
+
 # --- written: what injection leaves on the pod ----------------------------------------------------
 STATUS = "sidecar.istio.io/status"  # Istio's JSON shape; marks a pod as injected
 UNDO = "inject.meshctl.io/undo"  # meshctl's own: what to restore on uninject (see pipeline.py)
@@ -50,6 +62,42 @@ CANONICAL_REVISION_LABEL = "service.istio.io/canonical-revision"
 REVISION_LABEL = "istio.io/rev"
 
 INTERCEPTION_MODES = ("REDIRECT", "TPROXY", "NONE")
+
+READ = frozenset(
+    {
+        INJECT,
+        INTERCEPTION_MODE,
+        INCLUDE_OUTBOUND_IP_RANGES,
+        EXCLUDE_OUTBOUND_IP_RANGES,
+        INCLUDE_INBOUND_PORTS,
+        EXCLUDE_INBOUND_PORTS,
+        INCLUDE_OUTBOUND_PORTS,
+        EXCLUDE_OUTBOUND_PORTS,
+        EXCLUDE_INTERFACES,
+        KUBEVIRT_INTERFACES,
+        PROXY_CPU,
+        PROXY_MEMORY,
+        PROXY_CPU_LIMIT,
+        PROXY_MEMORY_LIMIT,
+        PROXY_IMAGE,
+        NATIVE_SIDECAR,
+        REWRITE_PROBES,
+        READINESS_INITIAL_DELAY,
+        READINESS_PERIOD,
+        READINESS_FAILURE_THRESHOLD,
+    }
+)
+WRITTEN = frozenset({"sidecar.istio.io/status", "proxy.istio.io/overrides"})
+
+
+def unsupported(annotations: dict[str, str]) -> list[str]:
+    """One warning per Istio annotation on the pod that meshctl does not act on."""
+    return [
+        f"annotation {key!r} is not supported by meshctl and has no effect"
+        for key in annotations
+        if key.startswith(ISTIO_PREFIXES) and key not in READ and key not in WRITTEN
+    ]
+
 
 _TRUE = frozenset({"true", "yes", "y", "on", "1"})
 _FALSE = frozenset({"false", "no", "n", "off", "0"})

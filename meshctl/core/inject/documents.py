@@ -63,10 +63,12 @@ class Document:
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """A workload left uninjected, and why (for the CLI to report)."""
+    """A workload left uninjected, and why, or (``warning``) injected with something the user
+    should know, such as an annotation without effect (for the CLI to report)."""
 
     where: str
     reason: str
+    warning: bool = False
 
 
 def load(text: str, source: str) -> list[Document]:
@@ -198,6 +200,7 @@ def _object(
         raise ManifestError(f"{where}: {what}: {exc.message}", hint=exc.hint) from exc
     if outcome.skipped is not None:
         skipped.append(Skipped(f"{where}: {what}", outcome.skipped))
+    skipped.extend(Skipped(f"{where}: {what}", w, warning=True) for w in outcome.warnings)
     return _replace(obj, path, outcome.pod)
 
 

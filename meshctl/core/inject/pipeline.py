@@ -41,6 +41,7 @@ class Injected:
 
     pod: dict[str, Any]
     skipped: str | None = None
+    warnings: tuple[str, ...] = ()  # what the user should know: annotations without effect
 
 
 def inject_pod(
@@ -63,8 +64,9 @@ def inject_pod(
     result = copy.deepcopy(dict(pod))
     _strip(result)
     _check_reserved_names(result)
+    warnings = ann.unsupported(_mapping(_mapping(result.get("metadata")).get("annotations")))
     _merge(result, settings, workload_name=workload_name, extra_env=extra_env)
-    return Injected(result)
+    return Injected(result, warnings=tuple(warnings))
 
 
 def uninject_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
@@ -207,6 +209,7 @@ def _strip(pod: dict[str, Any]) -> None:
     status = _status(annotations[ann.STATUS])
     undo = _undo_record(annotations[ann.UNDO]) if ann.UNDO in annotations else None
     spec = pod["spec"]
+    _check_status_matches(spec, status)
     # The probers live in the proxy's env: read them before the proxy goes. Our undo record
     # has the probes as the user wrote them (named ports too); Istio's pods only the probers.
     originals: dict[str, Any] = {}
@@ -229,6 +232,64 @@ def _strip(pod: dict[str, Any]) -> None:
     del annotations[ann.STATUS]
     if undo is not None:
         _apply_undo(pod, undo)
+
+
+# Every container Istio's templates or ours add; anything else a status lists is the user's.
+INJECTED_CONTAINERS = frozenset({*render.CONTAINERS, "enable-core-dump"})
+
+
+def _check_status_matches(spec: dict[str, Any], status: dict[str, list[str]]) -> None:
+    """Refuses to strip what the status annotation names unless the pod bears it out: each
+    listed container is one injection adds and is there, each listed volume is there and no
+    container that stays mounts it, and a container is left. Anything else would remove the
+    user's own parts (the annotation was copied, edited, or written by someone else)."""
+    hint = (
+        f"the pod does not look injected as {ann.STATUS} says; remove that annotation "
+        "(and any injected parts by hand) to inject afresh"
+    )
+    for field in ("initContainers", "containers"):
+        present = {c.get("name") for c in spec.get(field) or ()}
+        for name in status[field]:
+            if name not in INJECTED_CONTAINERS:
+                raise ManifestError(
+                    f"annotation {ann.STATUS!r} lists container {name!r}, which injection "
+                    "never adds",
+                    hint=hint,
+                )
+            if name not in present:
+                raise ManifestError(
+                    f"annotation {ann.STATUS!r} lists {field[:-1]} {name!r}, which the pod lacks",
+                    hint=hint,
+                )
+    staying = [
+        c
+        for field in ("initContainers", "containers")
+        for c in spec.get(field) or ()
+        if c.get("name") not in status[field]
+    ]
+    if not any(c.get("name") not in status["containers"] for c in spec.get("containers") or ()):
+        raise ManifestError(
+            f"annotation {ann.STATUS!r} lists every container of the pod", hint=hint
+        )
+    volumes = {v.get("name") for v in spec.get("volumes") or ()}
+    for name in status["volumes"]:
+        if name not in volumes:
+            raise ManifestError(
+                f"annotation {ann.STATUS!r} lists volume {name!r}, which the pod lacks", hint=hint
+            )
+        users = [
+            c["name"]
+            for c in staying
+            if any(
+                m.get("name") == name for m in c.get("volumeMounts") or () if isinstance(m, dict)
+            )
+        ]
+        if users:
+            raise ManifestError(
+                f"annotation {ann.STATUS!r} lists volume {name!r}, which container "
+                f"{users[0]!r} mounts",
+                hint=hint,
+            )
 
 
 def _status(text: Any) -> dict[str, list[str]]:
@@ -406,13 +467,16 @@ def _merge(
     undo.field(spec, "volumes", "spec.volumes", []).extend(new_volumes)
 
     labels = undo.field(metadata, "labels", "metadata.labels", {})
-    undo.set(labels, undo.labels, ann.TLS_MODE_LABEL, "istio")
+    if not labels.get(ann.TLS_MODE_LABEL):  # a user's own value stays (Istio's default only)
+        undo.set(labels, undo.labels, ann.TLS_MODE_LABEL, "istio")
     if ann.CANONICAL_NAME_LABEL not in labels:
         name = labels.get("app.kubernetes.io/name") or labels.get("app") or workload_name
         undo.set(labels, undo.labels, ann.CANONICAL_NAME_LABEL, _label_value(name))
     if ann.CANONICAL_REVISION_LABEL not in labels:
         revision = labels.get("app.kubernetes.io/version") or labels.get("version") or "latest"
         undo.set(labels, undo.labels, ann.CANONICAL_REVISION_LABEL, _label_value(revision))
+    # Which control-plane revision injected the pod, as Istio records it.
+    undo.set(annotations, undo.annotations, ann.REVISION_LABEL, settings.revision)
     for key in (ann.DEFAULT_CONTAINER, ann.DEFAULT_LOGS_CONTAINER):
         if key not in annotations:
             undo.set(annotations, undo.annotations, key, app_names[0])

@@ -85,20 +85,32 @@ def pod_options(annotations: dict[str, str], settings: InjectSettings) -> PodOpt
 
 
 def _resources(annotations: dict[str, str], settings: InjectSettings) -> dict[str, dict[str, str]]:
-    chosen: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
+    """Istio's rule: with any of the four resource annotations set, the proxy gets exactly what
+    they say (requests from proxyCPU/proxyMemory, limits only from the *Limit ones); with none,
+    the settings' requests and limits."""
     keys = (
         ("requests", "cpu", ann.PROXY_CPU, settings.proxy_cpu),
         ("requests", "memory", ann.PROXY_MEMORY, settings.proxy_memory),
         ("limits", "cpu", ann.PROXY_CPU_LIMIT, settings.proxy_cpu_limit),
         ("limits", "memory", ann.PROXY_MEMORY_LIMIT, settings.proxy_memory_limit),
     )
+    given = any(key in annotations for _, _, key, _ in keys)
+    chosen: dict[str, dict[str, str]] = {}
     for section, resource, key, default in keys:
         value = annotations.get(key)
-        chosen[section][resource] = default if value is None else ann.parse_quantity(key, value)
+        if value is not None:
+            chosen.setdefault(section, {})[resource] = ann.parse_quantity(key, value)
+        elif not given:
+            chosen.setdefault(section, {})[resource] = default
     # The API server refuses a pod whose request exceeds its limit; say which annotation did it.
     for resource, key in (("cpu", ann.PROXY_CPU), ("memory", ann.PROXY_MEMORY)):
-        request, limit = chosen["requests"][resource], chosen["limits"][resource]
-        if ann.quantity(request) > ann.quantity(limit):
+        request = chosen.get("requests", {}).get(resource)
+        limit = chosen.get("limits", {}).get(resource)
+        if (
+            request is not None
+            and limit is not None
+            and ann.quantity(request) > ann.quantity(limit)
+        ):
             blamed = key if key in annotations else key + "Limit"
             raise InvalidAnnotationError(
                 blamed,
