@@ -159,6 +159,26 @@ def _headers(where: str, value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def parse_scrape(text: str) -> tuple[int, str] | None:
+    """The app's metrics endpoint the proxy merges into its ``/stats/prometheus``: (port, path)
+    from ``ISTIO_PROMETHEUS_ANNOTATIONS`` (the injector's move of the pod's ``prometheus.io/*``
+    annotations), or None when the app has none to merge."""
+    if not text.strip():
+        return None
+    try:
+        config = json.loads(text)
+    except ValueError:
+        config = None
+    if not isinstance(config, dict) or not all(isinstance(v, str) for v in config.values()):
+        raise ProberError("ISTIO_PROMETHEUS_ANNOTATIONS must be a JSON object of strings")
+    port, path = config.get("port", ""), config.get("path", "") or "/metrics"
+    if config.get("scrape", "").lower() == "false" or not port:
+        return None
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ProberError(f"ISTIO_PROMETHEUS_ANNOTATIONS: port {port!r} is not a port number")
+    return int(port), path if path.startswith("/") else "/" + path
+
+
 def http_healthy(status: int) -> bool:
     """The kubelet's rule: any status from 200 to 399 is a success."""
     return 200 <= status < 400

@@ -107,7 +107,10 @@ class Endpoints:
             return await self.rt.app_probes.handle(method, path, headers)
         if path not in ("/metrics", "/stats/prometheus"):
             return text(404, "not found\n")
-        return 200, CONTENT_TYPE_LATEST, self.rt.telemetry.render()
+        ours = self.rt.telemetry.render()
+        if path == "/stats/prometheus":  # Istio's merged endpoint: the app's metrics follow
+            ours += await self.rt.app_probes.app_metrics_text()
+        return 200, CONTENT_TYPE_LATEST, ours
 
     async def admin(
         self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str]

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("meshctl.probes")
 
 MAX_REDIRECTS = 10  # the kubelet's limit
+_SCRAPE_TIMEOUT = 5.0  # seconds for the app's metrics (Prometheus' own default is 10 s)
+_MAX_METRICS = 32 * 1024 * 1024
 _MAX_BODY = 10 * 1024  # what the kubelet reads of a probe's body
 _USER_AGENT = "kube-probe/meshctl"  # when the kubelet's request named none
 # Close without lingering in TIME-WAIT for a minute per probe (the kubelet's probe dialer).
@@ -59,9 +61,17 @@ class ProbeFailedError(Exception):
 class AppProbes:
     """The probers of one pod and the code that runs them."""
 
-    def __init__(self, probers: dict[str, Prober], *, pod_ip: str, new_socket: NewSocket) -> None:
+    def __init__(
+        self,
+        probers: dict[str, Prober],
+        *,
+        pod_ip: str,
+        new_socket: NewSocket,
+        app_metrics: tuple[int, str] | None = None,
+    ) -> None:
         self.probers = probers
         self.pod_ip = pod_ip
+        self.app_metrics = app_metrics
         self._new_socket = new_socket
         self._tls = ssl.create_default_context()
         self._tls.check_hostname = False
@@ -90,6 +100,27 @@ class AppProbes:
         if status != HEALTHY:
             log.info("probe %s failed: %s", path, detail)
         return _text(status, detail + "\n")
+
+    async def app_metrics_text(self) -> bytes:
+        """The app's Prometheus text for the merged ``/stats/prometheus`` (b"" without one, or
+        when the app does not answer 200 in time: the proxy's own metrics still go out)."""
+        if self.app_metrics is None:
+            return b""
+        port, path = self.app_metrics
+        url = f"http://{_join(self.pod_ip or '127.0.0.1', port)}{path}"
+        accept = (("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1"),)
+        try:
+            async with asyncio.timeout(_SCRAPE_TIMEOUT):
+                status, _, body = await self._get(url, accept, _USER_AGENT, limit=_MAX_METRICS)
+        except (OSError, ssl.SSLError, h11.ProtocolError, TimeoutError, ProbeFailedError) as exc:
+            log.warning("app metrics from %s not merged: %s", url, _reason(exc))
+            return b""
+        if status != 200:
+            log.warning("app metrics from %s not merged: HTTP %d", url, status)
+            return b""
+        # OpenMetrics' end marker would end the merged text early for Prometheus.
+        lines = [line for line in body.splitlines() if line.strip() != b"# EOF"]
+        return b"\n".join(lines) + b"\n" if lines else b""
 
     async def run(self, prober: Prober, agent: str) -> str:
         """Runs ``prober`` once; returns what passed, raises ``ProbeFailedError`` otherwise."""
@@ -145,7 +176,7 @@ class AppProbes:
         scheme = action.scheme.lower()
         url = f"{scheme}://{_join(host, action.port)}{_slash(action.path)}"
         for _ in range(MAX_REDIRECTS + 1):
-            status, location = await self._get(url, action.headers, agent)
+            status, location, _ = await self._get(url, action.headers, agent)
             if status in (301, 302, 303, 307, 308) and location:
                 target = urljoin(url, location)
                 if urlsplit(target).hostname != urlsplit(url).hostname:
@@ -159,9 +190,10 @@ class AppProbes:
         raise ProbeFailedError(f"more than {MAX_REDIRECTS} redirects")
 
     async def _get(
-        self, url: str, extra: tuple[tuple[str, str], ...], agent: str
-    ) -> tuple[int, str]:
-        """One GET on a new connection: the status and any Location header."""
+        self, url: str, extra: tuple[tuple[str, str], ...], agent: str, *, limit: int = 0
+    ) -> tuple[int, str, bytes]:
+        """One GET on a new connection: the status, any Location header and (up to ``limit``
+        bytes) the body."""
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         host = parts.hostname or ""
@@ -185,6 +217,8 @@ class AppProbes:
             request = h11.Request(method="GET", target=target, headers=headers)
             writer.write(conn.send(request) + conn.send(h11.EndOfMessage()))
             await writer.drain()
+            response: h11.Response | None = None
+            body = bytearray()
             while True:
                 event = conn.next_event()
                 if event is h11.NEED_DATA:
@@ -192,10 +226,19 @@ class AppProbes:
                     conn.receive_data(data)
                     continue
                 if isinstance(event, h11.Response):
-                    location = next((v for n, v in event.headers if n == b"location"), b"")
-                    return event.status_code, location.decode("latin-1")
-                if isinstance(event, h11.ConnectionClosed):
-                    raise ProbeFailedError("connection closed before a response")
+                    response = event
+                    if not limit:
+                        break
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                    if len(body) > limit:
+                        raise ProbeFailedError(f"body larger than {limit} bytes")
+                elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed):
+                    break
+            if response is None:
+                raise ProbeFailedError("connection closed before a response")
+            location = next((v for n, v in response.headers if n == b"location"), b"")
+            return response.status_code, location.decode("latin-1"), bytes(body)
         finally:
             writer.close()
             with contextlib.suppress(OSError, ssl.SSLError):

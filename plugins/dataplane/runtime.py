@@ -20,7 +20,7 @@ from typing import Any
 
 from meshctl.core import channel
 from meshctl.core.addresses import ip as parse_ip
-from meshctl.core.appprobes import parse_probers
+from meshctl.core.appprobes import parse_probers, parse_scrape
 from meshctl.core.hbone import TunnelSettings
 from meshctl.core.hbone.headers import format_baggage
 from meshctl.core.identity import SpiffeId, parse_workload_ref
@@ -307,12 +307,14 @@ class Runtime:
             handshake_timeout=cfg.handshake_timeout,
             new_socket=self.upstream_socket,
         )
+        probers, scrape = {}, None
         try:
-            probers = parse_probers(cfg.app_probers)
+            probers, scrape = parse_probers(cfg.app_probers), parse_scrape(cfg.app_metrics)
         except ValueError as exc:  # the supervisor validated it: only a version skew gets here
             log.error("app probers refused: %s", exc)  # noqa: TRY400 (no traceback needed)
-            probers = {}
-        self.app_probes = AppProbes(probers, pod_ip=cfg.pod_ip, new_socket=self.upstream_socket)
+        self.app_probes = AppProbes(
+            probers, pod_ip=cfg.pod_ip, new_socket=self.upstream_socket, app_metrics=scrape
+        )
         ports: set[int] = set()
         paths = {
             "outbound": Outbound(self).accepted,

@@ -157,6 +157,7 @@ def run(
             metrics_dir=metrics_dir,
             app_probers=settings.app_probers,
             pod_ip=settings.instance_ip,
+            app_metrics=settings.app_metrics,
         )
 
     supervisor = Supervisor(

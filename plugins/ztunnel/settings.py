@@ -5,13 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshctl.config import setting
-from meshctl.core.appprobes import PROBERS_ENV, parse_probers
+from meshctl.core.appprobes import PROBERS_ENV, parse_probers, parse_scrape
 from meshctl.errors import ConfigError
 
 
 def _probers(text: str) -> str:
     """The injector's prober document, checked here so a bad one stops the proxy at start."""
     parse_probers(text)
+    return text
+
+
+def _scrape(text: str) -> str:
+    parse_scrape(text)
     return text
 
 
@@ -29,6 +34,13 @@ class ZtunnelSettings:
         "",
         env=PROBERS_ENV,
         parse=_probers,
+        hint="the injector writes this variable; re-inject the pod (meshctl inject)",
+    )
+    # The app's prometheus.io/* scrape settings, merged into /stats/prometheus (Istio's name).
+    app_metrics: str = setting(
+        "",
+        env="ISTIO_PROMETHEUS_ANNOTATIONS",
+        parse=_scrape,
         hint="the injector writes this variable; re-inject the pod (meshctl inject)",
     )
     trust_domain: str = setting("cluster.local", env="TRUST_DOMAIN")

@@ -2,7 +2,8 @@
 gRPC health service (grpcio's server) on a third, until killed.
 
 ``python -m tests.netns.probe_app HTTP_PORT TCP_PORT GRPC_PORT`` prints ``ready`` once all three
-listen. HTTP ``/healthz`` answers 200; the gRPC health service reports SERVING for "".
+listen. HTTP ``/healthz`` answers 200 and ``/metrics`` has ``app_orders_total 7``; the gRPC
+health service reports SERVING for "".
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ import grpc
 
 from meshctl.proto import health_pb2
 
+METRICS = b"# TYPE app_orders_total counter\napp_orders_total 7\n"
+
 
 class _Http(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        self.send_response(200 if self.path == "/healthz" else 404)
-        self.send_header("Content-Length", "0")
+        body = METRICS if self.path == "/metrics" else b""
+        self.send_response(200 if self.path in ("/healthz", "/metrics") else 404)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, *args: Any) -> None:
         pass

@@ -4,7 +4,8 @@ The pod spec goes through the injector; the app serves HTTP on a named port, a b
 gRPC health; the proxy runs with the env the injector wrote (``ISTIO_KUBE_APP_PROBERS``,
 ``INSTANCE_IP``) behind the init container's own capture rules; the "kubelet" asks from the node
 namespace (outside the pod) at the paths the rewritten probes name. Healthy: 200. App stopped:
-503 within each probe's timeout. A path the injector did not write: 404.
+503 within each probe's timeout. A path the injector did not write: 404. Prometheus, sent to
+:15020 by the rewritten annotations, gets the proxy's metrics and the app's.
 """
 
 from __future__ import annotations
@@ -33,7 +34,12 @@ pytestmark = pytest.mark.netns
 
 HTTP_PORT, TCP_PORT, GRPC_PORT = 8080, 6379, 50051
 POD = {
-    "metadata": {"name": "shop", "namespace": "prod", "labels": {"app": "shop"}},
+    "metadata": {
+        "name": "shop",
+        "namespace": "prod",
+        "labels": {"app": "shop"},
+        "annotations": {"prometheus.io/port": str(HTTP_PORT), "prometheus.io/path": "/metrics"},
+    },
     "spec": {
         "containers": [
             {
@@ -112,6 +118,7 @@ def test_the_kubelet_probes_an_injected_pod_through_its_proxy(tmp_path: Path):
             log_path=tmp_path / "sidecar.log",
             env={
                 "ISTIO_KUBE_APP_PROBERS": env["ISTIO_KUBE_APP_PROBERS"],
+                "ISTIO_PROMETHEUS_ANNOTATIONS": env["ISTIO_PROMETHEUS_ANNOTATIONS"],
                 "INSTANCE_IP": pod.ip,
             },
         )
@@ -121,6 +128,14 @@ def test_the_kubelet_probes_an_injected_pod_through_its_proxy(tmp_path: Path):
                 status, body = http_get(node.ns, 15020, path, host=pod.ip)
                 assert status == 200, (field, body, car.log_text())
             assert http_get(node.ns, 15020, "/app-health/other/readyz", host=pod.ip)[0] == 404
+            annotations = pod_spec["metadata"]["annotations"]
+            assert annotations["prometheus.io/port"] == "15020"
+            status, merged = http_get(
+                node.ns, 15020, annotations["prometheus.io/path"], host=pod.ip
+            )
+            assert status == 200
+            assert "istio_build" in merged
+            assert merged.endswith("app_orders_total 7\n")
             app.kill()
             app.wait()
             for field, (path, timeout) in paths.items():

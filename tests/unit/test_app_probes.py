@@ -55,6 +55,13 @@ class App(http.server.BaseHTTPRequestHandler):
         if self.path == "/slow":
             time.sleep(2)
             code = 200
+        if self.path == "/metrics":
+            body = b"# EOF\napp_up 1\n# EOF\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if self.path == "/echo":
             code = 200 if self.headers.get("X-Probe") == "yes" else 401
         self.send_response(code)
@@ -215,3 +222,15 @@ def test_a_path_the_injector_did_not_write_is_404():
 def test_bad_prober_documents_are_refused_with_the_reason(doc: str, message: str):
     with pytest.raises(ValueError, match=message):
         parse_probers(doc)
+
+
+def test_the_apps_metrics_are_fetched_for_the_merged_endpoint():
+    with http_app() as port:
+        runner = AppProbes(
+            {}, pod_ip="127.0.0.1", new_socket=plain_socket, app_metrics=(port, "/metrics")
+        )
+        assert asyncio.run(runner.app_metrics_text()) == b"app_up 1\n"
+        missing = AppProbes(
+            {}, pod_ip="127.0.0.1", new_socket=plain_socket, app_metrics=(port, "/x")
+        )
+        assert asyncio.run(missing.app_metrics_text()) == b""

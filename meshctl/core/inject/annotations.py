@@ -85,6 +85,7 @@ READ = frozenset(
         READINESS_INITIAL_DELAY,
         READINESS_PERIOD,
         READINESS_FAILURE_THRESHOLD,
+        "prometheus.istio.io/merge-metrics",
     }
 )
 WRITTEN = frozenset({"sidecar.istio.io/status", "proxy.istio.io/overrides"})

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl.core.inject import annotations as ann
-from meshctl.core.inject import probes, render
+from meshctl.core.inject import probes, prometheus, render
 from meshctl.core.inject.errors import InvalidAnnotationError, ManifestError
 from meshctl.core.inject.interception import STATUS_PORT, cni_annotations
 from meshctl.core.inject.settings import InjectSettings
@@ -213,10 +213,12 @@ def _strip(pod: dict[str, Any]) -> None:
     # The probers live in the proxy's env: read them before the proxy goes. Our undo record
     # has the probes as the user wrote them (named ports too); Istio's pods only the probers.
     originals: dict[str, Any] = {}
+    scraped: str | None = None
     for field in ("initContainers", "containers"):
         for item in spec.get(field) or ():
             if item.get("name") == render.PROXY_CONTAINER:
                 originals = _probers(item)
+                scraped = _env_value(item, prometheus.ENV)
     if undo is not None and isinstance(undo.get("probes"), dict):
         originals = {**originals, **undo["probes"]}
     for field, names in (
@@ -232,6 +234,11 @@ def _strip(pod: dict[str, Any]) -> None:
     del annotations[ann.STATUS]
     if undo is not None:
         _apply_undo(pod, undo)
+    elif annotations.get(prometheus.PATH) == prometheus.METRICS_PATH:
+        # Istio's merge: its env holds what the annotations said before.
+        for key in prometheus.keys(annotations):
+            del annotations[key]
+        annotations.update(prometheus.restored(scraped or ""))
 
 
 # Every container Istio's templates or ours add; anything else a status lists is the user's.
@@ -327,10 +334,15 @@ def _json_object(text: Any) -> dict[str, Any] | None:
 
 
 def _probers(container: Mapping[str, Any]) -> dict[str, Any]:
+    return _json_object(_env_value(container, probes.PROBERS_ENV) or "{}") or {}
+
+
+def _env_value(container: Mapping[str, Any], name: str) -> str | None:
     for entry in container.get("env") or ():
-        if isinstance(entry, dict) and entry.get("name") == probes.PROBERS_ENV:
-            return _json_object(entry.get("value") or "{}") or {}
-    return {}
+        if isinstance(entry, dict) and entry.get("name") == name:
+            value = entry.get("value")
+            return value if isinstance(value, str) else None
+    return None
 
 
 def _undo_record(text: Any) -> dict[str, Any]:
@@ -353,6 +365,14 @@ def _apply_undo(pod: dict[str, Any], record: Mapping[str, Any]) -> None:
                 target.pop(key, None)
             else:
                 target[key] = previous
+    order = record.get("annotationOrder")
+    annotations = metadata.get("annotations")
+    if isinstance(order, list) and isinstance(annotations, dict):
+        # Keys injection removed come back where they were; keys added since go last.
+        rank = {key: i for i, key in enumerate(order)}
+        items = sorted(annotations.items(), key=lambda kv: rank.get(kv[0], len(rank)))
+        annotations.clear()
+        annotations.update(items)
     # Deepest first, so "metadata" goes only after "metadata.labels" has.
     for path in sorted(record.get("absent") or (), key=lambda p: -str(p).count(".")):
         _restore_field(pod, str(path), absent=True)
@@ -386,6 +406,7 @@ class _Undo:
         self.null: list[str] = []
         # Probes as written where the probers differ (a named port), by the path they now use.
         self.probes: dict[str, Any] = {}
+        self.order: list[str] = []  # the annotations' order, when injection removed one
 
     def field(self, holder: dict[str, Any], key: str, path: str, empty: Any) -> Any:
         """``holder[key]``, created as ``empty`` (and remembered) when absent or null."""
@@ -404,12 +425,22 @@ class _Undo:
             record[key] = target.get(key)
         target[key] = value
 
+    def remove(self, target: dict[str, str], record: dict[str, str | None], key: str) -> None:
+        """Drops ``target[key]``, remembering its value and (once) the order of ``target``."""
+        if not self.order:
+            self.order = list(target)
+        if key not in record:
+            record[key] = target.get(key)
+        target.pop(key, None)
+
     def to_json(self) -> str:
         data: dict[str, Any] = {}
         for name in ("labels", "annotations", "absent", "null", "probes"):
             value = getattr(self, name)
             if value:
                 data[name] = value
+        if self.order:
+            data["annotationOrder"] = self.order
         return json.dumps(data, separators=(",", ":"))
 
 
@@ -428,6 +459,7 @@ def _merge(
     spec = pod["spec"]
     containers: list[dict[str, Any]] = spec["containers"]
     app_names = [c["name"] for c in containers]
+    merge = prometheus.plan(annotations, STATUS_PORT)
     rewritten = probes.Rewritten()
     if options.rewrite_probes:
         rewritten = probes.rewrite([*(spec.get("initContainers") or ()), *containers], STATUS_PORT)
@@ -445,6 +477,7 @@ def _merge(
         app_containers=app_names,
         probers=rewritten.probers,
         extra_env=extra_env,
+        prometheus_env=merge.env if merge else None,
     )
     injected_init: list[str] = []
     injected_containers: list[str] = []
@@ -466,15 +499,12 @@ def _merge(
     new_volumes = render.volumes(settings)
     undo.field(spec, "volumes", "spec.volumes", []).extend(new_volumes)
 
-    labels = undo.field(metadata, "labels", "metadata.labels", {})
-    if not labels.get(ann.TLS_MODE_LABEL):  # a user's own value stays (Istio's default only)
-        undo.set(labels, undo.labels, ann.TLS_MODE_LABEL, "istio")
-    if ann.CANONICAL_NAME_LABEL not in labels:
-        name = labels.get("app.kubernetes.io/name") or labels.get("app") or workload_name
-        undo.set(labels, undo.labels, ann.CANONICAL_NAME_LABEL, _label_value(name))
-    if ann.CANONICAL_REVISION_LABEL not in labels:
-        revision = labels.get("app.kubernetes.io/version") or labels.get("version") or "latest"
-        undo.set(labels, undo.labels, ann.CANONICAL_REVISION_LABEL, _label_value(revision))
+    _merge_labels(undo.field(metadata, "labels", "metadata.labels", {}), undo, workload_name)
+    if merge is not None:  # Prometheus now scrapes the proxy, which merges the app's metrics
+        for key in merge.remove:
+            undo.remove(annotations, undo.annotations, key)
+        for key, value in merge.set:
+            undo.set(annotations, undo.annotations, key, value)
     # Which control-plane revision injected the pod, as Istio records it.
     undo.set(annotations, undo.annotations, ann.REVISION_LABEL, settings.revision)
     for key in (ann.DEFAULT_CONTAINER, ann.DEFAULT_LOGS_CONTAINER):
@@ -493,6 +523,18 @@ def _merge(
     annotations[ann.STATUS] = json.dumps(status, separators=(",", ":"))
     undo.probes = rewritten.not_in_probers()
     annotations[ann.UNDO] = undo.to_json()
+
+
+def _merge_labels(labels: dict[str, str], undo: _Undo, workload_name: str) -> None:
+    """The mesh's labels, Istio's way: a value the user set stays."""
+    if not labels.get(ann.TLS_MODE_LABEL):
+        undo.set(labels, undo.labels, ann.TLS_MODE_LABEL, "istio")
+    if ann.CANONICAL_NAME_LABEL not in labels:
+        name = labels.get("app.kubernetes.io/name") or labels.get("app") or workload_name
+        undo.set(labels, undo.labels, ann.CANONICAL_NAME_LABEL, _label_value(name))
+    if ann.CANONICAL_REVISION_LABEL not in labels:
+        revision = labels.get("app.kubernetes.io/version") or labels.get("version") or "latest"
+        undo.set(labels, undo.labels, ann.CANONICAL_REVISION_LABEL, _label_value(revision))
 
 
 def _label_value(text: str) -> str:

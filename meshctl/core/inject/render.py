@@ -189,6 +189,7 @@ def proxy_container(
     app_containers: list[str],
     probers: dict[str, Any],
     extra_env: tuple[tuple[str, str], ...] = (),
+    prometheus_env: str | None = None,
 ) -> dict[str, Any]:
     """The proxy (``meshctl ztunnel run --mode sidecar``), a native sidecar unless told not to."""
 
@@ -215,6 +216,8 @@ def proxy_container(
         {"name": "ISTIO_META_WORKLOAD_NAME", "value": workload_name},
         {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(app_containers)},
     ]
+    if prometheus_env is not None:  # the app's scrape settings, for the proxy's merged metrics
+        env.append({"name": "ISTIO_PROMETHEUS_ANNOTATIONS", "value": prometheus_env})
     if probers:
         # Sorted by path, as Istio's injector writes the map.
         text = json.dumps(dict(sorted(probers.items())), separators=(",", ":"))
