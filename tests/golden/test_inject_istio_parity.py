@@ -150,18 +150,11 @@ REFUSED = {
 }
 # Cases that run but still differ, with why (expected to fail, strictly).
 DIFFERS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "gateway-with-default-container.yaml.injected",
-            "gateway.yaml.injected",
-            "only-proxy-container.yaml.injected",
-            "proxy-override-args.yaml.injected",
-            "proxy-override-args-native.yaml.injected",
-            "proxy-override-runas.yaml.injected",
-            "proxy-override-runas.yaml.cni.injected",
-            "proxy-override.yaml.injected",
-        ),
-        "a user's istio-proxy / istio-init override is refused, not merged",
+    "gateway-with-default-container.yaml.injected": "the gateway template is not rendered",
+    "gateway.yaml.injected": "the gateway template is not rendered",
+    "only-proxy-container.yaml.injected": (
+        "Istio moves the only container into initContainers (containers: [], which the API "
+        "server refuses); meshctl keeps the proxy a regular container"
     ),
     "status_annotations.yaml.injected": "status.sidecar.istio.io/port is not read",
     "status_annotations_zeroport.yaml.injected": "status.sidecar.istio.io/port is not read",
@@ -264,6 +257,9 @@ def _container(container: dict[str, Any], *, theirs: bool) -> dict[str, Any]:
     if c["name"] in ("istio-init", "istio-validation"):
         c["args"] = _flags(c.get("args") or [], theirs=theirs)
         c.pop("command", None)
+        c["volumeMounts"] = [
+            m for m in c.get("volumeMounts") or () if m["name"] not in FOLDED["volumes"]
+        ]
     elif c["name"] == "istio-proxy":
         c["env"] = _env(c, theirs=theirs)
         c["ports"] = [

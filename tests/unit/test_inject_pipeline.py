@@ -87,7 +87,8 @@ def test_cni_mode_has_no_privileged_init_container_only_the_unprivileged_validat
     assert not context["privileged"]
     annotations = result["metadata"]["annotations"]
     assert annotations[ann.INTERCEPTION_MODE] == "REDIRECT"
-    assert annotations[ann.EXCLUDE_INBOUND_PORTS] == "15090,15021,15020"
+    # Istio's spelling: the status port (the plugin excludes the proxy's other ports itself).
+    assert annotations[ann.EXCLUDE_INBOUND_PORTS] == "15020"
     status = json.loads(annotations[ann.STATUS])
     assert status["initContainers"] == ["istio-validation", "istio-proxy"]
 
@@ -237,7 +238,6 @@ def test_system_namespaces_are_never_injected():
         (lambda p: p.pop("spec"), "has no spec"),
         (lambda p: p["spec"]["containers"].append({"image": "x"}), "has no name"),
         (lambda p: p["spec"]["containers"].append({"name": "web"}), "used twice"),
-        (lambda p: p["spec"]["containers"].append({"name": "istio-proxy"}), "reserved"),
         (lambda p: p["spec"].update(volumes=[{"name": "istio-token"}]), "reserved"),
         (lambda p: p["metadata"]["annotations"].update({ann.INJECT: False}), "not a string"),
         (lambda p: p["metadata"].update(labels=["a"]), "not a mapping"),
@@ -428,3 +428,28 @@ def test_unsupported_istio_annotations_are_warnings_not_silence():
     assert outcome.warnings == (
         "annotation 'sidecar.istio.io/logLevel' is not supported by meshctl and has no effect",
     )
+
+
+def test_a_users_istio_proxy_overrides_fields_and_comes_back_on_uninject():
+    p = pod()
+    user_proxy = {
+        "name": "istio-proxy",
+        "image": "auto",
+        "resources": {"requests": {"cpu": "123m"}},
+        "env": [{"name": "EXTRA", "value": "1"}],
+        "securityContext": {"runAsUser": 1234, "runAsGroup": 1234},
+    }
+    p["spec"]["containers"].append(copy.deepcopy(user_proxy))
+    result = inject(p)
+    init, proxy = result["spec"]["initContainers"]
+    assert names(result["spec"]["containers"]) == ["web"]
+    assert proxy["image"] == "registry.example/meshctl:test"  # "auto": the injected image
+    assert proxy["resources"]["requests"] == {"cpu": "123m", "memory": "128Mi"}
+    assert {"name": "EXTRA", "value": "1"} in proxy["env"]
+    assert proxy["securityContext"]["runAsUser"] == 1234
+    # The capture exempts the uid and gid the proxy now runs as.
+    args = init["args"]
+    assert (args[args.index("-u") + 1], args[args.index("-g") + 1]) == ("1234", "1234")
+    assert json.loads(result["metadata"]["annotations"]["proxy.istio.io/overrides"])
+    assert uninject_pod(result) == p
+    assert inject(result) == result

@@ -139,10 +139,15 @@ def cni_annotations(interception: Interception) -> dict[str, str]:
     ``interception_of`` of the result is ``interception`` again. The two settings whose default
     is "*" are always written (an empty value means "capture none" there); the rest only when set.
     """
+    # As Istio writes it: the user's ports, then the status port; the other ports of the proxy
+    # are excluded by the plugin whatever the annotation says (interception_of adds them back).
+    excluded = interception.exclude_inbound_ports.split(",")
+    always = [str(p) for p in ALWAYS_EXCLUDED_INBOUND_PORTS]
+    excluded = [p for p in excluded if p and p not in always] + [str(STATUS_PORT)]
     pairs = (
         (ann.INTERCEPTION_MODE, interception.mode, True),
         (ann.INCLUDE_INBOUND_PORTS, interception.include_inbound_ports, True),
-        (ann.EXCLUDE_INBOUND_PORTS, interception.exclude_inbound_ports, True),
+        (ann.EXCLUDE_INBOUND_PORTS, ",".join(excluded), True),
         (ann.INCLUDE_OUTBOUND_IP_RANGES, interception.include_outbound_ip_ranges, True),
         (ann.EXCLUDE_OUTBOUND_IP_RANGES, interception.exclude_outbound_ip_ranges, False),
         (ann.INCLUDE_OUTBOUND_PORTS, interception.include_outbound_ports, False),

@@ -14,6 +14,7 @@ and the admission webhook both call them. Invariants, for any pod ``x`` they acc
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import re
 from collections.abc import Mapping
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl.core.inject import annotations as ann
-from meshctl.core.inject import probes, prometheus, render
+from meshctl.core.inject import overrides, probes, prometheus, render
 from meshctl.core.inject.errors import InvalidAnnotationError, ManifestError
 from meshctl.core.inject.interception import STATUS_PORT, cni_annotations
 from meshctl.core.inject.settings import InjectSettings
@@ -176,14 +177,8 @@ def skip_reason(pod: Mapping[str, Any], namespace: str | None) -> str | None:
 
 
 def _check_reserved_names(pod: dict[str, Any]) -> None:
+    # A container named as an injected one is not refused: it overrides fields (overrides.py).
     spec = pod["spec"]
-    for field in ("initContainers", "containers"):
-        for item in spec.get(field) or ():
-            if item["name"] in render.CONTAINERS:
-                raise ManifestError(
-                    f"container name {item['name']!r} is reserved for the injected sidecar",
-                    hint="rename the container (meshctl adds its own)",
-                )
     for item in spec.get("volumes") or ():
         if item.get("name") in render.VOLUMES:
             raise ManifestError(
@@ -230,6 +225,11 @@ def _strip(pod: dict[str, Any]) -> None:
         if names and isinstance(spec.get(field), list):
             spec[field] = [i for i in spec[field] if i.get("name") not in names]
     probes.restore([*(spec.get("initContainers") or ()), *spec["containers"]], originals)
+    # The user's own istio-proxy / istio-init go back where they were (Istio's: at the end).
+    if undo is not None:
+        overrides.put_back(spec, undo.get("overrides") or [])
+    elif overrides.ANNOTATION in annotations:
+        overrides.put_back(spec, overrides.from_annotation(annotations.pop(overrides.ANNOTATION)))
     annotations.pop(ann.UNDO, None)
     del annotations[ann.STATUS]
     if undo is not None:
@@ -407,6 +407,7 @@ class _Undo:
         # Probes as written where the probers differ (a named port), by the path they now use.
         self.probes: dict[str, Any] = {}
         self.order: list[str] = []  # the annotations' order, when injection removed one
+        self.overrides: list[Any] = []  # the user's istio-* containers: [field, index, container]
 
     def field(self, holder: dict[str, Any], key: str, path: str, empty: Any) -> Any:
         """``holder[key]``, created as ``empty`` (and remembered) when absent or null."""
@@ -435,7 +436,7 @@ class _Undo:
 
     def to_json(self) -> str:
         data: dict[str, Any] = {}
-        for name in ("labels", "annotations", "absent", "null", "probes"):
+        for name in ("labels", "annotations", "absent", "null", "probes", "overrides"):
             value = getattr(self, name)
             if value:
                 data[name] = value
@@ -457,6 +458,14 @@ def _merge(
     # Read and validate every annotation before changing anything.
     options = render.pod_options(annotations, settings)
     spec = pod["spec"]
+    capture = options.interception.mode != "NONE"
+    init_name = render.VALIDATION_CONTAINER if settings.cni else render.INIT_CONTAINER
+    injected_names = {render.PROXY_CONTAINER, *([init_name] if capture else [])}
+    taken = overrides.take(spec)
+    # A user container named as one we do not inject this time stays the user's.
+    overrides.put_back(spec, [t for t in taken if t[2]["name"] not in injected_names])
+    taken = [t for t in taken if t[2]["name"] in injected_names]
+    user = {item["name"]: item for _, _, item in taken}
     containers: list[dict[str, Any]] = spec["containers"]
     app_names = [c["name"] for c in containers]
     merge = prometheus.plan(annotations, STATUS_PORT)
@@ -466,8 +475,12 @@ def _merge(
 
     # The capture's init container: the privileged rule installer, or in CNI mode (the plugin
     # installs the rules) the unprivileged check that they are there; none without capture.
+    # A pod whose only container is the user's istio-proxy keeps it a regular container: as a
+    # native sidecar it would leave the pod without containers, which the API server refuses.
+    if options.native_sidecar and not containers:
+        options = dataclasses.replace(options, native_sidecar=False)
     init = None
-    if options.interception.mode != "NONE":
+    if capture:
         make = render.validation_container if settings.cni else render.init_container
         init = make(options, settings)
     proxy = render.proxy_container(
@@ -479,23 +492,14 @@ def _merge(
         extra_env=extra_env,
         prometheus_env=merge.env if merge else None,
     )
-    injected_init: list[str] = []
-    injected_containers: list[str] = []
-    if options.native_sidecar:
-        # Capture first, then the proxy, then the app's own init containers: those then start
-        # with the mesh already working (their traffic is captured, the proxy is up).
-        front = ([init] if init else []) + [proxy]
-        init_list = undo.field(spec, "initContainers", "spec.initContainers", [])
-        init_list[:0] = front
-        injected_init = [c["name"] for c in front]
-    else:
-        if init is not None:
-            # Last among init containers: the app's own init containers run before capture,
-            # when the classic proxy (a regular container) is not running yet.
-            undo.field(spec, "initContainers", "spec.initContainers", []).append(init)
-            injected_init = [init["name"]]
-        containers.append(proxy)
-        injected_containers = [proxy["name"]]
+    if user:
+        proxy, init = _apply_overrides(proxy, init, user, options)
+        undo.overrides = [list(t) for t in taken]
+        record = overrides.annotation(taken, injected_names)
+        undo.set(annotations, undo.annotations, overrides.ANNOTATION, record)
+    injected_init, injected_containers = _place(
+        spec, init, proxy, undo, native=options.native_sidecar
+    )
     new_volumes = render.volumes(settings)
     undo.field(spec, "volumes", "spec.volumes", []).extend(new_volumes)
 
@@ -508,7 +512,7 @@ def _merge(
     # Which control-plane revision injected the pod, as Istio records it.
     undo.set(annotations, undo.annotations, ann.REVISION_LABEL, settings.revision)
     for key in (ann.DEFAULT_CONTAINER, ann.DEFAULT_LOGS_CONTAINER):
-        if key not in annotations:
+        if key not in annotations and app_names:
             undo.set(annotations, undo.annotations, key, app_names[0])
     if settings.cni:
         for key, value in cni_annotations(options.interception).items():
@@ -523,6 +527,67 @@ def _merge(
     annotations[ann.STATUS] = json.dumps(status, separators=(",", ":"))
     undo.probes = rewritten.not_in_probers()
     annotations[ann.UNDO] = undo.to_json()
+
+
+def _place(
+    spec: dict[str, Any],
+    init: dict[str, Any] | None,
+    proxy: dict[str, Any],
+    undo: _Undo,
+    *,
+    native: bool,
+) -> tuple[list[str], list[str]]:
+    """Puts the capture's init container and the proxy in the pod; returns the names added to
+    initContainers and containers."""
+    if native:
+        # Capture first, then the proxy, then the app's own init containers: those then start
+        # with the mesh already working (their traffic is captured, the proxy is up).
+        front = ([init] if init else []) + [proxy]
+        undo.field(spec, "initContainers", "spec.initContainers", [])[:0] = front
+        return [c["name"] for c in front], []
+    injected_init = []
+    if init is not None:
+        # Last among init containers: the app's own init containers run before capture, when
+        # the classic proxy (a regular container) is not running yet.
+        undo.field(spec, "initContainers", "spec.initContainers", []).append(init)
+        injected_init = [init["name"]]
+    spec["containers"].append(proxy)
+    return injected_init, [proxy["name"]]
+
+
+def _apply_overrides(
+    proxy: dict[str, Any],
+    init: dict[str, Any] | None,
+    user: dict[str, dict[str, Any]],
+    options: render.PodOptions,
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The user's fields over ours, and (as Istio does) the capture following a proxy uid/gid
+    the user chose: ``-u``/``-g`` of the init container, the validation container's ids; in
+    TPROXY mode the proxy stays root."""
+    if render.PROXY_CONTAINER in user:
+        proxy = overrides.merge(proxy, user[render.PROXY_CONTAINER])
+    if init is not None and init["name"] in user:
+        init = overrides.merge(init, user[init["name"]])
+    chosen = _mapping(user.get(render.PROXY_CONTAINER, {}).get("securityContext"))
+    uid, gid = chosen.get("runAsUser"), chosen.get("runAsGroup")
+    if uid is None and gid is None:
+        return proxy, init
+    tproxy = options.interception.mode == "TPROXY"
+    if tproxy and uid is not None:
+        proxy["securityContext"]["runAsUser"] = 0
+    if init is None:
+        return proxy, init
+    if not tproxy and init["name"] == render.VALIDATION_CONTAINER:
+        context = init.setdefault("securityContext", {})
+        if uid is not None:
+            context["runAsUser"] = uid
+        if gid is not None:
+            context["runAsGroup"] = gid
+    args = init.get("args") or []
+    for flag, value in (("-u", uid), ("-g", gid)):
+        if isinstance(value, int) and value > 0 and flag in args[:-1]:
+            args[args.index(flag) + 1] = str(value)
+    return proxy, init
 
 
 def _merge_labels(labels: dict[str, str], undo: _Undo, workload_name: str) -> None:
