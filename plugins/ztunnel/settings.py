@@ -21,6 +21,13 @@ def _scrape(text: str) -> str:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InjectedConfig:
+    """What the injector hands the proxy besides its settings: the pod's ProxyConfig."""
+
+    proxy_config: str = setting("", env="PROXY_CONFIG")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ZtunnelSettings:
     mode: str = setting("sidecar", env="PROXY_MODE", choices=("sidecar", "dedicated"))
     workload: str | None = setting(None, env="PROXY_WORKLOAD_INFO")

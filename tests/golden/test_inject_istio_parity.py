@@ -156,9 +156,11 @@ DIFFERS: dict[str, str] = {
         "Istio moves the only container into initContainers (containers: [], which the API "
         "server refuses); meshctl keeps the proxy a regular container"
     ),
-    "status_annotations.yaml.injected": "status.sidecar.istio.io/port is not read",
-    "status_annotations_zeroport.yaml.injected": "status.sidecar.istio.io/port is not read",
-    "user-volume.yaml.injected": "sidecar.istio.io/userVolume(Mount) are not read",
+    "status_annotations.yaml.injected": (
+        "meshctl's proxy serves probes and merged metrics on the annotation's status port "
+        "(and Prometheus is sent there); Istio excludes that port from capture but its agent "
+        "stays on 15020 (PROXY_CONFIG {}), where it points Prometheus"
+    ),
 }
 
 # --- folding ----------------------------------------------------------------------------------

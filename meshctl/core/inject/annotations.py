@@ -8,6 +8,7 @@ with the message ``invalid value '<v>' for annotation '<k>'``; an absent annotat
 
 from __future__ import annotations
 
+import json
 import re
 from decimal import Decimal
 
@@ -35,6 +36,9 @@ PROXY_MEMORY_LIMIT = "sidecar.istio.io/proxyMemoryLimit"
 PROXY_IMAGE = "sidecar.istio.io/proxyImage"
 NATIVE_SIDECAR = "sidecar.istio.io/nativeSidecar"
 REWRITE_PROBES = "sidecar.istio.io/rewriteAppHTTPProbers"
+USER_VOLUME = "sidecar.istio.io/userVolume"  # JSON: name -> volume source
+USER_VOLUME_MOUNT = "sidecar.istio.io/userVolumeMount"  # JSON: volume name -> mount
+STATUS_PORT = "status.sidecar.istio.io/port"
 READINESS_INITIAL_DELAY = "readiness.status.sidecar.istio.io/initialDelaySeconds"
 READINESS_PERIOD = "readiness.status.sidecar.istio.io/periodSeconds"
 READINESS_FAILURE_THRESHOLD = "readiness.status.sidecar.istio.io/failureThreshold"
@@ -86,6 +90,10 @@ READ = frozenset(
         READINESS_PERIOD,
         READINESS_FAILURE_THRESHOLD,
         "prometheus.istio.io/merge-metrics",
+        USER_VOLUME,
+        USER_VOLUME_MOUNT,
+        STATUS_PORT,
+        "proxy.istio.io/config",
     }
 )
 WRITTEN = frozenset({"sidecar.istio.io/status", "proxy.istio.io/overrides"})
@@ -186,6 +194,14 @@ def parse_quantity(key: str, value: str) -> str:
     return value
 
 
+def parse_port(key: str, value: str) -> int:
+    """A port number 1-65535, or 0 (the feature behind it turned off)."""
+    text = value.strip()
+    if not text.isdigit() or int(text) > 65535:
+        raise InvalidAnnotationError(key, value, expected="a port number 1-65535, or 0 for none")
+    return int(text)
+
+
 def parse_seconds(key: str, value: str, *, minimum: int) -> int:
     """A whole number of seconds (or a count) no smaller than ``minimum``."""
     text = value.strip()
@@ -199,6 +215,19 @@ def parse_image(key: str, value: str) -> str:
     if not _IMAGE.match(value):
         raise InvalidAnnotationError(key, value, expected="a container image reference")
     return value
+
+
+def parse_json_objects(key: str, value: str, *, what: str) -> dict[str, dict[str, object]]:
+    """A JSON object of name -> object (``userVolume``, ``userVolumeMount``)."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, dict) for k, v in data.items()
+    ):
+        raise InvalidAnnotationError(key, value, expected=f"a JSON object of name -> {what}")
+    return data
 
 
 def quantity(text: str) -> Decimal:

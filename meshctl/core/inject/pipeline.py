@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.core import proxyconfig
 from meshctl.core.inject import annotations as ann
 from meshctl.core.inject import overrides, probes, prometheus, render
 from meshctl.core.inject.errors import InvalidAnnotationError, ManifestError
@@ -66,6 +67,7 @@ def inject_pod(
     _strip(result)
     _check_reserved_names(result)
     warnings = ann.unsupported(_mapping(_mapping(result.get("metadata")).get("annotations")))
+    warnings += _config_warnings(_mapping(_mapping(result.get("metadata")).get("annotations")))
     _merge(result, settings, workload_name=workload_name, extra_env=extra_env)
     return Injected(result, warnings=tuple(warnings))
 
@@ -174,6 +176,20 @@ def skip_reason(pod: Mapping[str, Any], namespace: str | None) -> str | None:
     if namespace in IGNORED_NAMESPACES:
         return f"namespace {namespace} is never injected"
     return None
+
+
+def _config_warnings(annotations: dict[str, Any]) -> list[str]:
+    """The fields of proxy.istio.io/config that have no effect (a bad value fails later)."""
+    try:
+        config = proxyconfig.parse(str(annotations.get(proxyconfig.ANNOTATION, "")))
+    except ValueError:
+        return []
+    fields = [*config.unsupported, *(["statusPort"] if config.status_port is not None else [])]
+    return [
+        f"field {f!r} of annotation {proxyconfig.ANNOTATION!r} is not supported by meshctl and "
+        "has no effect" + (" (use status.sidecar.istio.io/port)" if f == "statusPort" else "")
+        for f in fields
+    ]
 
 
 def _check_reserved_names(pod: dict[str, Any]) -> None:
@@ -468,10 +484,11 @@ def _merge(
     user = {item["name"]: item for _, _, item in taken}
     containers: list[dict[str, Any]] = spec["containers"]
     app_names = [c["name"] for c in containers]
-    merge = prometheus.plan(annotations, STATUS_PORT)
+    merge = prometheus.plan(annotations, options.status_port or STATUS_PORT)
     rewritten = probes.Rewritten()
-    if options.rewrite_probes:
-        rewritten = probes.rewrite([*(spec.get("initContainers") or ()), *containers], STATUS_PORT)
+    if options.rewrite_probes and options.status_port:  # port 0: nothing would answer them
+        pod_containers = [*(spec.get("initContainers") or ()), *containers]
+        rewritten = probes.rewrite(pod_containers, options.status_port)
 
     # The capture's init container: the privileged rule installer, or in CNI mode (the plugin
     # installs the rules) the unprivileged check that they are there; none without capture.
@@ -492,16 +509,18 @@ def _merge(
         extra_env=extra_env,
         prometheus_env=merge.env if merge else None,
     )
+    if options.proxy_config.hold_application and not options.native_sidecar:
+        render.hold_application(options, proxy)
     if user:
         proxy, init = _apply_overrides(proxy, init, user, options)
         undo.overrides = [list(t) for t in taken]
         record = overrides.annotation(taken, injected_names)
         undo.set(annotations, undo.annotations, overrides.ANNOTATION, record)
+    hold = bool(options.proxy_config.hold_application)
     injected_init, injected_containers = _place(
-        spec, init, proxy, undo, native=options.native_sidecar
+        spec, init, proxy, undo, native=options.native_sidecar, first=hold
     )
-    new_volumes = render.volumes(settings)
-    undo.field(spec, "volumes", "spec.volumes", []).extend(new_volumes)
+    new_volumes = _add_volumes(spec, render.volumes(settings, options), undo, annotations)
 
     _merge_labels(undo.field(metadata, "labels", "metadata.labels", {}), undo, workload_name)
     if merge is not None:  # Prometheus now scrapes the proxy, which merges the app's metrics
@@ -529,6 +548,22 @@ def _merge(
     annotations[ann.UNDO] = undo.to_json()
 
 
+def _add_volumes(
+    spec: dict[str, Any], new: list[dict[str, Any]], undo: _Undo, annotations: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Adds ``new`` to the pod's volumes; a userVolume named as one of the pod's is an error."""
+    present = {v.get("name") for v in spec.get("volumes") or ()}
+    for volume in new:
+        if volume["name"] in present:
+            raise InvalidAnnotationError(
+                ann.USER_VOLUME,
+                annotations.get(ann.USER_VOLUME, ""),
+                expected=f"volume names the pod does not use already ({volume['name']!r} is)",
+            )
+    undo.field(spec, "volumes", "spec.volumes", []).extend(new)
+    return new
+
+
 def _place(
     spec: dict[str, Any],
     init: dict[str, Any] | None,
@@ -536,6 +571,7 @@ def _place(
     undo: _Undo,
     *,
     native: bool,
+    first: bool = False,
 ) -> tuple[list[str], list[str]]:
     """Puts the capture's init container and the proxy in the pod; returns the names added to
     initContainers and containers."""
@@ -551,7 +587,12 @@ def _place(
         # the classic proxy (a regular container) is not running yet.
         undo.field(spec, "initContainers", "spec.initContainers", []).append(init)
         injected_init = [init["name"]]
-    spec["containers"].append(proxy)
+    # holdApplicationUntilProxyStarts: first, so the kubelet starts it (and waits for its
+    # postStart hook) before the app; else last, so kubectl defaults to the app.
+    if first:
+        spec["containers"].insert(0, proxy)
+    else:
+        spec["containers"].append(proxy)
     return injected_init, [proxy["name"]]
 
 
