@@ -73,9 +73,7 @@ class AppProbes:
         self.pod_ip = pod_ip
         self.app_metrics = app_metrics
         self._new_socket = new_socket
-        self._tls = ssl.create_default_context()
-        self._tls.check_hostname = False
-        self._tls.verify_mode = ssl.CERT_NONE  # the kubelet does not verify probe certificates
+        self._tls: ssl.SSLContext | None = None  # made on the first HTTPS probe
 
     async def handle(self, method: str, path: str, headers: dict[str, str]) -> Response:
         """The answer for the kubelet's request to ``path``."""
@@ -159,6 +157,11 @@ class AppProbes:
         self, host: str, port: int, *, tls: bool, server_name: str | None
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         sock = await self._connect(host, port)
+        if tls and self._tls is None:
+            # No trust store loaded: the kubelet does not verify probe certificates either.
+            self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            self._tls.check_hostname = False
+            self._tls.verify_mode = ssl.CERT_NONE
         try:
             return await asyncio.open_connection(
                 sock=sock,
