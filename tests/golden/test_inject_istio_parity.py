@@ -150,8 +150,6 @@ REFUSED = {
 }
 # Cases that run but still differ, with why (expected to fail, strictly).
 DIFFERS: dict[str, str] = {
-    "gateway-with-default-container.yaml.injected": "the gateway template is not rendered",
-    "gateway.yaml.injected": "the gateway template is not rendered",
     "only-proxy-container.yaml.injected": (
         "Istio moves the only container into initContainers (containers: [], which the API "
         "server refuses); meshctl keeps the proxy a regular container"
@@ -280,8 +278,8 @@ def _container(container: dict[str, Any], *, theirs: bool) -> dict[str, Any]:
     else:
         return _zero(c)
     c.pop("image", None)
-    if c.get("imagePullPolicy") == "IfNotPresent" and not theirs:
-        c.pop("imagePullPolicy")  # ours always says it; Istio's unless values set one
+    if c.get("imagePullPolicy") == "IfNotPresent":
+        c.pop("imagePullPolicy")  # ours always says it, Istio's unless values set one
     return _zero(c)
 
 

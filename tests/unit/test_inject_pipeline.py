@@ -453,3 +453,25 @@ def test_a_users_istio_proxy_overrides_fields_and_comes_back_on_uninject():
     assert json.loads(result["metadata"]["annotations"]["proxy.istio.io/overrides"])
     assert uninject_pod(result) == p
     assert inject(result) == result
+
+
+def test_the_gateway_template_makes_the_proxy_the_main_container_without_capture():
+    p = {
+        "metadata": {"annotations": {ann.TEMPLATES: "gateway"}},
+        "spec": {"containers": [{"name": "istio-proxy", "image": "auto"}]},
+    }
+    result = inject(p)
+    assert "initContainers" not in result["spec"]
+    (proxy,) = result["spec"]["containers"]
+    assert "restartPolicy" not in proxy
+    assert "startupProbe" not in proxy
+    assert ann.TLS_MODE_LABEL not in result["metadata"]["labels"]
+    assert result["spec"]["securityContext"]["sysctls"] == [
+        {"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}
+    ]
+    assert uninject_pod(result) == p
+
+
+def test_an_unknown_template_is_refused():
+    with pytest.raises(InvalidAnnotationError, match=r"inject\.istio\.io/templates"):
+        inject(pod(**{ann.TEMPLATES: "grpc-agent"}))

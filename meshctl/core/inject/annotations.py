@@ -39,6 +39,7 @@ REWRITE_PROBES = "sidecar.istio.io/rewriteAppHTTPProbers"
 USER_VOLUME = "sidecar.istio.io/userVolume"  # JSON: name -> volume source
 USER_VOLUME_MOUNT = "sidecar.istio.io/userVolumeMount"  # JSON: volume name -> mount
 STATUS_PORT = "status.sidecar.istio.io/port"
+TEMPLATES = "inject.istio.io/templates"  # "sidecar" (default) or "gateway"
 READINESS_INITIAL_DELAY = "readiness.status.sidecar.istio.io/initialDelaySeconds"
 READINESS_PERIOD = "readiness.status.sidecar.istio.io/periodSeconds"
 READINESS_FAILURE_THRESHOLD = "readiness.status.sidecar.istio.io/failureThreshold"
@@ -94,6 +95,7 @@ READ = frozenset(
         USER_VOLUME_MOUNT,
         STATUS_PORT,
         "proxy.istio.io/config",
+        TEMPLATES,
     }
 )
 WRITTEN = frozenset({"sidecar.istio.io/status", "proxy.istio.io/overrides"})

@@ -223,13 +223,17 @@ def _strip(pod: dict[str, Any]) -> None:
     _check_status_matches(spec, status)
     # The probers live in the proxy's env: read them before the proxy goes. Our undo record
     # has the probes as the user wrote them (named ports too); Istio's pods only the probers.
-    originals: dict[str, Any] = {}
-    scraped: str | None = None
-    for field in ("initContainers", "containers"):
-        for item in spec.get(field) or ():
-            if item.get("name") == render.PROXY_CONTAINER:
-                originals = _probers(item)
-                scraped = _env_value(item, prometheus.ENV)
+    proxy: dict[str, Any] = next(
+        (
+            item
+            for field in ("initContainers", "containers")
+            for item in spec.get(field) or ()
+            if item.get("name") == render.PROXY_CONTAINER
+        ),
+        {},
+    )
+    originals: dict[str, Any] = _probers(proxy)
+    scraped = _env_value(proxy, prometheus.ENV)
     if undo is not None and isinstance(undo.get("probes"), dict):
         originals = {**originals, **undo["probes"]}
     for field, names in (
@@ -246,6 +250,12 @@ def _strip(pod: dict[str, Any]) -> None:
         overrides.put_back(spec, undo.get("overrides") or [])
     elif overrides.ANNOTATION in annotations:
         overrides.put_back(spec, overrides.from_annotation(annotations.pop(overrides.ANNOTATION)))
+    if not spec["containers"]:  # (our own copy: the caller's pod is unchanged)
+        raise ManifestError(
+            f"annotation {ann.STATUS!r} lists every container of the pod",
+            hint=f"the pod does not look injected as {ann.STATUS} says; remove that annotation "
+            "(and any injected parts by hand) to inject afresh",
+        )
     annotations.pop(ann.UNDO, None)
     del annotations[ann.STATUS]
     if undo is not None:
@@ -290,10 +300,6 @@ def _check_status_matches(spec: dict[str, Any], status: dict[str, list[str]]) ->
         for c in spec.get(field) or ()
         if c.get("name") not in status[field]
     ]
-    if not any(c.get("name") not in status["containers"] for c in spec.get("containers") or ()):
-        raise ManifestError(
-            f"annotation {ann.STATUS!r} lists every container of the pod", hint=hint
-        )
     volumes = {v.get("name") for v in spec.get("volumes") or ()}
     for name in status["volumes"]:
         if name not in volumes:
@@ -389,6 +395,10 @@ def _apply_undo(pod: dict[str, Any], record: Mapping[str, Any]) -> None:
         items = sorted(annotations.items(), key=lambda kv: rank.get(kv[0], len(rank)))
         annotations.clear()
         annotations.update(items)
+    if record.get("sysctl"):
+        context = _mapping(_mapping(pod.get("spec")).get("securityContext"))
+        if isinstance(context.get("sysctls"), list):
+            context["sysctls"] = [s for s in context["sysctls"] if s != render.GATEWAY_SYSCTL]
     # Deepest first, so "metadata" goes only after "metadata.labels" has.
     for path in sorted(record.get("absent") or (), key=lambda p: -str(p).count(".")):
         _restore_field(pod, str(path), absent=True)
@@ -424,6 +434,7 @@ class _Undo:
         self.probes: dict[str, Any] = {}
         self.order: list[str] = []  # the annotations' order, when injection removed one
         self.overrides: list[Any] = []  # the user's istio-* containers: [field, index, container]
+        self.sysctl = False  # the gateway's unprivileged-ports sysctl was added
 
     def field(self, holder: dict[str, Any], key: str, path: str, empty: Any) -> Any:
         """``holder[key]``, created as ``empty`` (and remembered) when absent or null."""
@@ -458,6 +469,8 @@ class _Undo:
                 data[name] = value
         if self.order:
             data["annotationOrder"] = self.order
+        if self.sysctl:
+            data["sysctl"] = render.GATEWAY_SYSCTL["name"]
         return json.dumps(data, separators=(",", ":"))
 
 
@@ -474,7 +487,9 @@ def _merge(
     # Read and validate every annotation before changing anything.
     options = render.pod_options(annotations, settings)
     spec = pod["spec"]
-    capture = options.interception.mode != "NONE"
+    if options.gateway:  # the gateway template: the proxy is the pod's main container
+        options = dataclasses.replace(options, native_sidecar=False)
+    capture = options.interception.mode != "NONE" and not options.gateway
     init_name = render.VALIDATION_CONTAINER if settings.cni else render.INIT_CONTAINER
     injected_names = {render.PROXY_CONTAINER, *([init_name] if capture else [])}
     taken = overrides.take(spec)
@@ -514,28 +529,21 @@ def _merge(
     if user:
         proxy, init = _apply_overrides(proxy, init, user, options)
         undo.overrides = [list(t) for t in taken]
-        record = overrides.annotation(taken, injected_names)
-        undo.set(annotations, undo.annotations, overrides.ANNOTATION, record)
+        undo.set(
+            annotations,
+            undo.annotations,
+            overrides.ANNOTATION,
+            overrides.annotation(taken, injected_names),
+        )
     hold = bool(options.proxy_config.hold_application)
     injected_init, injected_containers = _place(
         spec, init, proxy, undo, native=options.native_sidecar, first=hold
     )
     new_volumes = _add_volumes(spec, render.volumes(settings, options), undo, annotations)
 
-    _merge_labels(undo.field(metadata, "labels", "metadata.labels", {}), undo, workload_name)
-    if merge is not None:  # Prometheus now scrapes the proxy, which merges the app's metrics
-        for key in merge.remove:
-            undo.remove(annotations, undo.annotations, key)
-        for key, value in merge.set:
-            undo.set(annotations, undo.annotations, key, value)
-    # Which control-plane revision injected the pod, as Istio records it.
-    undo.set(annotations, undo.annotations, ann.REVISION_LABEL, settings.revision)
-    for key in (ann.DEFAULT_CONTAINER, ann.DEFAULT_LOGS_CONTAINER):
-        if key not in annotations and app_names:
-            undo.set(annotations, undo.annotations, key, app_names[0])
-    if settings.cni:
-        for key, value in cni_annotations(options.interception).items():
-            undo.set(annotations, undo.annotations, key, value)
+    _annotate(
+        pod, undo, options, settings, merge=merge, app_names=app_names, workload=workload_name
+    )
     status = {
         "initContainers": injected_init or None,
         "containers": injected_containers or None,
@@ -546,6 +554,43 @@ def _merge(
     annotations[ann.STATUS] = json.dumps(status, separators=(",", ":"))
     undo.probes = rewritten.not_in_probers()
     annotations[ann.UNDO] = undo.to_json()
+
+
+def _annotate(
+    pod: dict[str, Any],
+    undo: _Undo,
+    options: render.PodOptions,
+    settings: InjectSettings,
+    *,
+    merge: prometheus.Merge | None,
+    app_names: list[str],
+    workload: str,
+) -> None:
+    """The labels and annotations injection sets (each recorded for uninject), and a gateway's
+    pod sysctl."""
+    metadata, spec = pod["metadata"], pod["spec"]
+    annotations = metadata["annotations"]
+    labels = undo.field(metadata, "labels", "metadata.labels", {})
+    _merge_labels(labels, undo, workload, tls_mode=not options.gateway)
+    if options.gateway:
+        context = undo.field(spec, "securityContext", "spec.securityContext", {})
+        sysctls = undo.field(context, "sysctls", "spec.securityContext.sysctls", [])
+        if not any(s.get("name") == render.GATEWAY_SYSCTL["name"] for s in sysctls):
+            sysctls.append(dict(render.GATEWAY_SYSCTL))
+            undo.sysctl = True
+    if merge is not None:  # Prometheus now scrapes the proxy, which merges the app's metrics
+        for key in merge.remove:
+            undo.remove(annotations, undo.annotations, key)
+        for key, value in merge.set:
+            undo.set(annotations, undo.annotations, key, value)
+    # Which control-plane revision injected the pod, as Istio records it.
+    undo.set(annotations, undo.annotations, ann.REVISION_LABEL, settings.revision)
+    for key in (ann.DEFAULT_CONTAINER, ann.DEFAULT_LOGS_CONTAINER):
+        if key not in annotations and app_names:
+            undo.set(annotations, undo.annotations, key, app_names[0])
+    if settings.cni and not options.gateway:
+        for key, value in cni_annotations(options.interception).items():
+            undo.set(annotations, undo.annotations, key, value)
 
 
 def _add_volumes(
@@ -631,9 +676,11 @@ def _apply_overrides(
     return proxy, init
 
 
-def _merge_labels(labels: dict[str, str], undo: _Undo, workload_name: str) -> None:
-    """The mesh's labels, Istio's way: a value the user set stays."""
-    if not labels.get(ann.TLS_MODE_LABEL):
+def _merge_labels(
+    labels: dict[str, str], undo: _Undo, workload_name: str, *, tls_mode: bool = True
+) -> None:
+    """The mesh's labels, Istio's way: a value the user set stays (a gateway has no tlsMode)."""
+    if tls_mode and not labels.get(ann.TLS_MODE_LABEL):
         undo.set(labels, undo.labels, ann.TLS_MODE_LABEL, "istio")
     if ann.CANONICAL_NAME_LABEL not in labels:
         name = labels.get("app.kubernetes.io/name") or labels.get("app") or workload_name

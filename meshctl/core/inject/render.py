@@ -63,6 +63,7 @@ class PodOptions:
     readiness_failure_threshold: int
     status_port: int  # probes and merged metrics (status.sidecar.istio.io/port); 0: none
     proxy_config: proxyconfig.ProxyConfig  # proxy.istio.io/config
+    gateway: bool = False  # inject.istio.io/templates: gateway (no capture, a plain container)
     user_volumes: dict[str, dict[str, Any]]  # name -> volume source (userVolume)
     user_mounts: dict[str, dict[str, Any]]  # volume name -> mount (userVolumeMount)
 
@@ -84,15 +85,33 @@ def pod_options(annotations: dict[str, str], settings: InjectSettings) -> PodOpt
         native_sidecar=flag(ann.NATIVE_SIDECAR, settings.native_sidecar),
         rewrite_probes=flag(ann.REWRITE_PROBES, True),
         interception=interception_of(annotations),
-        resources=_resources(annotations, settings),
+        # Istio's gateway template has no default resources: only the annotations' values.
+        resources=_resources(annotations, settings, defaults=_template(annotations) == "sidecar"),
         readiness_initial_delay=seconds(ann.READINESS_INITIAL_DELAY, 0, 0),
         readiness_period=seconds(ann.READINESS_PERIOD, 15, 1),
         readiness_failure_threshold=seconds(ann.READINESS_FAILURE_THRESHOLD, 4, 1),
         status_port=status_port(annotations),
         proxy_config=_proxy_config(annotations),
+        gateway=_template(annotations) == "gateway",
         user_volumes=_objects(annotations, ann.USER_VOLUME, "volume source"),
         user_mounts=_objects(annotations, ann.USER_VOLUME_MOUNT, "volume mount"),
     )
+
+
+TEMPLATE_NAMES = ("sidecar", "gateway")
+
+
+def _template(annotations: dict[str, str]) -> str:
+    """The injection template a pod asks for: Istio's ``sidecar`` (default) or ``gateway``."""
+    value = annotations.get(ann.TEMPLATES)
+    if value is None:
+        return "sidecar"
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if len(names) != 1 or names[0] not in TEMPLATE_NAMES:
+        raise InvalidAnnotationError(
+            ann.TEMPLATES, value, expected="one template: " + " or ".join(TEMPLATE_NAMES)
+        )
+    return names[0]
 
 
 def _proxy_config(annotations: dict[str, str]) -> proxyconfig.ProxyConfig:
@@ -119,7 +138,9 @@ def _objects(annotations: dict[str, str], key: str, what: str) -> dict[str, dict
     return {} if value is None else ann.parse_json_objects(key, value, what=what)
 
 
-def _resources(annotations: dict[str, str], settings: InjectSettings) -> dict[str, dict[str, str]]:
+def _resources(
+    annotations: dict[str, str], settings: InjectSettings, *, defaults: bool = True
+) -> dict[str, dict[str, str]]:
     """Istio's rule: with any of the four resource annotations set, the proxy gets exactly what
     they say (requests from proxyCPU/proxyMemory, limits only from the *Limit ones); with none,
     the settings' requests and limits."""
@@ -135,7 +156,7 @@ def _resources(annotations: dict[str, str], settings: InjectSettings) -> dict[st
         value = annotations.get(key)
         if value is not None:
             chosen.setdefault(section, {})[resource] = ann.parse_quantity(key, value)
-        elif not given:
+        elif defaults and not given:
             chosen.setdefault(section, {})[resource] = default
     # The API server refuses a pod whose request exceeds its limit; say which annotation did it.
     for resource, key in (("cpu", ann.PROXY_CPU), ("memory", ann.PROXY_MEMORY)):
@@ -316,7 +337,19 @@ def proxy_container(
             *({"name": name, **mount} for name, mount in options.user_mounts.items()),
         ],
     }
+    if options.gateway:
+        # Istio's gateway template: the ids only (it binds low ports, with the pod's sysctl),
+        # and no startup probe (nothing waits for a gateway's proxy).
+        container.pop("startupProbe", None)
+        container["securityContext"] = {
+            "runAsUser": settings.proxy_uid,
+            "runAsGroup": settings.gid,
+        }
     return container
+
+
+# A gateway pod's proxy may bind ports below 1024 without a capability (Istio's template).
+GATEWAY_SYSCTL = {"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}
 
 
 def _effective_config(options: PodOptions) -> proxyconfig.ProxyConfig:
