@@ -45,6 +45,17 @@ SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
     ("proxy-override-runas.yaml", "proxy-override-runas.yaml.cni.injected"): {"cni": True},
     ("proxy-override-args.yaml", "proxy-override-args-native.yaml.injected"): {},
     **{
+        (source, want): {"cni": True, "multus_network": "default/istio-cni"}
+        for source, want in (
+            ("hello.yaml", "hello-cncf-networks.yaml.injected"),
+            ("hello-existing-cncf-networks.yaml", "hello-existing-cncf-networks.yaml.injected"),
+            (
+                "hello-existing-cncf-networks-json.yaml",
+                "hello-existing-cncf-networks-json.yaml.injected",
+            ),
+        )
+    },
+    **{
         (f"{name}.yaml", f"{name}-old-version.yaml.injected"): {"native_sidecar": False}
         for name in (
             "hello",
@@ -75,14 +86,6 @@ NEEDS: dict[tuple[str, str], str] = {
     ),
     ("hello.yaml", "hello-template-in-values.yaml.injected"): "a custom template in values",
     ("hello.yaml", "hello-mount-mtls-certs.yaml.injected"): "values.global.mountMtlsCerts",
-    ("hello.yaml", "hello-cncf-networks.yaml.injected"): "values.cni.provider=multus",
-    ("hello-existing-cncf-networks.yaml", "hello-existing-cncf-networks.yaml.injected"): (
-        "values.cni.provider=multus"
-    ),
-    (
-        "hello-existing-cncf-networks-json.yaml",
-        "hello-existing-cncf-networks-json.yaml.injected",
-    ): "values.cni.provider=multus",
     ("hello.yaml", "hello.proxyHoldsApplication.yaml.injected"): "mesh-wide holdApplication",
     ("hello-probes.yaml", "hello-probes.proxyHoldsApplication.yaml.injected"): (
         "mesh-wide holdApplication"

@@ -475,3 +475,26 @@ def test_the_gateway_template_makes_the_proxy_the_main_container_without_capture
 def test_an_unknown_template_is_refused():
     with pytest.raises(InvalidAnnotationError, match=r"inject\.istio\.io/templates"):
         inject(pod(**{ann.TEMPLATES: "grpc-agent"}))
+
+
+@pytest.mark.parametrize(
+    ("existing", "expected"),
+    [
+        (None, "default/meshctl-cni"),
+        ("alt", "alt, default/meshctl-cni"),
+        ("alt, default/meshctl-cni", "alt, default/meshctl-cni"),
+        ('[{"name": "alt"}]', '[{"name": "alt"}, {"name": "meshctl-cni", "namespace": "default"}]'),
+    ],
+)
+def test_multus_networks_get_the_mesh_cni_in_either_spelling(existing, expected):
+    settings = InjectSettings(image="x", cni=True, multus_network="default/meshctl-cni")
+    p = pod() if existing is None else pod(**{"k8s.v1.cni.cncf.io/networks": existing})
+    result = inject(p, settings)
+    assert result["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == expected
+    assert uninject_pod(result) == p
+
+
+def test_a_multus_networks_value_that_is_not_json_is_refused():
+    settings = InjectSettings(image="x", cni=True, multus_network="default/meshctl-cni")
+    with pytest.raises(InvalidAnnotationError, match="k8s"):
+        inject(pod(**{"k8s.v1.cni.cncf.io/networks": "[oops]"}), settings)

@@ -23,7 +23,7 @@ from typing import Any
 
 from meshctl.core import proxyconfig
 from meshctl.core.inject import annotations as ann
-from meshctl.core.inject import overrides, probes, prometheus, render
+from meshctl.core.inject import multus, overrides, probes, prometheus, render
 from meshctl.core.inject.errors import InvalidAnnotationError, ManifestError
 from meshctl.core.inject.interception import STATUS_PORT, cni_annotations
 from meshctl.core.inject.settings import InjectSettings
@@ -591,6 +591,10 @@ def _annotate(
     if settings.cni and not options.gateway:
         for key, value in cni_annotations(options.interception).items():
             undo.set(annotations, undo.annotations, key, value)
+        if settings.multus_network:
+            existing = str(annotations.get(multus.ANNOTATION, ""))
+            value = multus.append_network(existing, settings.multus_network)
+            undo.set(annotations, undo.annotations, multus.ANNOTATION, value)
 
 
 def _add_volumes(
