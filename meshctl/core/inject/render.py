@@ -107,7 +107,8 @@ def _template(annotations: dict[str, str]) -> str:
     if value is None:
         return "sidecar"
     names = [n.strip() for n in value.split(",") if n.strip()]
-    if len(names) != 1 or names[0] not in TEMPLATE_NAMES:
+    # The same template more than once is the same injection (each pass is idempotent).
+    if len(set(names)) != 1 or names[0] not in TEMPLATE_NAMES:
         raise InvalidAnnotationError(
             ann.TEMPLATES, value, expected="one template: " + " or ".join(TEMPLATE_NAMES)
         )
