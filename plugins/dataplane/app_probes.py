@@ -21,10 +21,8 @@ import socket
 import ssl
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
-
-import h11
 
 from meshctl.core.appprobes import (
     GRPC_HEALTH_PATH,
@@ -91,7 +89,7 @@ class AppProbes:
             status = UNHEALTHY
         except ProbeFailedError as exc:
             detail, status = str(exc), UNHEALTHY
-        except (OSError, ssl.SSLError, h11.ProtocolError, EOFError, ValueError) as exc:
+        except (OSError, ssl.SSLError, EOFError, ValueError) as exc:
             detail, status = _reason(exc), UNHEALTHY
         else:
             status = HEALTHY
@@ -110,7 +108,7 @@ class AppProbes:
         try:
             async with asyncio.timeout(_SCRAPE_TIMEOUT):
                 status, _, body = await self._get(url, accept, _USER_AGENT, limit=_MAX_METRICS)
-        except (OSError, ssl.SSLError, h11.ProtocolError, TimeoutError, ProbeFailedError) as exc:
+        except (OSError, ssl.SSLError, TimeoutError, ProbeFailedError) as exc:
             log.warning("app metrics from %s not merged: %s", url, _reason(exc))
             return b""
         if status != 200:
@@ -196,7 +194,18 @@ class AppProbes:
         self, url: str, extra: tuple[tuple[str, str], ...], agent: str, *, limit: int = 0
     ) -> tuple[int, str, bytes]:
         """One GET on a new connection: the status, any Location header and (up to ``limit``
-        bytes) the body."""
+        bytes) the body. A reply that is not HTTP is a ``ProbeFailedError``."""
+        # Imported on the first HTTP probe: the data plane's start (and restart) stays lean.
+        import h11
+
+        try:
+            return await self._exchange(h11, url, extra, agent, limit)
+        except h11.ProtocolError as exc:
+            raise ProbeFailedError(f"not an HTTP answer: {exc}") from None
+
+    async def _exchange(
+        self, h11: Any, url: str, extra: tuple[tuple[str, str], ...], agent: str, limit: int
+    ) -> tuple[int, str, bytes]:
         parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
         host = parts.hostname or ""
@@ -220,7 +229,7 @@ class AppProbes:
             request = h11.Request(method="GET", target=target, headers=headers)
             writer.write(conn.send(request) + conn.send(h11.EndOfMessage()))
             await writer.drain()
-            response: h11.Response | None = None
+            response: Any = None
             body = bytearray()
             while True:
                 event = conn.next_event()
