@@ -671,13 +671,13 @@ def node_images(frozen: Path | None) -> tuple[dict[str, Path], dict[str, str]]:
     cache = cache_root() / "images"
     archives: dict[str, Path] = {}
     missing: dict[str, str] = {}
-    from meshctl.core.inject.settings import DEFAULT_IMAGE
+    from meshctl.core.image import default_image
 
     made = {
         "pause": images.pause_image(cache),
         "busybox": images.busybox_image(cache),
         "meshctl": (
-            images.meshctl_image(cache, frozen, (images.MESHCTL_IMAGE, DEFAULT_IMAGE))
+            images.meshctl_image(cache, frozen, (images.MESHCTL_IMAGE, default_image()))
             if frozen is not None
             else "no frozen binary: set MESHCTL_FROZEN_BINARY or run bash packaging/build.sh"
         ),
