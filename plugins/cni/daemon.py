@@ -5,7 +5,8 @@ Invariants:
   binary or a rotated token is noticed within one interval and repaired; repairs are rate-limited
   (a token bucket) and a component that keeps undoing them is named in a warning with a hint.
 - ``/readyz`` answers 200 only while the runtime's config includes us (``Installer.status``);
-  ``/healthz`` answers 200 while the loop runs. Every read has a timeout.
+  ``/healthz`` answers 200 while the loop runs; ``/status`` is JSON for ``meshctl verify``
+  (ready, reason, repairs within the conflict window). Every read has a timeout.
 - SIGTERM or SIGINT: stop watching, then ``Installer.cleanup`` (the node's config as it was).
 - The CNI plugin's log records arriving on ``<run_dir>/log.sock`` are re-logged here.
 """
@@ -20,7 +21,7 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshctl.core.cni.spec import LOG_SOCKET_NAME
@@ -61,6 +62,21 @@ class RepairBudget:
 class _State:
     status: Status
     running: bool = True
+    repairs: collections.deque[float] = field(default_factory=collections.deque)
+
+    def recent_repairs(self, now: float) -> int:
+        while self.repairs and self.repairs[0] < now - CONFLICT_WINDOW:
+            self.repairs.popleft()
+        return len(self.repairs)
+
+    def report(self) -> dict[str, object]:
+        return {
+            "ready": self.status.ready,
+            "reason": self.status.reason,
+            "repairs": self.recent_repairs(time.monotonic()),
+            "repairWindowSeconds": CONFLICT_WINDOW,
+            "conflictRepairs": CONFLICT_REPAIRS,
+        }
 
 
 async def run(settings: InstallSettings, installer: Installer | None = None) -> int:
@@ -93,7 +109,7 @@ async def _watch(
     installer: Installer, settings: InstallSettings, state: _State, stop: asyncio.Event
 ) -> None:
     budget = RepairBudget()
-    repairs: collections.deque[float] = collections.deque()
+    repairs = state.repairs
     installed_once = False
     last_problem = ""
     while not stop.is_set():
@@ -104,8 +120,7 @@ async def _watch(
                 changed = installer.install()
                 if installed_once and changed:
                     repairs.append(now)
-                    while repairs and repairs[0] < now - CONFLICT_WINDOW:
-                        repairs.popleft()
+                    state.recent_repairs(now)
                     log.warning("repaired (%s): %s", status.reason, ", ".join(changed))
                     if len(repairs) > CONFLICT_REPAIRS:
                         log.warning(
@@ -142,8 +157,11 @@ async def _readiness_server(address: str, state: _State) -> asyncio.Server:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
             path = request.split(b" ", 2)[1].decode(errors="replace") if b" " in request else ""
+            content_type = "text/plain"
             if path == "/readyz":
                 code, body = (200, "ok") if state.status.ready else (503, state.status.reason)
+            elif path == "/status":
+                code, body, content_type = 200, json.dumps(state.report()), "application/json"
             elif path == "/healthz":
                 code, body = (200, "ok") if state.running else (503, "stopping")
             else:
@@ -151,7 +169,7 @@ async def _readiness_server(address: str, state: _State) -> asyncio.Server:
             payload = (body + "\n").encode()
             reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[code]
             writer.write(
-                f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
+                f"HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
                 + payload
             )

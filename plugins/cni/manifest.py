@@ -24,6 +24,7 @@ def objects(
     cni_conf_dir: str = "/etc/cni/net.d",
     run_dir: str = DEFAULT_RUN_DIR,
     exclude_namespaces: tuple[str, ...] = ("kube-system", "meshctl-system"),
+    image_pull_policy: str | None = None,
 ) -> list[dict[str, Any]]:
     """ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply order."""
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "meshctl"}
@@ -44,6 +45,7 @@ def objects(
     container = {
         "name": "install-cni",
         "image": image or default_image(),
+        **({"imagePullPolicy": image_pull_policy} if image_pull_policy else {}),
         "command": ["meshctl"],
         "args": ["--log-level", "info", "--log-format", "json", "cni", "install"],
         "env": env,

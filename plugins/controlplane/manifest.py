@@ -38,6 +38,11 @@ class ManifestSettings:
     revision: str = "default"
     replicas: int = 2
     trust_domain: str = "cluster.local"
+    image_pull_policy: str | None = None  # None: the cluster's default for the tag
+    # More env for the process (install passes the injector's settings: CNI mode, image).
+    extra_env: tuple[tuple[str, str], ...] = ()
+    cpu: str = "100m"
+    memory: str = "128Mi"
 
 
 def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
@@ -119,9 +124,10 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
     def env_field(var: str, path: str) -> dict[str, Any]:
         return {"name": var, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
-    container = {
+    container: dict[str, Any] = {
         "name": "discovery",
         "image": settings.image,
+        **({"imagePullPolicy": settings.image_pull_policy} if settings.image_pull_policy else {}),
         "command": ["meshctl"],
         "args": ["--log-level", "info", "--log-format", "json", "controlplane", "run"],
         "env": [
@@ -129,6 +135,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
             env_field("POD_NAMESPACE", "metadata.namespace"),
             {"name": "REVISION", "value": settings.revision},
             {"name": "TRUST_DOMAIN", "value": settings.trust_domain},
+            *({"name": k, "value": v} for k, v in settings.extra_env),
         ],
         "ports": [
             {"name": "grpc-xds", "containerPort": GRPC_PORT, "protocol": "TCP"},
@@ -142,7 +149,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
             "periodSeconds": 3,
             "timeoutSeconds": 5,
         },
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "resources": {"requests": {"cpu": settings.cpu, "memory": settings.memory}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
