@@ -6,10 +6,12 @@ import asyncio
 import logging
 import os
 import shutil
+import socket
 import tempfile
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,8 +20,12 @@ from meshctl.core import certs as certs_mod
 from meshctl.core import channel
 from meshctl.core.identity import IdentityError, SpiffeId, parse_workload_ref
 from meshctl.errors import ConfigError, UserError
+from meshctl.process import Feed, PodFeed
 
 from .settings import ZtunnelSettings, seconds
+
+if TYPE_CHECKING:
+    from meshctl.process import Supervisor
 
 app = typer.Typer(
     add_completion=False,
@@ -37,7 +43,11 @@ _MAX_WORKERS = 64
 def run(
     ctx: typer.Context,
     mode: Annotated[
-        str | None, typer.Option(help="sidecar (dedicated: one workload) [env PROXY_MODE]")
+        str | None,
+        typer.Option(
+            help="sidecar (dedicated: one workload) or node (shared: the node's ambient pods) "
+            "[env PROXY_MODE]"
+        ),
     ] = None,
     workload: Annotated[
         str | None,
@@ -71,32 +81,30 @@ def run(
         int | None,
         typer.Option(help="Data-plane worker processes (1) [env ZTUNNEL_WORKER_THREADS]"),
     ] = None,
+    inpod_uds: Annotated[
+        str | None,
+        typer.Option(
+            metavar="PATH",
+            help="Node mode: the node agent's ZDS socket (/var/run/ztunnel/ztunnel.sock) "
+            "[env INPOD_UDS]",
+        ),
+    ] = None,
+    ca_dir: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DIR",
+            help="Node mode: mint pod certificates from this development CA "
+            "(ca-cert.pem, ca-key.pem) [env MESHCTL_CA_DIR]",
+        ),
+    ] = None,
+    cert_ttl: Annotated[
+        str | None, typer.Option(help="Node mode: pod certificate lifetime (24h) [env SECRET_TTL]")
+    ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
-    from meshctl.process import Supervisor, self_command
-
-    from .listeners import bind_all
-    from .sources import FileFeed
-
     file, file_name = config.file_section(ctx.meta, "ztunnel")
-    flags = {
-        "mode": mode,
-        "workload": workload,
-        "local_config": local_config,
-        "cert_dir": cert_dir,
-        "trust_domain": trust_domain,
-        "drain_deadline": drain_deadline,
-        "handshake_timeout": handshake_timeout,
-        "mark": mark,
-        "workers": workers,
-    }
+    flags = {k: v for k, v in locals().items() if k not in ("ctx", "file", "file_name")}
     settings = config.resolve(ZtunnelSettings, flags=flags, file=file, file_name=file_name)
-    ref = settings.workload_ref()
-    try:
-        ns, _name, sa = parse_workload_ref(ref)
-        identity = SpiffeId(settings.trust_domain, ns, sa)
-    except IdentityError as exc:
-        raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
     deadline = seconds(settings.drain_deadline, "drain deadline")
     handshake = seconds(settings.handshake_timeout, "handshake timeout")
     if handshake <= 0:
@@ -109,15 +117,126 @@ def run(
             f"workers must be between 1 and {_MAX_WORKERS}, not {settings.workers}",
             hint="one per core the proxy may use, e.g. --workers 2",
         )
+    global_settings: config.GlobalSettings = ctx.obj
+    if settings.node_mode:
+        code = _run_node(settings, global_settings, deadline, handshake)
+    else:
+        code = _run_sidecar(settings, global_settings, deadline, handshake)
+    raise typer.Exit(code)
+
+
+def _run_sidecar(
+    settings: ZtunnelSettings,
+    global_settings: config.GlobalSettings,
+    deadline: float,
+    handshake: float,
+) -> int:
+    from .listeners import bind_all
+    from .sources import FileFeed
+
+    ref = settings.workload_ref()
+    try:
+        ns, _name, sa = parse_workload_ref(ref)
+        identity = SpiffeId(settings.trust_domain, ns, sa)
+    except IdentityError as exc:
+        raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
     feed = FileFeed(
         cert_dir=Path(settings.cert_dir),
         local_config=Path(settings.local_config) if settings.local_config else None,
         identity=identity,
     )
     listeners = bind_all(settings)
-    global_settings: config.GlobalSettings = ctx.obj
+    log.info("serving %s as %s (pid %d)", ref, identity, os.getpid())
+    run = _Run(settings, global_settings, deadline, handshake, listeners, workload=ref)
+    return run.serve(lambda supervisor: supervisor.run(), feed=feed)
 
-    def argv(channel_fd: int) -> list[str]:
+
+def _run_node(
+    settings: ZtunnelSettings,
+    global_settings: config.GlobalSettings,
+    deadline: float,
+    handshake: float,
+) -> int:
+    from meshctl.core.capture.settings import AMBIENT_PROXY_MARK
+
+    from .identities import Identities, LocalCa
+    from .listeners import bind_all, pod_ports
+    from .node import NodeFeed, Pods, ZdsClient
+    from .sources import FileFeed
+
+    if not settings.ca_dir:
+        raise UserError(
+            "node mode needs a source of pod certificates",
+            hint="give --ca-dir DIR (a development CA made by 'meshctl ztunnel certs')",
+        )
+    issuer = LocalCa(Path(settings.ca_dir))
+    ttl = timedelta(seconds=seconds(settings.cert_ttl, "certificate TTL"))
+    files = FileFeed(
+        cert_dir=None,
+        local_config=Path(settings.local_config) if settings.local_config else None,
+        identity=None,
+    )
+    # The pods' capture rules exempt what carries the in-pod mark (Istio's 0x539).
+    mark = settings.mark or AMBIENT_PROXY_MARK
+    listeners = bind_all(settings, proxy=False)
+    run = _Run(settings, global_settings, deadline, handshake, listeners, workload="", mark=mark)
+
+    async def serve(supervisor: Supervisor) -> int:
+        identities = Identities(issuer, ttl=ttl, publish=supervisor.broadcast)
+        run.pods = pods = Pods(
+            ports=pod_ports(settings),
+            mark=mark,
+            trust_domain=settings.trust_domain,
+            identities=identities,
+        )
+        run.feed = NodeFeed(files, identities)
+        pods.send = supervisor.send_pod
+        client = ZdsClient(settings.inpod_uds, pods)
+        task = asyncio.ensure_future(client.run())
+        try:
+            return await supervisor.run()
+        finally:
+            task.cancel()
+            identities.close()
+            pods.close()
+
+    log.info(
+        "node proxy: pods from %s, certificates from %s (pid %d)",
+        settings.inpod_uds,
+        issuer.name,
+        os.getpid(),
+    )
+    return run.serve(serve, feed=None, node=True)
+
+
+class _Run:
+    """What both modes share: the data plane's argv and config, metrics dir, the supervisor."""
+
+    def __init__(
+        self,
+        settings: ZtunnelSettings,
+        global_settings: config.GlobalSettings,
+        deadline: float,
+        handshake: float,
+        listeners: dict[str, socket.socket],
+        *,
+        workload: str,
+        mark: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.global_settings = global_settings
+        self.deadline = deadline
+        self.handshake = handshake
+        self.listeners = listeners
+        self.workload = workload
+        self.mark = settings.mark if mark is None else mark
+        self.feed: Feed | None = None
+        self.pods: PodFeed | None = None
+
+    def argv(self, channel_fd: int) -> list[str]:
+        from meshctl.process import self_command
+
+        g = self.global_settings
         # The command name first: the data plane is a raw plugin and must not go through the
         # Typer root command, which global flags before it would (typer + pydantic: ~8 MB).
         return self_command(
@@ -125,57 +244,95 @@ def run(
             "--channel-fd",
             str(channel_fd),
             "--log-level",
-            global_settings.log_level if not global_settings.debug else "debug",
+            g.log_level if not g.debug else "debug",
             "--log-format",
-            global_settings.log_format,
+            g.log_format,
         )
 
-    # Every worker writes its counters here; worker 0 serves the sum (prometheus-client's
-    # multiprocess mode, switched on for the children by the variable below).
-    metrics_dir = tempfile.mkdtemp(prefix="meshctl-metrics-")
+    def serve(
+        self,
+        body: Callable[[Supervisor], Awaitable[int]],
+        *,
+        feed: Feed | None,
+        node: bool = False,
+    ) -> int:
+        from meshctl.process import Supervisor
 
-    def worker_exited(pid: int) -> None:
-        from prometheus_client import multiprocess
+        from .listeners import pod_ports
 
-        # Its live gauges no longer count (prometheus-client leaves this one unannotated).
-        multiprocess.mark_process_dead(pid, metrics_dir)  # type: ignore[no-untyped-call]
+        s = self.settings
+        # Every worker writes its counters here; worker 0 serves the sum (prometheus-client's
+        # multiprocess mode, switched on for the children by the variable below).
+        metrics_dir = tempfile.mkdtemp(prefix="meshctl-metrics-")
 
-    def proxy_config(worker: int, fds: dict[str, int]) -> channel.ProxyConfig:
-        return channel.ProxyConfig(
-            mode="sidecar",
-            workload=ref,
-            listeners=fds,
-            cluster_id=settings.cluster_id,
-            trust_domain=settings.trust_domain,
-            pool_max_streams=settings.pool_max_streams,
-            pool_idle_timeout=seconds(settings.pool_idle_timeout, "pool idle timeout"),
-            drain_deadline=deadline,
-            handshake_timeout=handshake,
-            mark=settings.mark,
-            worker=worker,
-            workers=settings.workers,
-            metrics_dir=metrics_dir,
-        )
+        def worker_exited(pid: int) -> None:
+            from prometheus_client import multiprocess
 
-    supervisor = Supervisor(
-        argv=argv,
-        config=proxy_config,
-        listeners=listeners,
-        feed=feed,
-        drain_deadline=deadline,
-        workers=settings.workers,
-        extra_env={"PROMETHEUS_MULTIPROC_DIR": metrics_dir},
-        on_exit=worker_exited,
-        poll_interval=seconds(settings.reload_interval, "reload interval"),
-    )
-    log.info("serving %s as %s (pid %d)", ref, identity, os.getpid())
-    try:
-        code = asyncio.run(supervisor.run())
-    finally:
-        for sock in listeners.values():
-            sock.close()
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-    raise typer.Exit(code)
+            # Its live gauges no longer count (prometheus-client leaves this one unannotated).
+            multiprocess.mark_process_dead(pid, metrics_dir)  # type: ignore[no-untyped-call]
+
+        def proxy_config(worker: int, fds: dict[str, int]) -> channel.ProxyConfig:
+            return channel.ProxyConfig(
+                mode="node" if node else "sidecar",
+                workload=self.workload,
+                listeners=fds,
+                cluster_id=s.cluster_id,
+                trust_domain=s.trust_domain,
+                pool_max_streams=s.pool_max_streams,
+                pool_idle_timeout=seconds(s.pool_idle_timeout, "pool idle timeout"),
+                drain_deadline=self.deadline,
+                handshake_timeout=self.handshake,
+                mark=self.mark,
+                worker=worker,
+                workers=s.workers,
+                metrics_dir=metrics_dir,
+                pod_ports=pod_ports(s) if node else {},
+            )
+
+        self.feed = feed if feed is not None else self.feed
+
+        async def main() -> int:
+            supervisor = Supervisor(
+                argv=self.argv,
+                config=proxy_config,
+                listeners=self.listeners,
+                feed=_Deferred(self),
+                drain_deadline=self.deadline,
+                workers=s.workers,
+                extra_env={"PROMETHEUS_MULTIPROC_DIR": metrics_dir},
+                on_exit=worker_exited,
+                poll_interval=seconds(s.reload_interval, "reload interval"),
+                pods=_DeferredPods(self) if node else None,
+            )
+            return await body(supervisor)
+
+        try:
+            return asyncio.run(main())
+        finally:
+            for sock in self.listeners.values():
+                sock.close()
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+class _Deferred(Feed):
+    """The feed of a ``_Run``, which node mode builds once the event loop runs."""
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+
+    def current(self) -> list[channel.Message]:
+        return self._run.feed.current() if self._run.feed is not None else []
+
+    def changes(self) -> list[channel.Message]:
+        return self._run.feed.changes() if self._run.feed is not None else []
+
+
+class _DeferredPods(PodFeed):
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+
+    def current(self) -> list[tuple[channel.Message, tuple[int, ...]]]:
+        return self._run.pods.current() if self._run.pods is not None else []
 
 
 @app.command()

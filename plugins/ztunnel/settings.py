@@ -5,12 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshctl.config import setting
+from meshctl.core.zds import DEFAULT_SOCKET
 from meshctl.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ZtunnelSettings:
-    mode: str = setting("sidecar", env="PROXY_MODE", choices=("sidecar", "dedicated"))
+    # "node" is ztunnel's "shared" (the node proxy of ambient mode), "sidecar" its "dedicated".
+    mode: str = setting(
+        "sidecar", env="PROXY_MODE", choices=("sidecar", "dedicated", "node", "shared")
+    )
     workload: str | None = setting(None, env="PROXY_WORKLOAD_INFO")
     # The injected sidecar's env (meshctl inject renders these from the downward API).
     pod_name: str | None = setting(None, env="POD_NAME")
@@ -30,12 +34,20 @@ class ZtunnelSettings:
     # Data-plane worker processes (ztunnel's worker threads); they share the listeners.
     workers: int = setting(1, env="ZTUNNEL_WORKER_THREADS")
     reload_interval: str = setting("1s", env="MESHCTL_RELOAD_INTERVAL")
+    # Node mode: the node agent's ZDS socket, where pod certificates come from, their lifetime.
+    inpod_uds: str = setting(DEFAULT_SOCKET, env="INPOD_UDS")
+    ca_dir: str | None = setting(None, env="MESHCTL_CA_DIR")
+    cert_ttl: str = setting("24h", env="SECRET_TTL")
     outbound_port: int = setting(15001)
     inbound_plaintext_port: int = setting(15006)
     inbound_port: int = setting(15008)
     admin_port: int = setting(15000)
     metrics_port: int = setting(15020)
     readiness_port: int = setting(15021)
+
+    @property
+    def node_mode(self) -> bool:
+        return self.mode in ("node", "shared")
 
     def workload_ref(self) -> str:
         """NS/NAME/SA from ``--workload`` or the pod env; a clear error when neither is set."""

@@ -37,13 +37,22 @@ def read_certs(cert_dir: Path, identity: SpiffeId, generation: int) -> channel.C
             hint=f"create them with 'meshctl ztunnel certs --out {cert_dir} --workload ...'",
         ) from exc
     try:
-        _check_certs(chain, key, roots, identity)
+        return certs_message(chain, key, roots, identity, generation)
     except (IdentityError, ValueError) as exc:
         raise UserError(
             f"workload certificate in {cert_dir} is unusable: {exc}",
             hint=f"mint one for {identity} with 'meshctl ztunnel certs'",
         ) from exc
+
+
+def certs_message(
+    chain: str, key: str, roots: str, identity: SpiffeId, generation: int, *, named: bool = False
+) -> channel.Certs:
+    """The checked ``Certs`` message for ``identity`` (``named``: node mode, which says whose);
+    raises ``IdentityError``/``ValueError`` when the PEMs do not make a usable certificate."""
+    _check_certs(chain, key, roots, identity)
     return channel.Certs(
+        identity=str(identity) if named else "",
         cert_chain=chain,
         key=key,
         roots=roots,
@@ -111,28 +120,47 @@ def _digest(*paths: Path) -> str:
 
 
 class FileFeed(Feed):
-    """Certificates and workloads from files, re-sent when their content changes."""
+    """Certificates and workloads from files, re-sent when their content changes.
 
-    def __init__(self, *, cert_dir: Path, local_config: Path | None, identity: SpiffeId) -> None:
+    Without ``cert_dir`` (node mode: certificates are per pod, see identities.py) only the
+    local config is fed.
+    """
+
+    def __init__(
+        self, *, cert_dir: Path | None, local_config: Path | None, identity: SpiffeId | None
+    ) -> None:
         self.cert_dir = cert_dir
         self.local_config = local_config
         self.identity = identity
-        self._cert_files = [
-            cert_dir / n
-            for n in (certs_mod.CERT_CHAIN_FILE, certs_mod.KEY_FILE, certs_mod.ROOT_CERT_FILE)
-        ]
-        self.certs = read_certs(cert_dir, identity, 0)
+        self._cert_files = (
+            [
+                cert_dir / n
+                for n in (certs_mod.CERT_CHAIN_FILE, certs_mod.KEY_FILE, certs_mod.ROOT_CERT_FILE)
+            ]
+            if cert_dir is not None
+            else []
+        )
+        self.certs = (
+            read_certs(cert_dir, identity, 0)
+            if cert_dir is not None and identity is not None
+            else None
+        )
         self.workloads = channel.Workloads(document=read_local_config(local_config), generation=0)
         self._cert_digest = _digest(*self._cert_files)
         self._config_digest = _digest(local_config) if local_config else ""
 
     def current(self) -> list[channel.Message]:
-        return [self.certs, self.workloads]
+        return [self.certs, self.workloads] if self.certs is not None else [self.workloads]
 
     def changes(self) -> list[channel.Message]:
         out: list[channel.Message] = []
         digest = _digest(*self._cert_files)
-        if digest != self._cert_digest:
+        if (
+            self.cert_dir is not None
+            and self.identity is not None
+            and self.certs is not None
+            and digest != self._cert_digest
+        ):
             self._cert_digest = digest
             try:
                 self.certs = read_certs(self.cert_dir, self.identity, self.certs.generation + 1)
