@@ -509,6 +509,22 @@ def kube_api(kube_cluster: KubeCluster) -> Iterator[k8s.ApiClient]:
         yield api
 
 
+def compact_etcd(cluster: KubeCluster, revision: str) -> None:
+    """Compacts etcd's history up to ``revision`` (as the API server does every five minutes),
+    so that watches from an older resourceVersion that the server serves from etcd (kinds
+    without a watch cache, such as core/v1 Events) end with 410 Gone."""
+    binaries = locate_binaries()
+    if isinstance(binaries, str):
+        pytest.fail(binaries)
+    etcdctl = binaries.etcd.parent / "etcdctl"
+    subprocess.run(
+        [str(etcdctl), "--endpoints", cluster.etcd_url, "compact", revision],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Namespaces, service accounts, tokens
 
