@@ -15,9 +15,10 @@ Invariants:
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from meshctl.core.capture import render
+from meshctl.core.capture import hostprobe, render
 from meshctl.core.capture.plan import CapturePlan
 from meshctl.core.capture.routing import Routing
 from meshctl.core.capture.rules import Family, RuleSet
@@ -153,3 +154,21 @@ def clean(*, target: netns.NetnsRef | None, backend: str, dry_run: bool = False)
         if route_changes or not outcomes:
             outcomes.append(Outcome("routing", {}, tuple(route_changes)))
     return outcomes
+
+
+def apply_host_probe(
+    pod_ips: Iterable[str], *, target: netns.NetnsRef | None, backend: str = "auto"
+) -> Outcome:
+    """The node's probe SNAT rules (``hostprobe``) for exactly ``pod_ips``; only ``MESH_POSTRT``
+    and its jump are read and written, whatever else the node's tables hold (kube-proxy's...)."""
+    ips = list(pod_ips)
+    with netns.entered(target):
+        choice = iptables.select(backend, FAMILIES)
+        texts: dict[Family, str] = {}
+        for family in FAMILIES:
+            installed = hostprobe.scoped(_installed(choice, family))
+            desired = hostprobe.build(ips, family)
+            texts[family] = render.transition(installed, desired)
+            if texts[family]:
+                choice.backend.write(family, installed, desired)
+    return Outcome(choice.backend.name, texts)
