@@ -194,7 +194,8 @@ class AmbientAgent:
         """Pods that should be enrolled are captured again (idempotently) before the first
         proxy gets its snapshot, so the snapshot names every one of them."""
         await asyncio.gather(
-            *(self.reconcile(s) for s in list(self.pods.values())), return_exceptions=True
+            *(self.reconcile(s, hand_over=False) for s in list(self.pods.values())),
+            return_exceptions=True,
         )
         self.synced.set()
         log.info(
@@ -278,13 +279,15 @@ class AmbientAgent:
             state.pod, namespace, excluded_namespaces=self.settings.exclude_namespaces
         )
 
-    async def reconcile(self, state: PodState) -> None:
+    async def reconcile(self, state: PodState, *, hand_over: bool = True) -> None:
+        """Converge ``state``; without ``hand_over`` (before the first proxy's snapshot, which
+        will carry the pod) only the capture is restored."""
         async with state.lock:
             decision = self.desired(state)
             try:
                 if decision.enrolled:
                     if not (state.captured and state.served):
-                        await self._enroll(state)
+                        await self._enroll(state, hand_over=hand_over)
                     elif state.annotated != ambient.REDIRECTION_ENABLED:
                         await self._annotate(state, ambient.REDIRECTION_ENABLED)
                 elif state.captured or state.served or state.annotated:
@@ -295,7 +298,9 @@ class AmbientAgent:
             state.failures = 0
         self._forget_if_gone(state)
 
-    async def _enroll(self, state: PodState, *, from_cni: bool = False) -> None:
+    async def _enroll(
+        self, state: PodState, *, from_cni: bool = False, hand_over: bool = True
+    ) -> None:
         """Rules, SNAT, proxy, annotation; each step idempotent (an interrupted enrollment
         resumes where it stopped)."""
         started = time.monotonic()
@@ -326,6 +331,8 @@ class AmbientAgent:
             state.ips = state.ips or tuple(ambient.pod_ips(state.pod or {}))
             state.captured = True
             await self._sync_host()
+        if not hand_over:
+            return
         if not state.served:
             try:
                 await self.zds.add(state.uid, state.info(), state.fd)

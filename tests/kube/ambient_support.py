@@ -26,11 +26,27 @@ import pytest
 from kubernetes import client as k8s
 from meshctl_plugins.cni.manifest import objects
 
+from meshctl.core import ambient
 from meshctl.core.cni import netconf
-from tests.harness.kube import SA_ISSUER, KubeCluster, Kubelet, RunningPod, request_token
+from tests.harness.cni import mesh_rules
+from tests.harness.kube import (
+    SA_ISSUER,
+    CniError,
+    KubeCluster,
+    Kubelet,
+    RunningPod,
+    request_token,
+)
 from tests.harness.netns import Netns, veth_pair
 from tests.netns.ambient_harness import NodeProxy, write_ca_dir
-from tests.netns.ztunnel_harness import Ca, http_get, write_local_config
+from tests.netns.ztunnel_harness import (
+    Ca,
+    echo_roundtrip,
+    http_get,
+    metric_sum,
+    workload,
+    write_local_config,
+)
 
 SA_NAME = "meshctl-cni-node"
 SEED = Path(__file__).parents[1] / "golden" / "cni" / "testdata" / "dbnet.conflist"
@@ -183,32 +199,41 @@ def link_nodes(a: AmbientKubeNode, b: AmbientKubeNode) -> tuple[str, str]:
     return "node0", "node0"
 
 
-@contextlib.contextmanager
-def ambient_nodes(
-    cluster: KubeCluster, kubelets: list[Kubelet], tmp: Path, agent_namespace: str, api: Any
-) -> Iterator[list[AmbientKubeNode]]:
-    """Agents (with the manifest's RBAC) and proxies on every kubelet, the nodes linked."""
+def prepare_nodes(
+    cluster: KubeCluster, kubelets: list[Kubelet], tmp: Path, agent_namespace: str
+) -> list[AmbientKubeNode]:
+    """Per node: its dirs and the seed conflist; shared: a development CA for the proxies, an
+    empty local config, the agents' token and kubeconfig (RBAC from ``agent_rbac``)."""
     ca = Ca.create(tmp / "certs")
     ca_dir = write_ca_dir(ca, tmp / "ca")
     local_config = write_local_config(tmp / "local.yaml", workloads=[], services=[], policies=[])
     sa_dir = tmp / "sa"
     sa_dir.mkdir()
     (sa_dir / "ca.crt").write_bytes(cluster.ca_pem)
-    nodes: list[AmbientKubeNode] = []
+    token = request_token(cluster, agent_namespace, SA_NAME, SA_ISSUER)
+    (sa_dir / "token").write_text(token)
+    kubeconfig = tmp / "agent-kubeconfig"
+    kubeconfig.write_bytes(netconf.kubeconfig(cluster.server, token, cluster.ca_pem))
+    nodes = []
+    for i, kubelet in enumerate(kubelets):
+        folder = tmp / f"node{i}"
+        (folder / "net.d").mkdir(parents=True)
+        (folder / "net.d" / "10-dbnet.conflist").write_text(
+            json.dumps(seed_conflist(kubelet), indent=2) + "\n"
+        )
+        nodes.append(
+            AmbientKubeNode(kubelet, folder, sa_dir, kubeconfig, cluster, local_config, ca_dir)
+        )
+    return nodes
+
+
+@contextlib.contextmanager
+def ambient_nodes(
+    cluster: KubeCluster, kubelets: list[Kubelet], tmp: Path, agent_namespace: str, api: Any
+) -> Iterator[list[AmbientKubeNode]]:
+    """Agents (with the manifest's RBAC) and proxies on every kubelet, the nodes linked."""
     with agent_rbac(api, agent_namespace):
-        token = request_token(cluster, agent_namespace, SA_NAME, SA_ISSUER)
-        (sa_dir / "token").write_text(token)
-        kubeconfig = tmp / "agent-kubeconfig"
-        kubeconfig.write_bytes(netconf.kubeconfig(cluster.server, token, cluster.ca_pem))
-        for i, kubelet in enumerate(kubelets):
-            folder = tmp / f"node{i}"
-            (folder / "net.d").mkdir(parents=True)
-            (folder / "net.d" / "10-dbnet.conflist").write_text(
-                json.dumps(seed_conflist(kubelet), indent=2) + "\n"
-            )
-            nodes.append(
-                AmbientKubeNode(kubelet, folder, sa_dir, kubeconfig, cluster, local_config, ca_dir)
-            )
+        nodes = prepare_nodes(cluster, kubelets, tmp, agent_namespace)
         if len(nodes) == 2:
             link_nodes(nodes[0], nodes[1])
         try:
@@ -220,8 +245,96 @@ def ambient_nodes(
                 node.start_proxy()
             yield nodes
         finally:
+            for node in nodes:  # sandboxes first: their CNI DEL needs the installed plugin
+                with contextlib.suppress(CniError):
+                    node.kubelet.close()
             for node in nodes:
                 if node.proxy is not None:
                     node.proxy.stop()
             for node in nodes:
                 node.stop_agent()
+
+
+# -- what the ambient tests share ------------------------------------------------------------
+
+APP = 8080
+SVC_PORT = 80
+VIP = "10.0.0.77"  # inside the API server's service range, routed nowhere
+SVC_HOST = "echo.shop.svc.cluster.local"
+CLIENT_ID = "spiffe://cluster.local/ns/{ns}/sa/client"
+SERVER_ID = "spiffe://cluster.local/ns/{ns}/sa/server"
+
+
+def pod(name: str, *, sa: str = "default", labels: dict | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {"app": name}},
+        "spec": {
+            "serviceAccountName": sa,
+            "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
+        },
+    }
+
+
+def annotation(api, ns: str, name: str) -> str | None:
+    stored = k8s.CoreV1Api(api).read_namespaced_pod(name, ns)
+    return (stored.metadata.annotations or {}).get(ambient.REDIRECTION)
+
+
+def listening(netns, port: int) -> bool:
+    return bool(netns.run(["ss", "-Hltn", f"sport = :{port}"]).stdout.strip())
+
+
+def host_rules(node: AmbientKubeNode) -> list[str]:
+    return mesh_rules(node.ns.name)
+
+
+def mesh_config(path, ns: str, client_ip: str, server_ip: str, policies: list | None = None):
+    client = workload("client", ns, client_ip, sa="client")
+    services = {f"{ns}/{SVC_HOST}": {SVC_PORT: APP}}
+    server = workload("server", ns, server_ip, sa="server", services=services)
+    service = {
+        "name": "echo",
+        "namespace": ns,
+        "hostname": SVC_HOST,
+        "vips": [f"/{VIP}"],
+        "ports": {SVC_PORT: APP},
+    }
+    write_local_config(
+        path, workloads=[client, server], services=[service], policies=policies or []
+    )
+
+
+def loaded(node: AmbientKubeNode, *names: str) -> bool:
+    have = {w["name"] for w in proxy_of(node).config_dump()["workloads"]}
+    return set(names) <= have
+
+
+def proxy_of(node: AmbientKubeNode) -> NodeProxy:
+    assert node.proxy is not None
+    return node.proxy
+
+
+def serves_nothing(*nodes: AmbientKubeNode) -> bool:
+    return not any(proxy_of(n).config_dump()["workloadState"] for n in nodes)
+
+
+def refused(netns, addr) -> bool:
+    try:
+        reply = echo_roundtrip(netns, addr, b"x" * 100, timeout=5)
+    except OSError:
+        return True
+    return reply == b""
+
+
+def opened(node: AmbientKubeNode, reporter: str, ids: dict[str, str]) -> float:
+    text = proxy_of(node).metrics()
+    return metric_sum(text, "istio_tcp_connections_opened_total", reporter=reporter, **ids)
+
+
+def identities(ns: str) -> dict[str, str]:
+    return {
+        "source_principal": CLIENT_ID.format(ns=ns),
+        "destination_principal": SERVER_ID.format(ns=ns),
+    }

@@ -11,137 +11,35 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
 from meshctl.core import ambient
 from tests.harness.cni import mesh_rules
-from tests.harness.kube import (
-    KubeCluster,
-    create_namespace,
-    delete_namespace,
-    ensure_service_account,
-    kubelet_node,
-)
+from tests.harness.kube import create_namespace, delete_namespace
 from tests.harness.wait import eventually
-from tests.kube.ambient_support import AmbientKubeNode, ambient_nodes
-from tests.netns.ambient_harness import NodeProxy
-from tests.netns.ztunnel_harness import (
-    EchoServer,
-    Sniffer,
-    echo_roundtrip,
-    metric_sum,
-    workload,
-    write_local_config,
+from tests.kube.ambient_support import (
+    APP,
+    CLIENT_ID,
+    SVC_PORT,
+    VIP,
+    AmbientKubeNode,
+    annotation,
+    host_rules,
+    identities,
+    listening,
+    loaded,
+    mesh_config,
+    opened,
+    pod,
+    proxy_of,
+    refused,
+    serves_nothing,
 )
+from tests.netns.ztunnel_harness import EchoServer, Sniffer, echo_roundtrip
 
 pytestmark = [pytest.mark.kube, pytest.mark.netns]
-
-APP = 8080
-SVC_PORT = 80
-VIP = "10.0.0.77"  # inside the API server's service range, routed nowhere
-SVC_HOST = "echo.shop.svc.cluster.local"
-CLIENT_ID = "spiffe://cluster.local/ns/{ns}/sa/client"
-SERVER_ID = "spiffe://cluster.local/ns/{ns}/sa/server"
-
-
-@pytest.fixture
-def two_nodes(kube_cluster: KubeCluster, kube_api, netns_factory, tmp_path, kube_namespace):
-    with (
-        kubelet_node(kube_cluster, kube_api, netns_factory) as k0,
-        kubelet_node(kube_cluster, kube_api, netns_factory) as k1,
-        ambient_nodes(kube_cluster, [k0, k1], tmp_path, kube_namespace, kube_api) as nodes,
-    ):
-        yield nodes
-
-
-@pytest.fixture
-def mesh_namespace(kube_api, kube_namespace):
-    name = f"{kube_namespace}-amb"[:60]
-    create_namespace(kube_api, name, labels={ambient.DATAPLANE_MODE: ambient.MODE_AMBIENT})
-    for sa in ("client", "server"):
-        ensure_service_account(kube_api, name, sa)
-    try:
-        yield name
-    finally:
-        delete_namespace(kube_api, name)
-
-
-def pod(name: str, *, sa: str = "default", labels: dict | None = None) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "labels": labels or {"app": name}},
-        "spec": {
-            "serviceAccountName": sa,
-            "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
-        },
-    }
-
-
-def annotation(api, ns: str, name: str) -> str | None:
-    stored = k8s.CoreV1Api(api).read_namespaced_pod(name, ns)
-    return (stored.metadata.annotations or {}).get(ambient.REDIRECTION)
-
-
-def listening(netns, port: int) -> bool:
-    return bool(netns.run(["ss", "-Hltn", f"sport = :{port}"]).stdout.strip())
-
-
-def host_rules(node: AmbientKubeNode) -> list[str]:
-    return mesh_rules(node.ns.name)
-
-
-def mesh_config(path, ns: str, client_ip: str, server_ip: str, policies: list | None = None):
-    client = workload("client", ns, client_ip, sa="client")
-    services = {f"{ns}/{SVC_HOST}": {SVC_PORT: APP}}
-    server = workload("server", ns, server_ip, sa="server", services=services)
-    service = {
-        "name": "echo",
-        "namespace": ns,
-        "hostname": SVC_HOST,
-        "vips": [f"/{VIP}"],
-        "ports": {SVC_PORT: APP},
-    }
-    write_local_config(
-        path, workloads=[client, server], services=[service], policies=policies or []
-    )
-
-
-def loaded(node: AmbientKubeNode, *names: str) -> bool:
-    have = {w["name"] for w in proxy_of(node).config_dump()["workloads"]}
-    return set(names) <= have
-
-
-def proxy_of(node: AmbientKubeNode) -> NodeProxy:
-    assert node.proxy is not None
-    return node.proxy
-
-
-def serves_nothing(*nodes: AmbientKubeNode) -> bool:
-    return not any(proxy_of(n).config_dump()["workloadState"] for n in nodes)
-
-
-def refused(netns, addr) -> bool:
-    try:
-        reply = echo_roundtrip(netns, addr, b"x" * 100, timeout=5)
-    except OSError:
-        return True
-    return reply == b""
-
-
-def opened(node: AmbientKubeNode, reporter: str, ids: dict[str, str]) -> float:
-    text = proxy_of(node).metrics()
-    return metric_sum(text, "istio_tcp_connections_opened_total", reporter=reporter, **ids)
-
-
-def identities(ns: str) -> dict[str, str]:
-    return {
-        "source_principal": CLIENT_ID.format(ns=ns),
-        "destination_principal": SERVER_ID.format(ns=ns),
-    }
 
 
 def test_pods_on_two_nodes_talk_mtls_and_enrollment_follows_labels(

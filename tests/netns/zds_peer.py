@@ -105,6 +105,7 @@ class ProxyPeer:
 
     path: Path
     refuse: dict[str, str] = field(default_factory=dict)  # uid -> NACK text for its add
+    hold: dict[str, threading.Event] = field(default_factory=dict)  # uid -> ack its add when set
     received: list[Received] = field(default_factory=list)
     fds: dict[str, int] = field(default_factory=dict)  # uid -> the netns descriptor it holds
     snapshots: int = 0
@@ -135,6 +136,7 @@ class ProxyPeer:
             request = zds_pb2.WorkloadRequest.FromString(data)
             kind = request.WhichOneof("payload")
             error = ""
+            held: threading.Event | None = None
             with self._lock:
                 if kind == "add":
                     assert len(fds) == 1, f"add with {len(fds)} descriptors"
@@ -151,6 +153,7 @@ class ProxyPeer:
                         )
                     )
                     error = self.refuse.get(add.uid, "")
+                    held = self.hold.get(add.uid)
                 else:
                     assert not fds, f"{kind} carried {len(fds)} descriptors"
                     uid = getattr(request, kind).uid if kind in ("keep", "del") else ""
@@ -161,6 +164,8 @@ class ProxyPeer:
                             os.close(old)
                     if kind == "snapshot_sent":
                         self.snapshots += 1
+            if held is not None:
+                held.wait(30)  # the test decides when this add is answered
             response = zds_pb2.WorkloadResponse(ack=zds_pb2.Ack(error=error))
             try:
                 self._sock.send(response.SerializeToString())
