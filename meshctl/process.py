@@ -63,13 +63,20 @@ class Backoff:
 
 
 class Feed:
-    """What the supervisor sends: the full current state for a new child, changes after that."""
+    """What the supervisor sends: the full current state for a new child, changes after that.
+
+    ``run`` is the feed's own background work (a CA client renewing certificates), started with
+    the supervisor and cancelled when it stops; what it produces comes out of ``changes``.
+    """
 
     def current(self) -> list[channel.Message]:
         raise NotImplementedError
 
     def changes(self) -> list[channel.Message]:
         raise NotImplementedError
+
+    async def run(self) -> None:
+        return
 
 
 class PodFeed:
@@ -92,6 +99,11 @@ class _Child:
     quit_requested: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     reading: asyncio.Task[None] | None = None
+
+
+def _feed_ended(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the certificate/workload feed failed", exc_info=task.exception())
 
 
 class Supervisor:
@@ -153,6 +165,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         poller = asyncio.ensure_future(self._poll())
+        feeding = asyncio.ensure_future(self._feed.run())
+        feeding.add_done_callback(_feed_ended)
         slots = [asyncio.ensure_future(self._slot(i)) for i in range(self._workers)]
         stop = asyncio.ensure_future(self._stop.wait())
         quit_ = asyncio.ensure_future(self._quit.wait())
@@ -164,7 +178,7 @@ class Supervisor:
             await self._drain()
             return 0
         finally:
-            for task in (stop, quit_, poller, *slots, *self._gathering):
+            for task in (stop, quit_, poller, feeding, *slots, *self._gathering):
                 task.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)

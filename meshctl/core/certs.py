@@ -9,15 +9,17 @@ returned to the caller, never in a message or a log.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
 
 # File names istio-agent writes for a workload (and ztunnel-style tools read).
 CERT_CHAIN_FILE = "cert-chain.pem"
@@ -187,6 +189,57 @@ def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
         == key.public_key().public_bytes(
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         )
+    )
+
+
+def new_csr(identity: SpiffeId) -> tuple[str, bytes]:
+    """A CSR as ztunnel sends one (fresh ECDSA P-256 key, SHA-256, empty subject, the SPIFFE id
+    as the only SAN, not critical as in its default build), and the key (PKCS#8 PEM)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    request = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([]))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(str(identity))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return request.public_bytes(serialization.Encoding.PEM).decode(), _key_pem(key)
+
+
+def accept_issued(
+    chain: Sequence[str], roots_pem: bytes, identity: SpiffeId, key_pem: bytes, now: datetime
+) -> str:
+    """The chain to serve (leaf, then the intermediates; the roots left out) from a CA's answer,
+    after checking that ``chain[0]`` is a valid certificate for ``identity`` over our key that
+    verifies up ``chain`` to one of ``roots_pem`` (RFC 5280 path validation, as a TLS peer will
+    do it). Raises ``IdentityError`` with the reason."""
+    if not chain:
+        raise IdentityError("the CA answered an empty certificate chain")
+    try:
+        certs = [x509.load_pem_x509_certificate(c.encode()) for c in chain]
+        roots = x509.load_pem_x509_certificates(roots_pem)
+    except ValueError as exc:
+        raise IdentityError(f"the CA's answer is not PEM certificates: {exc}") from exc
+    leaf = certs[0]
+    if not key_matches(leaf.public_bytes(serialization.Encoding.PEM), key_pem):
+        raise IdentityError("the issued certificate is not for the key we sent")
+    uris = describe(leaf.public_bytes(serialization.Encoding.PEM))[0].uri_sans
+    peer_identity(uris, trust_domain=identity.trust_domain, expected=[identity])
+    try:
+        verifier = (
+            verification.PolicyBuilder()
+            .store(verification.Store(roots))
+            .time(now)
+            .build_client_verifier()
+        )
+        intermediates = [c for c in certs[1:] if c not in roots]
+        verifier.verify(leaf, intermediates)
+    except (verification.VerificationError, ValueError) as exc:
+        raise IdentityError(f"the issued certificate does not verify to our roots: {exc}") from exc
+    return "".join(
+        c.public_bytes(serialization.Encoding.PEM).decode() for c in (leaf, *intermediates)
     )
 
 

@@ -93,6 +93,21 @@ def certificate_facts(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CertSource:
+    """Supervisor -> data plane: where the certificates come from and how their renewal goes
+    (shown on readiness and ``/config_dump``); sent whenever that changes."""
+
+    TYPE: ClassVar[str] = "cert_source"
+    source: str  # "files" (a mounted directory) or "ca" (a CreateCertificate client)
+    ca_address: str = ""
+    renewing: bool = True  # False while the last attempt to renew failed
+    last_error: str = ""  # why it failed (one line; never key material)
+    failing_since: str = ""  # ISO 8601, when renewal started failing
+    last_success: str = ""  # ISO 8601
+    next_refresh: str = ""  # ISO 8601: half of the current certificate's lifetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workloads:
     """Supervisor -> data plane: a whole local-config document (already validated)."""
 
@@ -210,6 +225,7 @@ Message = (
     Hello
     | ProxyConfig
     | Certs
+    | CertSource
     | Workloads
     | Drain
     | Status
@@ -228,6 +244,7 @@ _KINDS: dict[str, type[Message]] = {
         Hello,
         ProxyConfig,
         Certs,
+        CertSource,
         Workloads,
         Drain,
         Status,

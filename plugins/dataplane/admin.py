@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from meshctl import __version__
-from meshctl.core.channel import Certs
+from meshctl.core.channel import Certs, CertSource
 
 if TYPE_CHECKING:
     import socket
@@ -92,7 +92,12 @@ class Endpoints:
         if path != "/healthz/ready":
             return text(404, "not found\n")
         if self.rt.ready and not self.rt.draining:
-            return text(200, "ready\n")
+            problem = self.rt.certificate_problem()
+            if problem:
+                return text(503, f"not ready: {problem}\n")
+            # Still serving on a valid certificate while the CA is away: ready, and say so.
+            warning = self.rt.renewal_warning()
+            return text(200, f"ready ({warning})\n" if warning else "ready\n")
         return text(503, f"not ready: {self.rt.not_ready_reason()}\n")
 
     async def metrics(self, method: str, path: str, query: dict[str, list[str]]) -> Response:
@@ -176,20 +181,32 @@ class Endpoints:
         return dump
 
 
-def certificate_summary(certs: Certs, identity: str) -> list[dict[str, Any]]:
-    """The ``certificates`` section: identity, state and each certificate's validity."""
+def certificate_summary(
+    certs: Certs, identity: str, source: CertSource | None = None
+) -> list[dict[str, Any]]:
+    """The ``certificates`` section: identity, state, each certificate's validity, and where
+    the certificates come from (files, or the CA with the state of its renewal)."""
     chain = [dict(f) for f in certs.chain_facts]
     state = "Available"
     if chain and datetime.fromisoformat(chain[0]["expirationTime"]) <= datetime.now(UTC):
         state = "Expired"
-    return [
-        {
-            "identity": identity,
-            "state": state,
-            "certChain": chain,
-            "rootCerts": [dict(f) for f in certs.root_facts],
+    entry: dict[str, Any] = {
+        "identity": identity,
+        "state": state,
+        "certChain": chain,
+        "rootCerts": [dict(f) for f in certs.root_facts],
+    }
+    if source is not None:
+        entry["source"] = {
+            "kind": source.source,
+            "caAddress": source.ca_address,
+            "renewing": source.renewing,
+            "lastError": source.last_error,
+            "failingSince": source.failing_since,
+            "lastSuccess": source.last_success,
+            "nextRefresh": source.next_refresh,
         }
-    ]
+    return [entry]
 
 
 def _fields(obj: Any) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import logging
 import signal
 import socket
 from collections.abc import Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 from meshctl.core import channel
@@ -48,6 +49,7 @@ class Runtime:
         self.locals: dict[str, Local] = {}  # uid ("" in sidecar mode) -> served workload
         # identity ("" = the sidecar's own) -> the latest certificates and their contexts
         self.identities: dict[str, tuple[channel.Certs, tls.TlsContexts]] = {}
+        self.cert_source: channel.CertSource | None = None
         self.workloads_generation = -1
         self.tunnel_settings = TunnelSettings()
         self.own_ports: frozenset[int] = frozenset()
@@ -104,8 +106,28 @@ class Runtime:
         out: list[dict[str, Any]] = []
         for key, (certs, _) in sorted(self.identities.items()):
             identity = key or next((str(lo.identity) for lo in self.locals.values()), "")
-            out.extend(admin.certificate_summary(certs, identity))
+            source = self.cert_source if not key else None
+            out.extend(admin.certificate_summary(certs, identity, source))
         return out
+
+    def certificate_problem(self) -> str | None:
+        """Why the workload certificate (sidecar mode) cannot serve (expired), or None."""
+        own = self.identities.get("")
+        if own is None or not own[0].chain_facts:
+            return None
+        end = datetime.fromisoformat(str(own[0].chain_facts[0]["expirationTime"]))
+        if end > datetime.now(UTC):
+            return None
+        source = self.cert_source
+        why = f"; renewal failing: {source.last_error}" if source and source.last_error else ""
+        return f"workload certificate expired at {end.isoformat()}{why}"
+
+    def renewal_warning(self) -> str | None:
+        """A certificate still valid whose renewal fails (the CA is down), or None."""
+        source = self.cert_source
+        if source is None or source.renewing:
+            return None
+        return f"certificate renewal failing since {source.failing_since}: {source.last_error}"
 
     def connection_report(self) -> dict[str, Any]:
         """This worker's connections, as ``/config_dump`` shows them (and a ``Report`` carries)."""
@@ -240,6 +262,9 @@ class Runtime:
             await self._configure(message)
         elif isinstance(message, channel.Certs):
             self._apply_certs(message)
+        elif isinstance(message, channel.CertSource):
+            self.cert_source = message
+            return
         elif isinstance(message, channel.Workloads):
             self._apply_workloads(message)
         else:

@@ -27,6 +27,9 @@ from .settings import ZtunnelSettings, seconds
 if TYPE_CHECKING:
     from meshctl.process import Supervisor
 
+    from .caclient import CaClient
+    from .identities import Issuer
+
 app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -97,8 +100,31 @@ def run(
             "(ca-cert.pem, ca-key.pem) [env MESHCTL_CA_DIR]",
         ),
     ] = None,
-    cert_ttl: Annotated[
-        str | None, typer.Option(help="Node mode: pod certificate lifetime (24h) [env SECRET_TTL]")
+    ca_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Mesh CA, e.g. meshctl-controlplane.meshctl-system.svc:15012 [env CA_ADDRESS]",
+        ),
+    ] = None,
+    ca_root: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="Mesh root bundle (/var/run/secrets/istio/root-cert.pem) [env CA_ROOT_CA]",
+        ),
+    ] = None,
+    auth_token: Annotated[
+        str | None,
+        typer.Option(
+            "--token-file",
+            metavar="FILE",
+            help="Service-account token for the CA (/var/run/secrets/tokens/istio-token) "
+            "[env AUTH_TOKEN]",
+        ),
+    ] = None,
+    secret_ttl: Annotated[
+        str | None, typer.Option(help="Certificate lifetime to request (24h) [env SECRET_TTL]")
     ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
@@ -132,7 +158,6 @@ def _run_sidecar(
     handshake: float,
 ) -> int:
     from .listeners import bind_all
-    from .sources import FileFeed
 
     ref = settings.workload_ref()
     try:
@@ -140,11 +165,7 @@ def _run_sidecar(
         identity = SpiffeId(settings.trust_domain, ns, sa)
     except IdentityError as exc:
         raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
-    feed = FileFeed(
-        cert_dir=Path(settings.cert_dir),
-        local_config=Path(settings.local_config) if settings.local_config else None,
-        identity=identity,
-    )
+    feed = _feed(settings, identity)
     listeners = bind_all(settings)
     log.info("serving %s as %s (pid %d)", ref, identity, os.getpid())
     run = _Run(settings, global_settings, deadline, handshake, listeners, workload=ref)
@@ -159,23 +180,14 @@ def _run_node(
 ) -> int:
     from meshctl.core.capture.settings import AMBIENT_PROXY_MARK
 
-    from .identities import Identities, LocalCa
+    from .identities import Identities
     from .listeners import bind_all, pod_ports
     from .node import NodeFeed, Pods, ZdsClient
-    from .sources import FileFeed
+    from .sources import LocalConfigSource
 
-    if not settings.ca_dir:
-        raise UserError(
-            "node mode needs a source of pod certificates",
-            hint="give --ca-dir DIR (a development CA made by 'meshctl ztunnel certs')",
-        )
-    issuer = LocalCa(Path(settings.ca_dir))
-    ttl = timedelta(seconds=seconds(settings.cert_ttl, "certificate TTL"))
-    files = FileFeed(
-        cert_dir=None,
-        local_config=Path(settings.local_config) if settings.local_config else None,
-        identity=None,
-    )
+    issuer = _issuer(settings)
+    ttl = timedelta(seconds=_ttl(settings))
+    files = LocalConfigSource(Path(settings.local_config) if settings.local_config else None)
     # The pods' capture rules exempt what carries the in-pod mark (Istio's 0x539).
     mark = settings.mark or AMBIENT_PROXY_MARK
     listeners = bind_all(settings, proxy=False)
@@ -207,6 +219,69 @@ def _run_node(
         os.getpid(),
     )
     return run.serve(serve, feed=None, node=True)
+
+
+def _feed(settings: ZtunnelSettings, identity: SpiffeId) -> Feed:
+    """Mounted certificate files win (as Istio's file-mounted certs); else the CA if given."""
+    from .sources import FileFeed, has_cert_files
+
+    local_config = Path(settings.local_config) if settings.local_config else None
+    cert_dir = Path(settings.cert_dir)
+    if has_cert_files(cert_dir) or not settings.ca_address:
+        if settings.ca_address:
+            log.info("certificates from %s (mounted files win over the CA)", cert_dir)
+        return FileFeed(cert_dir=cert_dir, local_config=local_config, identity=identity)
+    from .caclient import CaFeed
+
+    ttl = _ttl(settings)
+    client = _ca_client(settings)
+    log.info("certificates from the CA at %s", settings.ca_address)
+    return CaFeed(
+        client=client,
+        identity=identity,
+        root_file=Path(settings.ca_root),
+        ttl_seconds=int(ttl),
+        local_config=local_config,
+    )
+
+
+def _ttl(settings: ZtunnelSettings) -> float:
+    ttl = seconds(settings.secret_ttl, "secret TTL")
+    if ttl < 1:
+        raise ConfigError(f"secret TTL {settings.secret_ttl!r} is under a second", hint="e.g. 24h")
+    return ttl
+
+
+def _ca_client(settings: ZtunnelSettings) -> CaClient:
+    from meshctl.rpc import CallAuth
+
+    from .caclient import CaClient
+
+    assert settings.ca_address  # noqa: S101 (callers checked)
+    token = Path(settings.auth_token)
+    # ztunnel's AUTH_TOKEN: a path when such a file exists (read on every call), else the token.
+    looks_like_path = "/" in settings.auth_token or token.exists()
+    auth = (
+        CallAuth(token_file=token, cluster_id=settings.cluster_id)
+        if looks_like_path
+        else CallAuth(token=settings.auth_token, cluster_id=settings.cluster_id)
+    )
+    return CaClient(settings.ca_address, auth=auth, server_name=settings.ca_server_name)
+
+
+def _issuer(settings: ZtunnelSettings) -> Issuer:
+    """Node mode's pod certificates: the mesh CA by impersonation, else a development CA."""
+    from .identities import CaIssuer, LocalCa
+
+    if settings.ca_address:
+        return CaIssuer(_ca_client(settings), root_file=Path(settings.ca_root))
+    if settings.ca_dir:
+        return LocalCa(Path(settings.ca_dir))
+    raise UserError(
+        "node mode needs a source of pod certificates",
+        hint="give --ca-address HOST:15012 (the mesh CA) or --ca-dir DIR (a development CA "
+        "made by 'meshctl ztunnel certs')",
+    )
 
 
 class _Run:
@@ -325,6 +400,10 @@ class _Deferred(Feed):
 
     def changes(self) -> list[channel.Message]:
         return self._run.feed.changes() if self._run.feed is not None else []
+
+    async def run(self) -> None:
+        if self._run.feed is not None:
+            await self._run.feed.run()
 
 
 class _DeferredPods(PodFeed):

@@ -19,12 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from meshctl import rpc
 from meshctl.core import certs as certs_mod
 from meshctl.core import channel
 from meshctl.core.identity import SpiffeId
 from meshctl.errors import UserError
+
+if TYPE_CHECKING:
+    from .caclient import CaClient
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,38 @@ class LocalCa:
 
     def _mint(self, identity: SpiffeId, ttl: timedelta) -> certs_mod.KeyPair:
         return certs_mod.mint_workload(self._ca, identity, now=datetime.now(UTC), ttl=ttl)
+
+
+class CaIssuer:
+    """The mesh CA (``CreateCertificate``), asked by impersonation: the node proxy's own token,
+    the pod's identity as ``ImpersonatedIdentity`` (ztunnel's shared mode); the answer checked
+    against the mounted mesh root before it is used."""
+
+    def __init__(self, client: CaClient, *, root_file: Path) -> None:
+        self.name = f"the CA at {client.address}"
+        self._client = client
+        self._root_file = root_file
+
+    async def issue(self, identity: SpiffeId, ttl: timedelta) -> Issued:
+        try:
+            roots = self._root_file.read_bytes()
+        except OSError as exc:
+            raise OSError(
+                f"cannot read the mesh root {self._root_file}: {exc.strerror or exc} "
+                "(mount the meshctl-ca-root-cert ConfigMap there)"
+            ) from exc
+        csr_pem, key_pem = certs_mod.new_csr(identity)
+        try:
+            chain = await self._client.create(
+                csr_pem, roots=roots, ttl_seconds=int(ttl.total_seconds()), impersonate=identity
+            )
+        except rpc.RpcError as exc:
+            raise OSError(exc.message) from exc
+        served = certs_mod.accept_issued(chain, roots, identity, key_pem, datetime.now(UTC))
+        return Issued(chain=served, key=key_pem.decode(), roots=roots.decode())
+
+    async def close(self) -> None:
+        await self._client.close()
 
 
 @dataclass(slots=True)
@@ -171,9 +207,7 @@ class Identities:
         from .sources import certs_message  # the one place PEMs become a Certs message
 
         self._generation += 1
-        return certs_message(
-            issued.chain, issued.key, issued.roots, identity, self._generation, named=True
-        )
+        return certs_message(issued.chain, issued.key, issued.roots, identity, self._generation)
 
     def _rotation_delay(self, certs: channel.Certs) -> float:
         leaf = certs.chain_facts[0]

@@ -30,6 +30,7 @@ from meshctl.net.inpod import InPod
 from meshctl.process import Feed, PodFeed
 
 from .identities import Identities
+from .sources import LocalConfigSource
 
 log = logging.getLogger(__name__)
 
@@ -161,15 +162,15 @@ class Pods(PodFeed):
 class NodeFeed(Feed):
     """A new data plane gets every pod identity's certificate and the workloads."""
 
-    def __init__(self, files: Feed, identities: Identities) -> None:
-        self._files = files
+    def __init__(self, config: LocalConfigSource, identities: Identities) -> None:
+        self._config = config
         self._identities = identities
 
     def current(self) -> list[channel.Message]:
-        return [*self._identities.current(), *self._files.current()]
+        return [*self._identities.current(), self._config.workloads]
 
     def changes(self) -> list[channel.Message]:
-        return self._files.changes()
+        return self._config.changes()
 
 
 class ZdsClient:

@@ -24,6 +24,14 @@ class ZtunnelSettings:
     cluster_id: str = setting("Kubernetes", env="ISTIO_META_CLUSTER_ID")
     local_config: str | None = setting(None, env="LOCAL_XDS_PATH")
     cert_dir: str = setting("/var/run/secrets/workload-spiffe-credentials", env="MESHCTL_CERT_DIR")
+    # The mesh CA (ztunnel's CA_ADDRESS, istio-agent's CA_ADDR): certificates from
+    # CreateCertificate when set and no certificate files are mounted in cert_dir.
+    ca_address: str | None = setting(None, env=("CA_ADDRESS", "CA_ADDR"))
+    ca_root: str = setting("/var/run/secrets/istio/root-cert.pem", env="CA_ROOT_CA")
+    ca_server_name: str | None = setting(None, env="ALT_CA_HOSTNAME")
+    # A token file (read on every call) or, if no such file exists, the token itself (ztunnel).
+    auth_token: str = setting("/var/run/secrets/tokens/istio-token", env="AUTH_TOKEN")
+    secret_ttl: str = setting("24h", env="SECRET_TTL")
     # Durations as ztunnel writes them: "5s", "300ms", "5m", "1h".
     drain_deadline: str = setting("5s", env="CONNECTION_TERMINATION_DEADLINE")
     # A peer that has not finished the TLS handshake by then is dropped (slowloris guard).
@@ -34,10 +42,10 @@ class ZtunnelSettings:
     # Data-plane worker processes (ztunnel's worker threads); they share the listeners.
     workers: int = setting(1, env="ZTUNNEL_WORKER_THREADS")
     reload_interval: str = setting("1s", env="MESHCTL_RELOAD_INTERVAL")
-    # Node mode: the node agent's ZDS socket, where pod certificates come from, their lifetime.
+    # Node mode: the node agent's ZDS socket; a development CA for pod certificates when no
+    # mesh CA (``ca_address``) is given.
     inpod_uds: str = setting(DEFAULT_SOCKET, env="INPOD_UDS")
     ca_dir: str | None = setting(None, env="MESHCTL_CA_DIR")
-    cert_ttl: str = setting("24h", env="SECRET_TTL")
     outbound_port: int = setting(15001)
     inbound_plaintext_port: int = setting(15006)
     inbound_port: int = setting(15008)

@@ -796,12 +796,12 @@ class _LoopbackForwarder:
     apiserver at the kubeconfig's address, which is the host's loopback.
     """
 
-    def __init__(self, ns: Netns, port: int) -> None:
+    def __init__(self, ns: Netns, port: int, listen: tuple[str, int] | None = None) -> None:
         self._port = port
         # A socket keeps the netns it was created in: the listener stays there, accepted
         # connections too, while the outgoing side is made from this (host) netns.
         with ns.entered():
-            self._listener = socket.create_server(("127.0.0.1", port))
+            self._listener = socket.create_server(listen or ("127.0.0.1", port))
         self._closing = threading.Event()
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -847,6 +847,17 @@ class _LoopbackForwarder:
         with self._lock:
             for sock in self._sockets:
                 sock.close()
+
+
+@contextlib.contextmanager
+def forward_into(ns: Netns, port: int, listen: tuple[str, int]) -> Iterator[None]:
+    """Makes host 127.0.0.1:port reachable at ``listen`` inside ``ns`` (e.g. a node's bridge
+    address, for pods to reach a control plane running on the host's loopback)."""
+    forwarder = _LoopbackForwarder(ns, port, listen)
+    try:
+        yield
+    finally:
+        forwarder.close()
 
 
 class CniError(RuntimeError):

@@ -139,6 +139,7 @@ class Sidecar:
     # A frozen meshctl to run instead of this interpreter (its data plane is then the frozen
     # binary re-executing itself).
     binary: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more environment for the proxy
     proc: subprocess.Popen[bytes] | None = None
     _log: object = field(default=None, repr=False)
 
@@ -160,7 +161,7 @@ class Sidecar:
         argv = command("--log-level", log_level, "ztunnel", "run", *self.run_args())
         log = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
         self._log = log
-        env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms"}
+        env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms", **self.env}
         ids = {} if self.group is None else {"group": self.group, "extra_groups": []}
         self.proc = self.ns.popen(argv, stdout=log, stderr=log, env=env, **ids)
         if wait_ready:
