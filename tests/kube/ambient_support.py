@@ -162,7 +162,13 @@ class AmbientKubeNode:
             self._agent_log.close()
         return self.agent.returncode
 
-    def start_proxy(self, *, wait: bool = True) -> NodeProxy:
+    def start_proxy(
+        self,
+        *,
+        wait: bool = True,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> NodeProxy:
         self.proxy = NodeProxy(
             self.ns,
             "",
@@ -170,6 +176,8 @@ class AmbientKubeNode:
             self.local_config,
             log_path=self.dir / "proxy.log",
             group=None,
+            extra=extra,
+            env=env or {},
             socket_path=self.socket,
             ca_dir=self.ca_dir,
         )
