@@ -64,10 +64,12 @@ def apply(
         chosen = choice.backend
         before = {f: _installed(choice, f) for f in FAMILIES}
         # meshctl's policy routing only ever exists beside its MESH_ chains (apply adds both,
-        # clean and rollback remove both), so with neither installed nor wanted there is nothing
-        # to read: a fresh namespace skips a netlink dump (~3 ms of the iptc fast path).
+        # clean and rollback remove both), so without any chain of ours there is nothing of it
+        # to read: a fresh namespace skips two netlink dumps (the iptc fast path, and most of an
+        # ambient pod's enrollment). Should a stray route be there after all, adding the same
+        # one again is no error (``routing.reconcile``).
         nothing_yet = all(r.is_empty() for r in before.values())
-        routes_before = Routing() if nothing_yet and plan.routing.is_empty() else routing.read()
+        routes_before = Routing() if nothing_yet else routing.read()
         texts = {f: render.transition(before[f], plan.ruleset(f)) for f in FAMILIES}
         if dry_run:
             return Outcome(chosen.name, texts, tuple(routing.changes(routes_before, plan.routing)))

@@ -113,6 +113,8 @@ class AmbientAgent:
         # rule writers in one namespace at once would race.
         self._kernel = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kernel")
         self._host_ips: frozenset[str] = frozenset()
+        self._host_dirty = asyncio.Event()
+        self._host_task: asyncio.Task[None] | None = None
         self._state_path = Path(settings.run_dir) / STATE_FILE
         self.zds = ZdsServer(
             settings.zds_socket,
@@ -333,6 +335,7 @@ class AmbientAgent:
             await self._sync_host()
         if not hand_over:
             return
+        captured = time.monotonic()
         if not state.served:
             try:
                 await self.zds.add(state.uid, state.info(), state.fd)
@@ -343,13 +346,15 @@ class AmbientAgent:
                     retry=True,
                 ) from exc
             state.served = True
-        took = (time.monotonic() - started) * 1000
+        done = time.monotonic()
         log.info(
-            "pod %s (%s) enrolled%s in %.0f ms",
+            "pod %s (%s) enrolled%s in %.0f ms (capture %.0f ms, node proxy %.0f ms)",
             state.ref,
             state.uid,
             " (CNI ADD)" if from_cni else "",
-            took,
+            (done - started) * 1000,
+            (captured - started) * 1000,
+            (done - captured) * 1000,
         )
         if from_cni:
             self._spawn(self._annotate_quietly(state, ambient.REDIRECTION_ENABLED))
@@ -418,11 +423,32 @@ class AmbientAgent:
         kernel.clean(target=NetnsRef(netns, netns), backend="auto")
 
     async def _sync_host(self) -> None:
-        wanted = frozenset(ip for s in self.pods.values() if s.captured for ip in s.ips)
-        if wanted == self._host_ips:
-            return
-        await self._in_kernel(self._apply_host, wanted)
-        self._host_ips = wanted
+        """Bring the node's probe SNAT in line with the captured pods, in the background: a
+        probe that comes first goes through the pod's 15006 instead (still served), so a pod's
+        start does not wait for the node's tables (an iptables-restore run on most nodes)."""
+        self._host_dirty.set()
+        if self._host_task is None or self._host_task.done():
+            self._host_task = asyncio.ensure_future(self._host_loop())
+
+    async def _host_loop(self) -> None:
+        while self._host_dirty.is_set():
+            self._host_dirty.clear()
+            wanted = frozenset(ip for s in self.pods.values() if s.captured for ip in s.ips)
+            if wanted == self._host_ips:
+                continue
+            try:
+                await self._in_kernel(self._apply_host, wanted)
+            except EnrollmentError as exc:
+                log.error("node probe rules not updated: %s; retrying", exc)  # noqa: TRY400
+                await asyncio.sleep(1.0)
+                self._host_dirty.set()
+                continue
+            self._host_ips = wanted
+
+    async def host_synced(self) -> None:
+        """Wait until the node's probe rules match the captured pods (tests, shutdown)."""
+        while self._host_task is not None and not self._host_task.done():
+            await asyncio.shield(self._host_task)
 
     def _apply_host(self, ips: frozenset[str]) -> None:
         kernel.apply_host_probe(sorted(ips), target=None, backend=self.settings.host_backend)

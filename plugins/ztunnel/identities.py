@@ -21,7 +21,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from meshctl import rpc
 from meshctl.core import certs as certs_mod
 from meshctl.core import channel
 from meshctl.core.identity import SpiffeId
@@ -102,6 +101,8 @@ class CaIssuer:
                 f"cannot read the mesh root {self._root_file}: {exc.strerror or exc} "
                 "(mount the meshctl-ca-root-cert ConfigMap there)"
             ) from exc
+        from meshctl import rpc  # grpc (~20 MB) only in a proxy that talks to a CA
+
         csr_pem, key_pem = certs_mod.new_csr(identity)
         try:
             chain = await self._client.create(

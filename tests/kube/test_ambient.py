@@ -67,8 +67,13 @@ def test_pods_on_two_nodes_talk_mtls_and_enrollment_follows_labels(
     assert not listening(bystander.netns, 15001)
     assert annotation(kube_api, ns, "bystander") is None
     # Kubelet probes to enrolled pods leave the node from the probe address.
-    assert any(client.ip in line and "169.254.7.127" in line for line in host_rules(node0))
-    assert any(server.ip in line and "169.254.7.127" in line for line in host_rules(node1))
+    for node, running in ((node0, client), (node1, server)):
+        eventually(
+            f"probe SNAT for {running.name}",
+            lambda n=node, r=running: any(
+                r.ip in line and "169.254.7.127" in line for line in host_rules(n)
+            ),
+        )
 
     mesh_config(node0.local_config, ns, client.ip, server.ip)
     eventually("config loaded", lambda: loaded(node0, "client", "server") and loaded(node1))
@@ -157,14 +162,14 @@ def _label_flip(node1: AmbientKubeNode, kube_api, other: str) -> None:
         eventually("late enrolled", lambda: annotation(kube_api, other, "late") == "enabled", 15)
         assert any("MESH_PRERT" in line for line in mesh_rules(late.netns.name))
         assert listening(late.netns, 15008)
-        assert any(late.ip in line for line in host_rules(node1))
+        eventually("its probe SNAT", lambda: any(late.ip in line for line in host_rules(node1)))
         opt_out = {"metadata": {"labels": {ambient.DATAPLANE_MODE: ambient.MODE_NONE}}}
         core.patch_namespaced_pod("late", other, opt_out)
         eventually("late removed", lambda: annotation(kube_api, other, "late") is None, 15)
         eventually("its rules removed", lambda: mesh_rules(late.netns.name) == [])
         assert not listening(late.netns, 15008)
         assert "lookup 100" not in late.netns.run(["ip", "rule", "list"]).stdout
-        assert not any(late.ip in line for line in host_rules(node1))
+        eventually("no probe SNAT", lambda: not any(late.ip in ln for ln in host_rules(node1)))
         node1.kubelet.delete_pod(late)
     finally:
         delete_namespace(kube_api, other)

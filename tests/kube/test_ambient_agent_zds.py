@@ -98,7 +98,10 @@ def test_the_agent_speaks_zds_to_an_independent_proxy(node: AmbientKubeNode, kub
             # The pod goes: the proxy is told to delete it, every rule of ours is gone.
             node.kubelet.delete_pod(web)
             eventually("del sent", lambda: sent(again, "del", web.uid))
-            assert not any(web.ip in line for line in mesh_rules(node.ns.name))
+            eventually(
+                "no probe SNAT for it",
+                lambda: not any(web.ip in line for line in mesh_rules(node.ns.name)),
+            )
         finally:
             again.close()
     finally:
