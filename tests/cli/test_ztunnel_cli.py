@@ -70,3 +70,20 @@ def test_run_refuses_a_handshake_timeout_that_is_not_a_positive_duration(tmp_pat
         assert result.returncode == 2, result.stderr
         assert "handshake timeout" in result.stderr
         assert "Hint:" in result.stderr
+
+
+def test_node_mode_without_a_source_of_pod_certificates_is_a_usage_error(tmp_path):
+    env = {"CA_ADDRESS": "", "CA_ADDR": "", "MESHCTL_CA_DIR": ""}
+    result = meshctl("ztunnel", "run", "--mode", "node", env=env)
+    assert result.returncode == 2
+    assert "Error: node mode needs a source of pod certificates" in result.stderr
+    assert "--ca-address" in result.stderr
+    assert "--ca-dir" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_node_mode_with_an_unreadable_ca_dir_names_the_directory(tmp_path):
+    result = meshctl("ztunnel", "run", "--mode", "shared", "--ca-dir", str(tmp_path / "none"))
+    assert result.returncode == 2
+    assert f"cannot read the CA in {tmp_path / 'none'}" in result.stderr
+    assert "meshctl ztunnel certs" in result.stderr
