@@ -94,13 +94,9 @@ class CaIssuer:
         self._root_file = root_file
 
     async def issue(self, identity: SpiffeId, ttl: timedelta) -> Issued:
-        try:
-            roots = self._root_file.read_bytes()
-        except OSError as exc:
-            raise OSError(
-                f"cannot read the mesh root {self._root_file}: {exc.strerror or exc} "
-                "(mount the meshctl-ca-root-cert ConfigMap there)"
-            ) from exc
+        from .caclient import read_roots
+
+        roots = read_roots(self._root_file)
         from meshctl import rpc  # grpc (~20 MB) only in a proxy that talks to a CA
 
         csr_pem, key_pem = certs_mod.new_csr(identity)

@@ -72,9 +72,10 @@ def seed_conflist(kubelet: Kubelet) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def agent_rbac(api: k8s.ApiClient, namespace: str) -> Iterator[None]:
-    """The ambient manifest's ClusterRole/Binding for the agent's SA (unique cluster names)."""
-    _, role, binding, _ = objects(namespace=namespace, ambient=True)
+def agent_rbac(api: k8s.ApiClient, namespace: str, *, ambient: bool = True) -> Iterator[None]:
+    """The manifest's ClusterRole/Binding for the node agent's SA (``ambient``: with the
+    ambient agent's permissions); unique names, as they are cluster-scoped."""
+    _, role, binding, _ = objects(namespace=namespace, ambient=ambient)
     name = f"{SA_NAME}-{secrets.token_hex(3)}"
     role["metadata"]["name"] = binding["metadata"]["name"] = binding["roleRef"]["name"] = name
     rbac = k8s.RbacAuthorizationV1Api(api)
