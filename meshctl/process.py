@@ -78,6 +78,13 @@ class Feed:
     async def run(self) -> None:
         return
 
+    async def wait(self, timeout: float) -> None:
+        """Return when ``changes`` may have something, at the latest after ``timeout`` s.
+
+        Polled sources (files) just sleep; a pushing source (discovery) returns at once.
+        """
+        await asyncio.sleep(timeout)
+
 
 class PodFeed:
     """Node mode: the pods every data plane serves, as messages with the descriptors they carry."""
@@ -386,7 +393,7 @@ class Supervisor:
 
     async def _poll(self) -> None:
         while True:
-            await asyncio.sleep(self._poll_interval)
+            await self._feed.wait(self._poll_interval)
             try:
                 changes = self._feed.changes()
             except Exception:  # a reload problem must never take the proxy down

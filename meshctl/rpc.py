@@ -137,6 +137,15 @@ class CallAuth:
     token: str | None = None
     cluster_id: str = "Kubernetes"
 
+    @classmethod
+    def from_setting(cls, value: str, *, cluster_id: str) -> CallAuth:
+        """ztunnel's ``AUTH_TOKEN``: a path (it has a ``/``, or names an existing file) is read
+        on every call, so a rotated projected token is used at once; anything else is the
+        token itself."""
+        if "/" in value or Path(value).exists():
+            return cls(token_file=Path(value), cluster_id=cluster_id)
+        return cls(token=value, cluster_id=cluster_id)
+
     def headers(self) -> tuple[tuple[str, str], ...]:
         token = self.token
         if self.token_file is not None:

@@ -25,6 +25,7 @@ import contextlib
 import ipaddress
 import logging
 import os
+import socket
 import ssl
 import tempfile
 from collections.abc import Callable
@@ -55,7 +56,7 @@ class WebhookApp:
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return  # websockets are not offered (no upgrade is ever accepted)
@@ -98,7 +99,8 @@ async def _read_body(receive: ASGIReceiveCallable, limit: int) -> bytes | None:
             return b"".join(chunks)
 
 
-async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+async def lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    """The ASGI lifespan protocol for an app with nothing to set up or tear down."""
     while True:
         message = await receive()
         if message["type"] == "lifespan.startup":
@@ -116,7 +118,32 @@ class Pair:
     key_pem: bytes
 
 
-class TlsConfig(Config):
+class BoundConfig(Config):
+    """hypercorn's configuration over a socket we bound ourselves (``fd://``): a port in use
+    is a one-line error when the configuration is made, not a failure inside a server task."""
+
+    where = ""  # "host:port", for messages
+
+    def bind_to(self, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            sock.bind((host, port))
+            sock.listen(self.backlog)
+        except OSError as exc:
+            sock.close()
+            raise MeshctlError(
+                f"cannot listen on {shown}: {exc.strerror or exc}",
+                hint="choose a free port, or stop what is using it",
+            ) from exc
+        self.where = f"{shown.rsplit(':', 1)[0]}:{sock.getsockname()[1]}"
+        # hypercorn wraps the descriptor in a socket of its own; ours lets go of it.
+        self.bind = [f"fd://{sock.detach()}"]
+
+
+class TlsConfig(BoundConfig):
     """hypercorn's configuration, remembering the TLS contexts it hands out so that a rotated
     certificate can be loaded into them: new handshakes get it, open connections keep theirs.
     The pair comes from ``certfile``/``keyfile`` or, when ``pair`` is set, from memory."""
@@ -164,11 +191,10 @@ def load_into(context: ssl.SSLContext, pair: Pair) -> None:
             Path(name).unlink()
 
 
-def plain_config(address: str, port: int, *, graceful_seconds: float = 1.0) -> Config:
-    """A plain-HTTP configuration (HTTP/1.1, h2c), for status and metrics ports."""
-    config = Config()
-    host = f"[{ipaddress.ip_address(address)}]" if ":" in address else address
-    config.bind = [f"{host}:{port}"]
+def plain_config(address: str, port: int, *, graceful_seconds: float = 1.0) -> BoundConfig:
+    """A plain-HTTP configuration (HTTP/1.1, h2c) bound now, for status and metrics ports."""
+    config = BoundConfig()
+    config.bind_to(str(ipaddress.ip_address(address)), port)
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     config.graceful_timeout = graceful_seconds
@@ -192,10 +218,7 @@ def config_for(
             raise MeshctlError("no serving certificate", hint="pass --tls-cert and --tls-key")
         check_tls_files(tls_cert, tls_key)
     config = TlsConfig(pair)
-    host = address
-    if ":" in host:  # an IPv6 literal needs brackets in hypercorn's bind syntax
-        host = f"[{ipaddress.ip_address(host)}]"
-    config.bind = [f"{host}:{port}"]
+    config.bind_to(str(ipaddress.ip_address(address)), port)
     if pair is None:
         config.certfile = str(tls_cert)
         config.keyfile = str(tls_key)
@@ -244,9 +267,10 @@ async def serve(app: ASGIFramework, config: Config, stop: asyncio.Event) -> None
         try:
             serving.result()
         except OSError as exc:
+            where = getattr(config, "where", "") or config.bind[0]
             raise MeshctlError(
-                f"cannot listen on {config.bind[0]}: {exc.strerror or exc}",
-                hint="choose a free port (--port), or stop what is using it",
+                f"serving on {where} failed: {exc.strerror or exc}",
+                hint="choose a free port, or stop what is using it",
             ) from exc
         return
     # hypercorn stops accepting and lets in-flight requests finish for graceful_timeout. An idle

@@ -15,7 +15,7 @@ and a bad CA bundle a ``CaError``, each with a one-line reason; private keys nev
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from ipaddress import ip_address
 
@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from meshctl.core.certs import CA_KEY_USAGE, leaf_key_usage
 from meshctl.core.identity import IdentityError, SpiffeId
 
 MAX_CSR_BYTES = 64 * 1024  # a P-256 CSR is ~400 bytes; Istio's are well under 4 KiB
@@ -138,17 +139,37 @@ def workload_ttl(
 
 @dataclass(frozen=True, slots=True)
 class Authority:
-    """A signing CA: its certificate and key, the intermediates above it, the trusted roots."""
+    """A signing CA: its certificate and key, the intermediates above it, the trusted roots.
+
+    What every signature repeats (the chain's PEM, the issuer's key identifier) is computed once.
+    """
 
     cert: x509.Certificate
     key: SigningKey
     intermediates: tuple[x509.Certificate, ...]  # above ``cert``, below the root
     anchor: x509.Certificate  # the root ``cert``'s chain ends at (``cert`` itself if self-signed)
     roots: tuple[x509.Certificate, ...]  # the whole trust bundle (several during a rotation)
+    _chain: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _key_id: x509.AuthorityKeyIdentifier = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        middle = [] if self.self_signed else [self.cert, *self.intermediates]
+        object.__setattr__(self, "_chain", (*(_pem(c) for c in middle), _pem(self.anchor)))
+        try:
+            ski = self.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+            key_id = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ski)
+        except x509.ExtensionNotFound:
+            key_id = x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key())
+        object.__setattr__(self, "_key_id", key_id)
 
     @property
     def self_signed(self) -> bool:
         return self.cert == self.anchor
+
+    @property
+    def key_id(self) -> x509.AuthorityKeyIdentifier:
+        """The AuthorityKeyIdentifier extension every certificate it signs carries."""
+        return self._key_id
 
     @property
     def roots_pem(self) -> str:
@@ -157,13 +178,11 @@ class Authority:
 
     def chain_pems(self) -> list[str]:
         """What follows a leaf in a ``CreateCertificate`` answer: intermediates, then the root."""
-        middle = [] if self.self_signed else [self.cert, *self.intermediates]
-        return [*(_pem(c) for c in middle), _pem(self.anchor)]
+        return list(self._chain)
 
     def serving_chain_pem(self) -> str:
         """What a TLS server this CA certified sends after its leaf: the intermediates only."""
-        middle = [] if self.self_signed else [self.cert, *self.intermediates]
-        return "".join(_pem(c) for c in middle)
+        return "".join(self._chain[:-1])
 
 
 def _pem(cert: x509.Certificate) -> str:
@@ -350,13 +369,6 @@ def _issue(
 ) -> str:
     start = now - _BACKDATE
     end = min(now + ttl, authority.cert.not_valid_after_utc)
-    try:
-        issuer_key_id = authority.cert.extensions.get_extension_for_class(
-            x509.SubjectKeyIdentifier
-        ).value
-        aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(issuer_key_id)
-    except x509.ExtensionNotFound:
-        aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key())
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -367,23 +379,13 @@ def _issue(
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=isinstance(public_key, rsa.RSAPublicKey),
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            leaf_key_usage(key_encipherment=isinstance(public_key, rsa.RSAPublicKey)),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
         # RFC 5280 §4.2.1.6: with an empty subject the SAN extension must be critical.
         .add_extension(x509.SubjectAlternativeName(list(sans)), critical=not subject)
-        .add_extension(aki, critical=False)
+        .add_extension(authority.key_id, critical=False)
     )
     cert = builder.sign(authority.key, _digest(authority.key))
     return cert.public_bytes(serialization.Encoding.PEM).decode()
@@ -417,20 +419,7 @@ def mint_root(*, trust_domain: str, now: datetime, key_type: str = "ec-p256") ->
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(now + SELF_SIGNED_TTL)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(CA_KEY_USAGE, critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
         .sign(key, _digest(key))
     )

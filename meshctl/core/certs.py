@@ -28,6 +28,36 @@ ROOT_CERT_FILE = "root-cert.pem"
 CA_KEY_FILE = "ca-key.pem"  # the plug-in CA secret's names (istio `cacerts`)
 CA_CERT_FILE = "ca-cert.pem"
 
+# What a root may do: sign certificates and CRLs (RFC 5280 §4.2.1.3), and its own signatures.
+CA_KEY_USAGE = x509.KeyUsage(
+    digital_signature=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    key_cert_sign=True,
+    crl_sign=True,
+    encipher_only=False,
+    decipher_only=False,
+)
+
+
+def leaf_key_usage(*, key_encipherment: bool) -> x509.KeyUsage:
+    """A workload certificate's key usage: signatures (TLS 1.3), and RSA key transport when the
+    key is RSA (RFC 5280 §4.2.1.3)."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=False,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 # Backdating absorbs clock skew between the host that minted and the host that verifies.
 _BACKDATE = timedelta(minutes=5)
 
@@ -70,20 +100,7 @@ def mint_root(*, trust_domain: str, now: datetime, ttl: timedelta) -> KeyPair:
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(now + ttl)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(CA_KEY_USAGE, critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -120,20 +137,7 @@ def mint_workload(
         .not_valid_before(start)
         .not_valid_after(start + ttl if not_before is not None else now + ttl)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(leaf_key_usage(key_encipherment=True), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]

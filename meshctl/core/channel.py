@@ -117,6 +117,27 @@ class Workloads:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadUpdates:
+    """Supervisor -> data plane: changes on top of the last ``Workloads``/``WorkloadUpdates``.
+
+    Each update is ``records.update_to_plain``'s form (kind, key, version, record or None). A
+    batch whose ``generation`` is not above the one applied is old news and is skipped.
+    """
+
+    TYPE: ClassVar[str] = "workload_updates"
+    updates: tuple[dict[str, Any], ...]
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class XdsState:
+    """Supervisor -> data plane: the discovery client's state, for ``/config_dump``."""
+
+    TYPE: ClassVar[str] = "xds_state"
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Drain:
     """Supervisor -> data plane: stop accepting, finish open connections within ``deadline`` s."""
 
@@ -227,6 +248,8 @@ Message = (
     | Certs
     | CertSource
     | Workloads
+    | WorkloadUpdates
+    | XdsState
     | Drain
     | Status
     | Drained
@@ -246,6 +269,8 @@ _KINDS: dict[str, type[Message]] = {
         Certs,
         CertSource,
         Workloads,
+        WorkloadUpdates,
+        XdsState,
         Drain,
         Status,
         Drained,

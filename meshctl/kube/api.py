@@ -64,6 +64,36 @@ def _status_error(method: str, path: str, status: int, body: bytes, where: str) 
     )
 
 
+def _send(
+    kube: Kube,
+    method: str,
+    path: str,
+    query: Query,
+    data: bytes | None,
+    content_type: str | None,
+    *,
+    read: float,
+    preload: bool,
+    what: str,
+) -> Any:
+    """One urllib3 request on the client's pool; no answer is ``ApiUnreachableError``."""
+    try:
+        return kube.api.rest_client.pool_manager.request(
+            method,
+            _url(kube, path, query),
+            body=data,
+            headers=_headers(kube, content_type if data is not None else None),
+            timeout=urllib3.Timeout(connect=min(_CONNECT_TIMEOUT, read), read=read),
+            retries=False,
+            preload_content=preload,
+        )
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise ApiUnreachableError(
+            f"{what} {path}: API server ({kube.source}) unreachable: {type(exc).__name__}",
+            hint="is the cluster running and the kubeconfig's server address right?",
+        ) from exc
+
+
 def request(
     kube: Kube,
     method: str,
@@ -77,21 +107,9 @@ def request(
     """One request; the JSON answer (an empty dict for an empty body)."""
     read = kube.request_timeout if timeout is None else timeout
     data = None if body is None else json.dumps(body).encode()
-    try:
-        response = kube.api.rest_client.pool_manager.request(
-            method,
-            _url(kube, path, query),
-            body=data,
-            headers=_headers(kube, content_type if data is not None else None),
-            timeout=urllib3.Timeout(connect=min(_CONNECT_TIMEOUT, read), read=read),
-            retries=False,
-            preload_content=True,
-        )
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise ApiUnreachableError(
-            f"{method} {path}: API server ({kube.source}) unreachable: {type(exc).__name__}",
-            hint="is the cluster running and the kubeconfig's server address right?",
-        ) from exc
+    response = _send(
+        kube, method, path, query, data, content_type, read=read, preload=True, what=method
+    )
     raw: bytes = response.data
     if not 200 <= response.status < 300:
         raise _status_error(method, path, response.status, raw, kube.source)
@@ -172,20 +190,9 @@ class Stream:
 
 def open_stream(kube: Kube, path: str, *, query: Query, read_timeout: float) -> Stream:
     """Start a streaming GET; the status is checked before any line is read."""
-    try:
-        response = kube.api.rest_client.pool_manager.request(
-            "GET",
-            _url(kube, path, query),
-            headers=_headers(kube, None),
-            timeout=urllib3.Timeout(connect=_CONNECT_TIMEOUT, read=read_timeout),
-            retries=False,
-            preload_content=False,
-        )
-    except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise ApiUnreachableError(
-            f"watch {path}: API server ({kube.source}) unreachable: {type(exc).__name__}",
-            hint="is the cluster running and the kubeconfig's server address right?",
-        ) from exc
+    response = _send(
+        kube, "GET", path, query, None, None, read=read_timeout, preload=False, what="watch"
+    )
     if not 200 <= response.status < 300:
         body = response.read(64 * 1024)
         response.release_conn()

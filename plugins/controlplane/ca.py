@@ -51,6 +51,8 @@ class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
         self._default_ttl = default_ttl
         self._max_ttl = max_ttl
         self._clock = clock
+        self.active = 0  # calls being handled now (the drain waits for them)
+        self.last_started = 0.0  # monotonic time the latest call began
 
     async def CreateCertificate(  # noqa: N802 -- the gRPC method name
         self,
@@ -58,6 +60,8 @@ class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
         context: Any,
     ) -> citadel_pb2.IstioCertificateResponse:
         started = time.perf_counter()
+        self.active += 1
+        self.last_started = time.monotonic()
         result = "internal"
         try:
             response = await self._create(request, context)
@@ -76,6 +80,7 @@ class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
             result = "issued"
             return response
         finally:
+            self.active -= 1
             self._metrics.ca_requests.labels(result).inc()
             self._metrics.ca_duration.labels(result).observe(time.perf_counter() - started)
 

@@ -45,6 +45,7 @@ def inject_settings(ctx: typer.Context, settings: ControlPlaneSettings) -> Any:
         "revision": settings.revision,
         "trust_domain": settings.trust_domain,
         "cluster_id": settings.cluster_id,
+        # This replica's own Service (its namespace may not be meshctl-system).
         "ca_address": f"{settings.service_name}.{settings.namespace}.svc:15012",
     }
     changes = {k: v for k, v in own.items() if getattr(base, k) == getattr(defaults, k)}
@@ -111,6 +112,7 @@ def run_cmd(
 
     from meshctl.kube.client import KubeSettings, connect
 
+    from .cluster import Discovery
     from .plane import ControlPlane
 
     settings = _settings(ctx, flags)
@@ -120,7 +122,8 @@ def run_cmd(
         KubeSettings(kubeconfig=global_settings.kubeconfig, context=global_settings.context)
     )
     try:
-        code = asyncio.run(ControlPlane(settings, kube, inject).run())
+        plane = ControlPlane(settings, kube, inject, components=[Discovery(settings)])
+        code = asyncio.run(plane.run())
     finally:
         kube.api.close()
     raise typer.Exit(code)

@@ -53,6 +53,18 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
     webhook_name = configuration_name(settings.revision)
     cluster_rules = [
         {"apiGroups": [""], "resources": ["namespaces", "pods"], "verbs": ["get", "list", "watch"]},
+        # Discovery watches what becomes workloads, services and policies.
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {
+            "apiGroups": ["security.istio.io"],
+            "resources": ["authorizationpolicies"],
+            "verbs": ["get", "list", "watch"],
+        },
         {
             "apiGroups": [""],
             "resources": ["configmaps"],
@@ -147,7 +159,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
         "metadata": meta,
         "spec": {
             "replicas": settings.replicas,
-            "selector": {"matchLabels": selector},
+            "selector": {"matchLabels": dict(selector)},
             "strategy": {"rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "25%"}},
             "template": {
                 "metadata": {
@@ -167,7 +179,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
                                     "weight": 100,
                                     "podAffinityTerm": {
                                         "topologyKey": "kubernetes.io/hostname",
-                                        "labelSelector": {"matchLabels": selector},
+                                        "labelSelector": {"matchLabels": dict(selector)},
                                     },
                                 }
                             ]
@@ -184,7 +196,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
         "kind": "Service",
         "metadata": meta,
         "spec": {
-            "selector": selector,
+            "selector": dict(selector),
             "ports": [
                 {"name": "grpc-xds", "port": GRPC_PORT, "targetPort": GRPC_PORT},
                 {"name": "https-webhook", "port": 443, "targetPort": WEBHOOK_PORT},
@@ -196,7 +208,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": meta,
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": selector}},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": dict(selector)}},
     }
     configuration = webhook_configuration(
         ca_bundle=None,

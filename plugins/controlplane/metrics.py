@@ -2,7 +2,8 @@
 
 Owns the names and labels: CA requests by result and their latency, TokenReviews by result, the
 root's expiry (Istio's ``citadel_server_root_cert_expiry_timestamp``), and for discovery the
-connected proxies (Istio's ``pilot_xds``) and pushes by type (``pilot_xds_pushes``), which the
+connected proxies (Istio's ``pilot_xds``), pushes, NACKs and push latency by type
+(``pilot_xds_pushes``, ``pilot_total_xds_rejects``, ``pilot_xds_push_time``), which the
 discovery server updates. Invariant: a registry per process object, never the global default
 (no module-level state); label values come from fixed sets, never from a peer's input.
 """
@@ -61,6 +62,19 @@ class Metrics:
             "pilot_xds_pushes",
             "xDS responses sent, by type",
             ["type"],
+            registry=self.registry,
+        )
+        self.xds_rejects = Counter(
+            "pilot_total_xds_rejects",
+            "xDS responses proxies refused (NACK), by type",
+            ["type"],
+            registry=self.registry,
+        )
+        self.xds_push_time = Histogram(
+            "pilot_xds_push_time",
+            "Seconds from a store change to its xDS response being written, by type",
+            ["type"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0),
             registry=self.registry,
         )
         self.leader = Gauge(

@@ -51,6 +51,7 @@ from .status import MetricsApp, ReadinessApp
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+_QUIET = 0.2  # seconds without a new CA call that count as "nothing in flight"
 
 
 class Component(Protocol):
@@ -148,6 +149,7 @@ class ControlPlane:
         self._server: rpc.Server | None = None
         self._webhook: webhook.TlsConfig | None = None
         self._grpc_port = 0
+        self._ca: CertificateService | None = None
 
     # -- state read by the status ports and tests ----------------------------------------------
 
@@ -206,7 +208,8 @@ class ControlPlane:
             return await self._serve(tasks)
         finally:
             status_stop.set()
-            await asyncio.wait(tasks, timeout=2.0)
+            if tasks:
+                await asyncio.wait(tasks, timeout=2.0)
             for task in tasks:
                 task.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -227,16 +230,14 @@ class ControlPlane:
                 rpc.KeyPair(cert_chain_pem=pair.cert_chain_pem, key_pem=pair.key_pem),
                 max_message_bytes=self.settings.max_message_bytes,
             )
-            server.add(
-                citadel_pb2_grpc.add_IstioCertificateServiceServicer_to_server,
-                CertificateService(
-                    authenticator=self.authenticator,
-                    authority=lambda: self.authorities.current,
-                    metrics=self.metrics,
-                    default_ttl=self.settings.default_ttl,
-                    max_ttl=self.settings.max_ttl,
-                ),
+            self._ca = CertificateService(
+                authenticator=self.authenticator,
+                authority=lambda: self.authorities.current,
+                metrics=self.metrics,
+                default_ttl=self.settings.default_ttl,
+                max_ttl=self.settings.max_ttl,
             )
+            server.add(citadel_pb2_grpc.add_IstioCertificateServiceServicer_to_server, self._ca)
             plane = Plane(
                 settings=self.settings,
                 kube=self.kube,
@@ -268,14 +269,22 @@ class ControlPlane:
             )
             serving.set_name("webhook")
             self._webhook = config
-            log.info("injection webhook on https://%s/inject", config.bind[0])
+            log.info("injection webhook on https://%s/inject", config.where)
 
             election_stop = asyncio.Event()
             electing = plane.spawn(self.leader.run(election_stop), "leader election")
             plane.spawn(self._rotate_serving(), "serving certificate")
             gc.freeze()  # start-up objects live forever: keep them out of full collections
-            await self._stop.wait()
-            return await self._drain(plane, server, serving, webhook_stop, election_stop, electing)
+            stopping = asyncio.ensure_future(self._stop.wait())
+            servers = {serving, *status_tasks}
+            await asyncio.wait({stopping, *servers}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            ended = [t for t in servers if t.done()]
+            for task in ended:  # a server that stopped on its own: say why, then shut down
+                error = task.exception() if not task.cancelled() else None
+                log.error("a listener stopped unexpectedly: %s", error or "cancelled")
+            code = await self._drain(plane, server, serving, webhook_stop, election_stop, electing)
+            return 1 if ended else code
         finally:
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -309,6 +318,7 @@ class ControlPlane:
         log.info("draining: in-flight calls have %.1fs to finish", deadline)
         webhook_stop.set()
         election_stop.set()
+        await self._quiesce(min(deadline / 2, 5.0))
         # grpcio: stop accepting, GOAWAY to every client, cancel what runs past the grace.
         await server.stop(max(0.0, deadline - 1.0))
         for component in self.components:
@@ -324,6 +334,19 @@ class ControlPlane:
         await asyncio.wait({serving, *plane.tasks}, timeout=1.0)
         log.info("control plane stopped after %.1fs", time.monotonic() - started)
         return 0
+
+    async def _quiesce(self, limit: float) -> None:
+        """Keep serving (not ready: the endpoint is being removed) until no CA call has started
+        for a moment, at most ``limit`` s. grpc's core cancels calls that reached the server but
+        were not yet handed to a handler when it shuts down; this lets them be handled first."""
+        service = self._ca
+        if service is None:
+            return
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            if service.active == 0 and time.monotonic() - service.last_started > _QUIET:
+                return
+            await asyncio.sleep(0.02)
 
     # -- serving certificate -------------------------------------------------------------------
 

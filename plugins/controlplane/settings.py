@@ -79,6 +79,10 @@ class ControlPlaneSettings:
     renew_deadline: str = setting("10s", env="MESHCTL_RENEW_DEADLINE")
     retry_period: str = setting("2s", env="MESHCTL_RETRY_PERIOD")
     max_message_bytes: int = setting(4 * 1024 * 1024, env="MESHCTL_GRPC_MAX_MESSAGE")
+    # Discovery: policies here without a selector apply mesh-wide (Istio's meshConfig
+    # rootNamespace; empty: --namespace), and Service host names end in the cluster's domain.
+    root_namespace: str = setting("", env="MESHCTL_ROOT_NAMESPACE")
+    domain_suffix: str = setting("cluster.local", env="DOMAIN_SUFFIX")
 
     def __post_init__(self) -> None:
         for name, value in (("namespace", self.namespace), ("revision", self.revision)):
@@ -119,6 +123,15 @@ class ControlPlaneSettings:
                 hint="between 1024 and 268435456 bytes",
             )
         self.timing()  # checks the lease relations
+        if self.root_namespace and not _LABEL.match(self.root_namespace):
+            raise ConfigError(
+                f"root namespace {self.root_namespace!r} is not a DNS-1123 label",
+                hint="the namespace whose policies apply mesh-wide, e.g. meshctl-system",
+            )
+        if not _DNS_NAME.match(self.domain_suffix):
+            raise ConfigError(
+                f"domain suffix {self.domain_suffix!r} is not a DNS name", hint="e.g. cluster.local"
+            )
 
     @property
     def default_ttl(self) -> timedelta:
@@ -131,6 +144,10 @@ class ControlPlaneSettings:
     @property
     def node_accounts(self) -> frozenset[str]:
         return callers.parse_node_accounts(self.trusted_node_accounts)
+
+    @property
+    def mesh_root_namespace(self) -> str:
+        return self.root_namespace or self.namespace
 
     @property
     def service_name(self) -> str:

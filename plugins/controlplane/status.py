@@ -12,6 +12,8 @@ from collections.abc import Callable
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from meshctl.webhook import lifespan
+
 
 async def _answer(send: ASGISendCallable, status: int, content_type: str, body: bytes) -> None:
     headers = [
@@ -22,56 +24,51 @@ async def _answer(send: ASGISendCallable, status: int, content_type: str, body: 
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _lifespan(receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif message["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
+class _PlainApp:
+    """An app answering GET on fixed paths (``paths``) with ``answer()``, 404 elsewhere."""
+
+    paths: tuple[str, ...] = ()
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] == "lifespan":
+            await lifespan(receive, send)
             return
+        if scope["type"] != "http":
+            return
+        if scope["path"] not in self.paths:
+            await _answer(send, 404, "text/plain", b"not found\n")
+            return
+        await _answer(send, *self.answer())
+
+    def answer(self) -> tuple[int, str, bytes]:
+        raise NotImplementedError
 
 
-class ReadinessApp:
+class ReadinessApp(_PlainApp):
     """``GET /ready``: 200 ``ready`` or 503 with what is missing (``not_ready()``)."""
+
+    paths = ("/ready",)
 
     def __init__(self, not_ready: Callable[[], list[str]]) -> None:
         self._not_ready = not_ready
 
-    async def __call__(
-        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        if scope["path"] != "/ready":
-            await _answer(send, 404, "text/plain", b"not found\n")
-            return
+    def answer(self) -> tuple[int, str, bytes]:
         reasons = self._not_ready()
         if reasons:
             text = "not ready: " + "; ".join(reasons) + "\n"
-            await _answer(send, 503, "text/plain; charset=utf-8", text.encode())
-        else:
-            await _answer(send, 200, "text/plain", b"ready\n")
+            return 503, "text/plain; charset=utf-8", text.encode()
+        return 200, "text/plain", b"ready\n"
 
 
-class MetricsApp:
+class MetricsApp(_PlainApp):
     """``GET /metrics``: the Prometheus text exposition of ``registry``."""
+
+    paths = ("/metrics", "/stats/prometheus")
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._registry = registry
 
-    async def __call__(
-        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> None:
-        if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
-            return
-        if scope["type"] != "http":
-            return
-        if scope["path"] not in ("/metrics", "/stats/prometheus"):
-            await _answer(send, 404, "text/plain", b"not found\n")
-            return
-        await _answer(send, 200, CONTENT_TYPE_LATEST, generate_latest(self._registry))
+    def answer(self) -> tuple[int, str, bytes]:
+        return 200, CONTENT_TYPE_LATEST, generate_latest(self._registry)

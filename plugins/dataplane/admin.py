@@ -157,6 +157,9 @@ class Endpoints:
             "services": [_record(s) for s in store.services],
             "policies": [_record(p) for p in store.policies],
             "certificates": rt.certificate_summary(),
+            # The discovery client's view (empty with a local config): connection, per type
+            # subscription, ACKed nonce, resources held, NACKs.
+            "xds": rt.xds_state,
             "connections": connections,
             "workers": [
                 {

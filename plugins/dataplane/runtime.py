@@ -24,6 +24,7 @@ from typing import Any
 from meshctl.core import channel
 from meshctl.core.hbone import TunnelSettings
 from meshctl.core.identity import parse_workload_ref
+from meshctl.core.records import update_from_plain
 from meshctl.core.workloads import LocalConfigError, Store, parse_local_config
 
 from . import admin, tls
@@ -51,6 +52,7 @@ class Runtime:
         self.identities: dict[str, tuple[channel.Certs, tls.TlsContexts]] = {}
         self.cert_source: channel.CertSource | None = None
         self.workloads_generation = -1
+        self.xds_state: dict[str, Any] = {}  # the supervisor's discovery client, if it has one
         self.tunnel_settings = TunnelSettings()
         self.own_ports: frozenset[int] = frozenset()
         self.draining = False
@@ -100,6 +102,9 @@ class Runtime:
             )
             if not ok
         ]
+        if "workloads" in missing and self.xds_state:
+            waiting = ", ".join(self.xds_state.get("waitingFor", ())) or "its first response"
+            missing[missing.index("workloads")] = f"workloads (discovery: waiting for {waiting})"
         return "waiting for " + ", ".join(missing) if missing else "starting"
 
     def certificate_summary(self) -> list[dict[str, Any]]:
@@ -240,7 +245,8 @@ class Runtime:
             await self._apply(message)
         return None
 
-    async def _apply(self, message: channel.Message) -> None:
+    def _take_note(self, message: channel.Message) -> bool:
+        """Messages that change no state readiness depends on; False for any other."""
         if isinstance(message, channel.ReportRequest):
             report = channel.Report(
                 request=message.request,
@@ -249,11 +255,20 @@ class Runtime:
                 connections=self.connection_report(),
             )
             self._send(report)
-            return
-        if isinstance(message, channel.Gathered):
+        elif isinstance(message, channel.Gathered):
             waiter = self._gathers.get(message.request)
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
+        elif isinstance(message, channel.CertSource):
+            self.cert_source = message
+        elif isinstance(message, channel.XdsState):
+            self.xds_state = message.state
+        else:
+            return False
+        return True
+
+    async def _apply(self, message: channel.Message) -> None:
+        if self._take_note(message):
             return
         if isinstance(message, channel.ProxyConfig):
             if self._configured:
@@ -262,11 +277,10 @@ class Runtime:
             await self._configure(message)
         elif isinstance(message, channel.Certs):
             self._apply_certs(message)
-        elif isinstance(message, channel.CertSource):
-            self.cert_source = message
-            return
         elif isinstance(message, channel.Workloads):
             self._apply_workloads(message)
+        elif isinstance(message, channel.WorkloadUpdates):
+            self._apply_updates(message)
         else:
             log.warning("unexpected %s message from the supervisor", message.TYPE)
             return
@@ -359,6 +373,24 @@ class Runtime:
         except LocalConfigError as exc:
             log.error("workload update refused, keeping the previous one: %s", exc)  # noqa: TRY400
             return
+        self.workloads_generation = message.generation
+        for lo in self.locals.values():
+            lo.refresh(self.store)
+
+    def _apply_updates(self, message: channel.WorkloadUpdates) -> None:
+        if self.workloads_generation < 0:
+            log.warning("workload updates before any workloads; ignored")
+            return
+        if message.generation <= self.workloads_generation:
+            return  # already in the snapshot this worker started from
+        try:
+            updates = [update_from_plain(u) for u in message.updates]
+            store = self.store.apply(updates)
+        except (LocalConfigError, ValueError, KeyError, TypeError) as exc:
+            log.error("workload update refused, keeping the previous one: %s", exc)  # noqa: TRY400
+            self._send(channel.Status(ready=self.ready, problem=f"workload update refused: {exc}"))
+            return
+        self.store = store
         self.workloads_generation = message.generation
         for lo in self.locals.values():
             lo.refresh(self.store)

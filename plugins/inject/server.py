@@ -102,7 +102,7 @@ async def _serve(app: webhook.WebhookApp, config: webhook.TlsConfig, options: Se
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("injection webhook serving on https://%s/inject", config.bind[0])
+    log.info("injection webhook serving on https://%s/inject", config.where)
     # Everything imported so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise show up as the slowest requests (the p99 tail).
     gc.freeze()

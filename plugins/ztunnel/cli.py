@@ -60,6 +60,22 @@ def run(
         str | None,
         typer.Option(metavar="FILE", help="ztunnel local config YAML [env LOCAL_XDS_PATH]"),
     ] = None,
+    xds_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Control plane to discover workloads from, instead of --local-config "
+            "(Delta ADS over TLS, e.g. :15012) [env XDS_ADDRESS]",
+        ),
+    ] = None,
+    xds_root_ca: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="The control plane's root certificate "
+            "(/var/run/secrets/istio/root-cert.pem) [env XDS_ROOT_CA]",
+        ),
+    ] = None,
     cert_dir: Annotated[
         str | None,
         typer.Option(
@@ -143,6 +159,11 @@ def run(
             f"workers must be between 1 and {_MAX_WORKERS}, not {settings.workers}",
             hint="one per core the proxy may use, e.g. --workers 2",
         )
+    if settings.xds_address and settings.local_config:
+        raise ConfigError(
+            "--xds-address and --local-config both name where workloads come from",
+            hint="use discovery (--xds-address) or a local config file, not both",
+        )
     global_settings: config.GlobalSettings = ctx.obj
     if settings.node_mode:
         code = _run_node(settings, global_settings, deadline, handshake)
@@ -166,6 +187,10 @@ def _run_sidecar(
     except IdentityError as exc:
         raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
     feed = _feed(settings, identity)
+    if settings.xds_address:
+        from .xds import XdsFeed, build_config  # grpc: only for a proxy with a control plane
+
+        feed = XdsFeed(certs=feed, client_config=build_config(settings))
     listeners = bind_all(settings)
     log.info("serving %s as %s (pid %d)", ref, identity, os.getpid())
     run = _Run(settings, global_settings, deadline, handshake, listeners, workload=ref)
@@ -202,6 +227,11 @@ def _run_node(
             identities=identities,
         )
         run.feed = NodeFeed(files, identities)
+        if settings.xds_address:
+            from .xds import XdsFeed, build_config  # grpc: only with a control plane
+
+            # Workloads from discovery; the pods' certificates as before (broadcast as issued).
+            run.feed = XdsFeed(certs=run.feed, client_config=build_config(settings))
         pods.send = supervisor.send_pod
         client = ZdsClient(settings.inpod_uds, pods)
         task = asyncio.ensure_future(client.run())
@@ -404,6 +434,12 @@ class _Deferred(Feed):
     async def run(self) -> None:
         if self._run.feed is not None:
             await self._run.feed.run()
+
+    async def wait(self, timeout: float) -> None:
+        if self._run.feed is not None:
+            await self._run.feed.wait(timeout)
+        else:
+            await asyncio.sleep(timeout)
 
 
 class _DeferredPods(PodFeed):

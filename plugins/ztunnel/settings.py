@@ -46,6 +46,13 @@ class ZtunnelSettings:
     # mesh CA (``ca_address``) is given.
     inpod_uds: str = setting(DEFAULT_SOCKET, env="INPOD_UDS")
     ca_dir: str | None = setting(None, env="MESHCTL_CA_DIR")
+    # Discovery (ztunnel's names): the control plane, its roots, the token, who we are.
+    xds_address: str | None = setting(None, env="XDS_ADDRESS")
+    xds_root_ca: str = setting("/var/run/secrets/istio/root-cert.pem", env="XDS_ROOT_CA")
+    alt_xds_hostname: str | None = setting(None, env="ALT_XDS_HOSTNAME")
+    xds_on_demand: bool = setting(False, env="XDS_ON_DEMAND")
+    instance_ip: str = setting("1.1.1.1", env="INSTANCE_IP")
+    node_name: str = setting("", env="NODE_NAME")
     outbound_port: int = setting(15001)
     inbound_plaintext_port: int = setting(15006)
     inbound_port: int = setting(15008)

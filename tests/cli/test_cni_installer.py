@@ -100,12 +100,12 @@ def test_overwritten_config_gets_our_entry_back_and_sigterm_restores_it(node: Pa
 def test_rotated_token_refreshes_the_plugin_kubeconfig(node: Path):
     with running(node):
         kubeconfig = node / "run" / "meshctl-cni-kubeconfig"
-        assert json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == "token-1"  # noqa: S105 (a test value)
+        assert json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == "token-1"
         assert kubeconfig.stat().st_mode & 0o777 == 0o600
         (node / "sa" / "token").write_text("token-2\n")
 
         def rotated() -> bool:
-            return json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == "token-2"  # noqa: S105 (a test value)
+            return json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == "token-2"
 
         eventually("kubeconfig refreshed", rotated)
 

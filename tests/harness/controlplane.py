@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import http.client
+import importlib
 import json
 import os
 import secrets
@@ -122,6 +123,31 @@ class ControlPlaneProcess:
                 self.process.wait()
 
 
+def install_crds(cluster: KubeCluster, timeout: float = 30.0) -> None:
+    """The control plane's CRDs (``crds.objects()``), created once and Established."""
+    # By name: the plugins install as meshctl_plugins, which the type checker of this harness
+    # does not follow.
+    crds = importlib.import_module("meshctl_plugins.controlplane.crds")
+    with cluster.api_client() as api:
+        ext = k8s.ApiextensionsV1Api(api)
+        for body in crds.objects():
+            name = body["metadata"]["name"]
+            try:
+                ext.create_custom_resource_definition(body)
+            except k8s.exceptions.ApiException as exc:
+                if exc.status != 409:
+                    raise
+            deadline = time.monotonic() + timeout
+            while True:
+                found = ext.read_custom_resource_definition(name)
+                conditions = (found.status and found.status.conditions) or []
+                if any(c.type == "Established" and c.status == "True" for c in conditions):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"CRD {name} not Established after {timeout}s")
+                time.sleep(0.1)
+
+
 def start(
     cluster: KubeCluster,
     namespace: str,
@@ -132,15 +158,17 @@ def start(
     wait_ready: bool = True,
     timeout: float = 60.0,
     grpc_port: int | None = None,
+    kubeconfig: Path | None = None,
 ) -> ControlPlaneProcess:
     """Start one replica serving for ``namespace`` (created by the caller); ``grpc_port``
     reuses a port (a restarted CA at the address its clients know)."""
+    install_crds(cluster)  # discovery watches AuthorizationPolicies: not ready without them
     revision = revision or f"t{secrets.token_hex(3)}"
     ports = [grpc_port or free_port(), *(free_port() for _ in range(3))]
     log = workdir / f"controlplane-{revision}-{secrets.token_hex(2)}.log"
     argv = [
         *(sys.executable, "-c", "from meshctl.cli import run; run()"),
-        *("--log-level", "info", "--kubeconfig", str(cluster.kubeconfig)),
+        *("--log-level", "info", "--kubeconfig", str(kubeconfig or cluster.kubeconfig)),
         *("controlplane", "run", "--namespace", namespace, "--revision", revision),
         *("--grpc-address", f"127.0.0.1:{ports[0]}"),
         *("--webhook-address", f"127.0.0.1:{ports[1]}"),
@@ -264,6 +292,8 @@ def pod_token(
     audience: str = "istio-ca",
     node: str = "node-a",
     expiration_seconds: int = 3600,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> str:
     """Creates Pod ``pod`` (bound to ``node``, as a scheduler would) running as the account,
     and returns a TokenRequest token bound to it, as the kubelet projects into the pod."""
@@ -273,7 +303,7 @@ def pod_token(
         body = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": pod},
+            "metadata": {"name": pod, "labels": labels or {}, "annotations": annotations or {}},
             "spec": {
                 "serviceAccountName": service_account,
                 "nodeName": node,

@@ -317,6 +317,14 @@ def test_the_webhook_is_served_with_a_mesh_certificate_and_its_ca_bundle_is_kept
             admission.delete_mutating_webhook_configuration(name)
 
 
+def _web_caller(
+    cluster: KubeCluster, api: k8s.ApiClient, namespace: str, home: str
+) -> tuple[bytes, str, str]:
+    """The mesh root, a token of service account ``web`` and its SPIFFE id."""
+    token = request_token(cluster, namespace, "web", "istio-ca")
+    return cp.root_pem(api, home), token, f"spiffe://cluster.local/ns/{namespace}/sa/web"
+
+
 def test_sigterm_drains_releases_the_lease_and_exits_zero(
     kube_cluster: KubeCluster,
     kube_api: k8s.ApiClient,
@@ -326,9 +334,7 @@ def test_sigterm_drains_releases_the_lease_and_exits_zero(
 ) -> None:
     plane = cp.start(kube_cluster, home, tmp_path, "--drain-deadline", "4s")
     try:
-        root = cp.root_pem(kube_api, home)
-        token = request_token(kube_cluster, kube_namespace, "web", "istio-ca")
-        identity = f"spiffe://cluster.local/ns/{kube_namespace}/sa/web"
+        root, token, identity = _web_caller(kube_cluster, kube_api, kube_namespace, home)
         wait_for("leading", lambda: leaders(plane))
         lease_name = f"meshctl-controlplane-{plane.revision}-leader"
         coordination = k8s.CoordinationV1Api(kube_api)
@@ -350,5 +356,36 @@ def test_sigterm_drains_releases_the_lease_and_exits_zero(
         assert after == "UNAVAILABLE"
         assert not coordination.read_namespaced_lease(lease_name, home).spec.holder_identity
         assert "control plane stopped" in plane.log_tail()
+    finally:
+        plane.stop()
+
+
+def test_sigterm_lets_in_flight_signing_finish(
+    kube_cluster: KubeCluster,
+    kube_api: k8s.ApiClient,
+    kube_namespace: str,
+    home: str,
+    tmp_path: Path,
+) -> None:
+    plane = cp.start(kube_cluster, home, tmp_path, "--drain-deadline", "5s")
+    try:
+        root, token, identity = _web_caller(kube_cluster, kube_api, kube_namespace, home)
+        csrs = [cp.csr(identity)[0] for _ in range(200)]
+
+        async def burst() -> list[str]:
+            async with plane.channel(root, token) as channel:
+                await cp.create_certificate(channel, csrs.pop())  # connected, token cached
+                calls = [
+                    asyncio.ensure_future(cp.status_of(channel, pem, timeout=10)) for pem in csrs
+                ]
+                await asyncio.sleep(0.05)  # on the wire, many still being signed
+                plane.process.send_signal(signal.SIGTERM)
+                return [code for code, _ in await asyncio.gather(*calls)]
+
+        codes = asyncio.run(burst())
+        assert plane.process.wait(10) == 0
+        # Accepted calls finish (OK); calls after the GOAWAY are refused, never cut off.
+        assert set(codes) <= {"OK", "UNAVAILABLE"}, sorted(set(codes))
+        assert codes.count("OK") > 0
     finally:
         plane.stop()

@@ -130,7 +130,7 @@ class Sidecar:
     ns: Netns
     workload: str
     cert_dir: Path
-    local_config: Path
+    local_config: Path | None  # None: workloads come from discovery (``extra``/``env`` say where)
     extra: tuple[str, ...] = ()
     log_path: Path | None = None
     # The proxy runs as the group the capture rules exempt (``--gid-owner``): uid 1337 cannot
@@ -150,8 +150,7 @@ class Sidecar:
             self.workload,
             "--cert-dir",
             str(self.cert_dir),
-            "--local-config",
-            str(self.local_config),
+            *(("--local-config", str(self.local_config)) if self.local_config else ()),
             *self.extra,
         ]
 

@@ -22,6 +22,10 @@ MESSAGES = [
     channel.PodDelete(uid="u1"),
     channel.PodsSynced(synced=True),
     channel.Workloads(document={"workloads": [{"uid": "x"}]}, generation=2),
+    channel.WorkloadUpdates(
+        updates=({"kind": "workload", "key": "u", "version": "1", "record": None},), generation=3
+    ),
+    channel.XdsState(state={"connected": True, "types": {"t": {"acked": True}}}),
     channel.Drain(deadline=2.5),
     channel.Status(ready=True, certs_generation=1, workloads_generation=1),
     channel.Drained(remaining=0),

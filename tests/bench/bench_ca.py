@@ -1,0 +1,213 @@
+"""Benchmark: ``CreateCertificate`` throughput and p99 of ``meshctl controlplane run``.
+
+Run from the repository root: python -m tests.bench.bench_ca [--requests N] [--smoke]
+
+A real kube-apiserver + etcd (the test harness's) and one control-plane replica on 127.0.0.1.
+Each of ``--identities`` service accounts gets a real TokenRequest token; one warm-up call per
+token fills the CA's TokenReview cache (Istio caches reviews by token hash), then
+``--requests`` calls with fresh ztunnel-style CSRs (P-256, generated before the clock starts)
+go over TLS with ``--in-flight`` calls outstanding, spread over one channel per identity.
+Latency is per call, send to answer, in the client. Targets: >= 500 certificates/s, p99 <= 20 ms.
+
+Baselines measured in the same run: the raw cost of one certificate in this process (CSR parse
+and check + signing, no gRPC, no auth), and the cost of one uncached TokenReview against the same
+API server (what a cache miss adds). The client shares the machine's cores with the server.
+``--smoke``: a few calls of each, asserting only that every figure was produced (CI).
+Not part of the test suite: figures, not a gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import statistics
+import tempfile
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from meshctl.core import ca
+from meshctl.core.identity import SpiffeId
+from meshctl.kube.client import KubeSettings, connect
+from meshctl.kube.tokens import review_token
+from tests.harness import controlplane as cp
+from tests.harness.kube import (
+    create_namespace,
+    locate_binaries,
+    request_token,
+    running_cluster,
+)
+
+THROUGHPUT_TARGET = 500.0
+P99_TARGET_MS = 20.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def raw_sign(count: int) -> float:
+    """Certificates per second for parse + check + sign in this process (one core)."""
+    now = datetime.now(UTC)
+    cert, key = ca.mint_root(trust_domain="cluster.local", now=now)
+    authority = ca.load_authority(ca_cert_pem=cert.encode(), ca_key_pem=key, now=now)
+    identity = SpiffeId("cluster.local", "bench", "raw")
+    csrs = [cp.csr(str(identity))[0] for _ in range(count)]
+    started = time.perf_counter()
+    for pem in csrs:
+        request = ca.parse_csr(pem)
+        ca.issue_workload(
+            authority,
+            request.public_key,
+            ca.requested_identity(request),
+            ttl=timedelta(hours=24),
+            now=now,
+        )
+    return count / (time.perf_counter() - started)
+
+
+def token_review_ms(kubeconfig: Path, tokens: list[str]) -> list[float]:
+    """Milliseconds per uncached TokenReview of each token (the same API server)."""
+    kube = connect(KubeSettings(kubeconfig=str(kubeconfig)))
+    out = []
+    try:
+        for token in tokens:
+            started = time.perf_counter()
+            verdict = review_token(kube, token, ("istio-ca", "meshctl-ca"))
+            out.append((time.perf_counter() - started) * 1000)
+            assert verdict.authenticated, verdict.error
+    finally:
+        kube.api.close()
+    return out
+
+
+async def load(
+    plane: cp.ControlPlaneProcess,
+    root: bytes,
+    work: list[tuple[str, list[str]]],
+    in_flight: int,
+    rate: float,
+) -> dict[str, float]:
+    """Closed loop (``in_flight`` calls outstanding: the most it signs per second), then open
+    loop at ``rate`` calls/s (latency from each call's scheduled send time, so a late start
+    counts against the server), both over TLS; and the first, uncached, call per token."""
+    channels = [plane.channel(root, token) for token, _ in work]
+    try:
+        # Warm-up: one call per token (a TokenReview each), not timed.
+        first = []
+        for channel, (_, csrs) in zip(channels, work, strict=True):
+            started = time.perf_counter()
+            await cp.create_certificate(channel, csrs.pop())
+            first.append((time.perf_counter() - started) * 1000)
+        calls = [(ch, pem) for ch, (_, csrs) in zip(channels, work, strict=True) for pem in csrs]
+        secrets.SystemRandom().shuffle(calls)
+        half = len(calls) // 2
+        closed, opened = calls[:half], calls[half:]
+
+        async def worker() -> None:
+            while closed:
+                channel, pem = closed.pop()
+                assert len(await cp.create_certificate(channel, pem, timeout=30)) == 2
+
+        started = time.perf_counter()
+        count = len(closed)
+        await asyncio.gather(*(worker() for _ in range(in_flight)))
+        throughput = count / (time.perf_counter() - started)
+
+        latencies: list[float] = []
+        loop = asyncio.get_running_loop()
+        begin = loop.time() + 0.1
+
+        async def one(index: int, channel: object, pem: str) -> None:
+            due = begin + index / rate
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            assert len(await cp.create_certificate(channel, pem, timeout=30)) == 2
+            latencies.append((loop.time() - due) * 1000)
+
+        await asyncio.gather(*(one(i, ch, pem) for i, (ch, pem) in enumerate(opened)))
+        offered = len(opened) / (loop.time() - begin)
+        return {
+            "throughput": throughput,
+            "offered": offered,
+            "p50": percentile(latencies, 0.50),
+            "p99": percentile(latencies, 0.99),
+            "first": statistics.median(first),
+            "calls": float(count + len(opened)),
+        }
+    finally:
+        for channel in channels:
+            await channel.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=4000)
+    parser.add_argument("--identities", type=int, default=16)
+    parser.add_argument("--in-flight", type=int, default=32)
+    parser.add_argument("--rate", type=float, default=THROUGHPUT_TARGET, help="open-loop calls/s")
+    parser.add_argument("--smoke", action="store_true", help="a few calls; figures only")
+    args = parser.parse_args()
+    if args.smoke:
+        args.requests, args.identities, args.in_flight, args.rate = 40, 4, 4, 50.0
+    binaries = locate_binaries()
+    if isinstance(binaries, str):
+        raise SystemExit(binaries)
+
+    raw = raw_sign(50 if args.smoke else 500)
+    with running_cluster(binaries) as cluster, tempfile.TemporaryDirectory() as tmp:
+        home, ns = f"cp-{secrets.token_hex(3)}", f"bench-{secrets.token_hex(3)}"
+        with cluster.api_client() as api:
+            create_namespace(api, home)
+            create_namespace(api, ns)
+        accounts = [f"sa{i}" for i in range(args.identities)]
+        tokens = [request_token(cluster, ns, sa, "istio-ca") for sa in accounts]
+        reviews = token_review_ms(cluster.kubeconfig, tokens)
+        per = args.requests // args.identities + 1  # +1: the warm-up call
+        work = [
+            (token, [cp.csr(f"spiffe://cluster.local/ns/{ns}/sa/{sa}")[0] for _ in range(per)])
+            for token, sa in zip(tokens, accounts, strict=True)
+        ]
+        plane = cp.start(cluster, home, Path(tmp))
+        try:
+            with cluster.api_client() as api:
+                root = cp.root_pem(api, home)
+            got = asyncio.run(load(plane, root, work, args.in_flight, args.rate))
+            issued = plane.metric("meshctl_ca_requests_total", result="issued")
+            server_reviews = plane.metric("meshctl_ca_token_reviews_total", result="accepted")
+        finally:
+            plane.stop()
+
+    print(
+        f"CreateCertificate over TLS, {got['calls']:.0f} calls, {args.identities} identities "
+        "(TokenReview cached)"
+    )
+    print(
+        f"  throughput      {got['throughput']:8.0f} certificates/s   "
+        f"(closed loop, {args.in_flight} in flight; target >= {THROUGHPUT_TARGET:.0f})"
+    )
+    print(f"  at {got['offered']:.0f}/s offered (open loop, from scheduled send time):")
+    print(f"    latency p50   {got['p50']:8.2f} ms")
+    print(f"    latency p99   {got['p99']:8.2f} ms              (target <= {P99_TARGET_MS:.0f})")
+    print(f"  first call      {got['first']:8.2f} ms   (uncached token: TokenReview + sign)")
+    print("baselines (same run):")
+    print(f"  raw sign        {raw:8.0f} certificates/s   (parse + check + sign, no gRPC/auth)")
+    print(
+        f"  TokenReview     {statistics.median(reviews):8.2f} ms p50, "
+        f"{percentile(reviews, 0.99):.2f} ms p99 (one uncached review)"
+    )
+    print(f"server counted {issued:.0f} issued, {server_reviews:.0f} TokenReviews")
+    figures = [got["throughput"], got["p50"], got["p99"], got["first"], raw]
+    assert all(f > 0 for f in figures), figures
+    assert server_reviews == args.identities, "every call after the first per token was cached"
+    if args.smoke:
+        print("smoke: figures produced")
+        return 0
+    met = got["throughput"] >= THROUGHPUT_TARGET and got["p99"] <= P99_TARGET_MS
+    print("targets met" if met else "targets MISSED")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
