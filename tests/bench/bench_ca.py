@@ -10,8 +10,10 @@ go over TLS with ``--in-flight`` calls outstanding, spread over one channel per 
 Latency is per call, send to answer, in the client. Targets: >= 500 certificates/s, p99 <= 20 ms.
 
 Baselines measured in the same run: the raw cost of one certificate in this process (CSR parse
-and check + signing, no gRPC, no auth), and the cost of one uncached TokenReview against the same
-API server (what a cache miss adds). The client shares the machine's cores with the server.
+and check + signing, no gRPC, no auth); the same gRPC stack (``meshctl.rpc`` server, TLS, the
+same client and calls) answering a fixed chain of the same size without any work, i.e. the
+ceiling gRPC alone leaves; and one uncached TokenReview against the same API server (what a
+cache miss adds). The client shares the machine's cores with the server.
 ``--smoke``: a few calls of each, asserting only that every figure was produced (CI).
 Not part of the test suite: figures, not a gate.
 """
@@ -21,19 +23,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
+import signal
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from meshctl import rpc
 from meshctl.core import ca
 from meshctl.core.identity import SpiffeId
 from meshctl.kube.client import KubeSettings, connect
 from meshctl.kube.tokens import review_token
+from meshctl.proto import citadel_pb2, citadel_pb2_grpc
 from tests.harness import controlplane as cp
 from tests.harness.kube import (
+    CertificateAuthority,
     create_namespace,
+    free_port,
     locate_binaries,
     request_token,
     running_cluster,
@@ -83,13 +93,89 @@ def token_review_ms(kubeconfig: Path, tokens: list[str]) -> list[float]:
     return out
 
 
+class _FixedAnswer(citadel_pb2_grpc.IstioCertificateServiceServicer):
+    """The echo baseline's servicer: a fixed two-certificate chain, no checks, no signing."""
+
+    def __init__(self, chain: list[str]) -> None:
+        self._response = citadel_pb2.IstioCertificateResponse(cert_chain=chain)
+
+    async def CreateCertificate(  # noqa: N802 -- the gRPC method name
+        self, request: citadel_pb2.IstioCertificateRequest, context: object
+    ) -> citadel_pb2.IstioCertificateResponse:
+        return self._response
+
+
+async def _serve_fixed(port: int, folder: Path) -> None:
+    pair = rpc.KeyPair(
+        cert_chain_pem=(folder / "serving.crt").read_bytes(),
+        key_pem=(folder / "serving.key").read_bytes(),
+    )
+    server = rpc.Server(pair)
+    chain = [(folder / "leaf.pem").read_text(), (folder / "root.pem").read_text()]
+    server.add(citadel_pb2_grpc.add_IstioCertificateServiceServicer_to_server, _FixedAnswer(chain))
+    server.listen(f"127.0.0.1:{port}")
+    await server.start()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    await stop.wait()
+    await server.stop(1)
+
+
+def grpc_ceiling(folder: Path, chain: list[str], csrs: list[str], in_flight: int) -> float:
+    """Calls/s of the fixed-answer server in its own process, with the bench's client."""
+    ca_ = CertificateAuthority("bench-echo")
+    ca_.issue("echo", server=True, ip_sans=["127.0.0.1"]).write(folder, "serving")
+    (folder / "leaf.pem").write_text(chain[0])
+    (folder / "root.pem").write_text(chain[-1])
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tests.bench.bench_ca", "--serve-fixed", str(port), str(folder)]
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("the fixed-answer server did not start")
+            time.sleep(0.05)
+
+        async def run() -> float:
+            auth = rpc.CallAuth(token="bench", cluster_id="Kubernetes")  # noqa: S106 -- unchecked
+            async with rpc.connect(
+                f"127.0.0.1:{port}", root_pem=ca_.cert_pem, auth=auth
+            ) as channel:
+                await cp.create_certificate(channel, csrs[0])
+                return await closed_loop([(channel, pem) for pem in csrs], in_flight)
+
+        return asyncio.run(run())
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(10)
+
+
+async def closed_loop(calls: list[tuple[object, str]], in_flight: int) -> float:
+    """Calls per second with ``in_flight`` outstanding until ``calls`` are done."""
+    pending = list(calls)
+
+    async def worker() -> None:
+        while pending:
+            channel, pem = pending.pop()
+            assert len(await cp.create_certificate(channel, pem, timeout=30)) == 2
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(in_flight)))
+    return len(calls) / (time.perf_counter() - started)
+
+
 async def load(
     plane: cp.ControlPlaneProcess,
     root: bytes,
     work: list[tuple[str, list[str]]],
     in_flight: int,
     rate: float,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], list[str]]:
     """Closed loop (``in_flight`` calls outstanding: the most it signs per second), then open
     loop at ``rate`` calls/s (latency from each call's scheduled send time, so a late start
     counts against the server), both over TLS; and the first, uncached, call per token."""
@@ -105,16 +191,9 @@ async def load(
         secrets.SystemRandom().shuffle(calls)
         half = len(calls) // 2
         closed, opened = calls[:half], calls[half:]
-
-        async def worker() -> None:
-            while closed:
-                channel, pem = closed.pop()
-                assert len(await cp.create_certificate(channel, pem, timeout=30)) == 2
-
-        started = time.perf_counter()
         count = len(closed)
-        await asyncio.gather(*(worker() for _ in range(in_flight)))
-        throughput = count / (time.perf_counter() - started)
+        throughput = await closed_loop(closed, in_flight)
+        sample = await cp.create_certificate(*opened.pop())
 
         latencies: list[float] = []
         loop = asyncio.get_running_loop()
@@ -128,7 +207,7 @@ async def load(
 
         await asyncio.gather(*(one(i, ch, pem) for i, (ch, pem) in enumerate(opened)))
         offered = len(opened) / (loop.time() - begin)
-        return {
+        figures = {
             "throughput": throughput,
             "offered": offered,
             "p50": percentile(latencies, 0.50),
@@ -136,9 +215,41 @@ async def load(
             "first": statistics.median(first),
             "calls": float(count + len(opened)),
         }
+        return figures, sample
     finally:
         for channel in channels:
             await channel.close()
+
+
+def report(
+    args: argparse.Namespace,
+    got: dict[str, float],
+    raw: float,
+    ceiling: float,
+    reviews: list[float],
+    issued: float,
+    server_reviews: float,
+) -> None:
+    print(
+        f"CreateCertificate over TLS, {got['calls']:.0f} calls, {args.identities} identities "
+        "(TokenReview cached)"
+    )
+    print(
+        f"  throughput      {got['throughput']:8.0f} certificates/s   "
+        f"(closed loop, {args.in_flight} in flight; target >= {THROUGHPUT_TARGET:.0f})"
+    )
+    print(f"  at {got['offered']:.0f}/s offered (open loop, from scheduled send time):")
+    print(f"    latency p50   {got['p50']:8.2f} ms")
+    print(f"    latency p99   {got['p99']:8.2f} ms              (target <= {P99_TARGET_MS:.0f})")
+    print(f"  first call      {got['first']:8.2f} ms   (uncached token: TokenReview + sign)")
+    print("baselines (same run):")
+    print(f"  raw sign        {raw:8.0f} certificates/s   (parse + check + sign, no gRPC/auth)")
+    print(f"  gRPC alone      {ceiling:8.0f} calls/s          (same stack, fixed answer, no work)")
+    print(
+        f"  TokenReview     {statistics.median(reviews):8.2f} ms p50, "
+        f"{percentile(reviews, 0.99):.2f} ms p99 (one uncached review)"
+    )
+    print(f"server counted {issued:.0f} issued, {server_reviews:.0f} TokenReviews")
 
 
 def main() -> int:
@@ -148,7 +259,11 @@ def main() -> int:
     parser.add_argument("--in-flight", type=int, default=32)
     parser.add_argument("--rate", type=float, default=THROUGHPUT_TARGET, help="open-loop calls/s")
     parser.add_argument("--smoke", action="store_true", help="a few calls; figures only")
+    parser.add_argument("--serve-fixed", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_fixed:  # the baseline's server process (started by this benchmark)
+        asyncio.run(_serve_fixed(int(args.serve_fixed[0]), Path(args.serve_fixed[1])))
+        return 0
     if args.smoke:
         args.requests, args.identities, args.in_flight, args.rate = 40, 4, 4, 50.0
     binaries = locate_binaries()
@@ -173,32 +288,16 @@ def main() -> int:
         try:
             with cluster.api_client() as api:
                 root = cp.root_pem(api, home)
-            got = asyncio.run(load(plane, root, work, args.in_flight, args.rate))
+            got, chain = asyncio.run(load(plane, root, work, args.in_flight, args.rate))
             issued = plane.metric("meshctl_ca_requests_total", result="issued")
             server_reviews = plane.metric("meshctl_ca_token_reviews_total", result="accepted")
         finally:
             plane.stop()
+        fixed_csrs = [cp.csr(f"spiffe://cluster.local/ns/{ns}/sa/x")[0] for _ in range(per * 4)]
+        ceiling = grpc_ceiling(Path(tmp), chain, fixed_csrs, args.in_flight)
 
-    print(
-        f"CreateCertificate over TLS, {got['calls']:.0f} calls, {args.identities} identities "
-        "(TokenReview cached)"
-    )
-    print(
-        f"  throughput      {got['throughput']:8.0f} certificates/s   "
-        f"(closed loop, {args.in_flight} in flight; target >= {THROUGHPUT_TARGET:.0f})"
-    )
-    print(f"  at {got['offered']:.0f}/s offered (open loop, from scheduled send time):")
-    print(f"    latency p50   {got['p50']:8.2f} ms")
-    print(f"    latency p99   {got['p99']:8.2f} ms              (target <= {P99_TARGET_MS:.0f})")
-    print(f"  first call      {got['first']:8.2f} ms   (uncached token: TokenReview + sign)")
-    print("baselines (same run):")
-    print(f"  raw sign        {raw:8.0f} certificates/s   (parse + check + sign, no gRPC/auth)")
-    print(
-        f"  TokenReview     {statistics.median(reviews):8.2f} ms p50, "
-        f"{percentile(reviews, 0.99):.2f} ms p99 (one uncached review)"
-    )
-    print(f"server counted {issued:.0f} issued, {server_reviews:.0f} TokenReviews")
-    figures = [got["throughput"], got["p50"], got["p99"], got["first"], raw]
+    report(args, got, raw, ceiling, reviews, issued, server_reviews)
+    figures = [got["throughput"], got["p50"], got["p99"], got["first"], raw, ceiling]
     assert all(f > 0 for f in figures), figures
     assert server_reviews == args.identities, "every call after the first per token was cached"
     if args.smoke:
