@@ -222,7 +222,7 @@ def grpc_ceiling(folder: Path, chain: list[str], csrs: list[str], in_flight: int
             time.sleep(0.05)
 
         async def run() -> float:
-            auth = rpc.CallAuth(token="bench", cluster_id="Kubernetes")  # noqa: S106 -- unchecked
+            auth = rpc.CallAuth(token="bench", cluster_id="Kubernetes")
             async with rpc.connect(
                 f"127.0.0.1:{port}", root_pem=ca_.cert_pem, auth=auth
             ) as channel:

@@ -169,12 +169,13 @@ class AmbientKubeNode:
         wait: bool = True,
         extra: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        discovery: bool = False,
     ) -> NodeProxy:
         self.proxy = NodeProxy(
             self.ns,
             "",
             self.dir,
-            self.local_config,
+            None if discovery else self.local_config,
             log_path=self.dir / "proxy.log",
             group=None,
             extra=extra,

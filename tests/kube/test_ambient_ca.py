@@ -1,7 +1,8 @@
-"""Pod identities from the mesh CA: the node proxy asks ``meshctl controlplane run`` for each
-enrolled pod's certificate by impersonation (its own token, bound to its own pod on the node;
-the pod's SPIFFE id as ``ImpersonatedIdentity``), and the pods' tunnels carry those identities,
-never the node proxy's. Real kube-apiserver, real TokenReview, real CNI chain.
+"""The node proxy with no files at all: each enrolled pod's certificate from the mesh CA by
+impersonation (its own token, bound to its own pod on the node; the pod's SPIFFE id as
+``ImpersonatedIdentity``) and the workloads from discovery, both from ``meshctl controlplane
+run``; the pods' tunnels carry the pods' identities, never the node proxy's. Real kube-apiserver,
+real TokenReview, real CNI chain; the node agent's annotation is what makes discovery say HBONE.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from tests.kube.ambient_support import (
     AmbientKubeNode,
     agent_rbac,
     identities,
-    mesh_config,
     opened,
     pod,
     prepare_nodes,
@@ -77,9 +77,11 @@ def ca_node(kube_cluster: KubeCluster, kube_api, netns_factory, tmp_path: Path, 
         node.start_proxy(
             extra=(
                 *("--ca-address", f"127.0.0.1:{CA_PORT}", "--ca-root", str(root)),
+                *("--xds-address", f"127.0.0.1:{CA_PORT}", "--xds-root-ca", str(root)),
                 *("--token-file", str(token_file), "--secret-ttl", "1h"),
             ),
-            env={"ALT_CA_HOSTNAME": plane.server_name},
+            env={"ALT_CA_HOSTNAME": plane.server_name, "ALT_XDS_HOSTNAME": plane.server_name},
+            discovery=True,
         )
         stack.callback(proxy_of(node).stop)
 
@@ -91,7 +93,7 @@ def ca_node(kube_cluster: KubeCluster, kube_api, netns_factory, tmp_path: Path, 
         yield node, plane, root
 
 
-def test_pod_certificates_come_from_the_mesh_ca_by_impersonation(
+def test_pod_identities_from_the_ca_and_workloads_from_discovery(
     ca_node: tuple[AmbientKubeNode, cp.ControlPlaneProcess, Path], kube_api, mesh_namespace: str
 ):
     node, _plane, root = ca_node
@@ -101,9 +103,13 @@ def test_pod_certificates_come_from_the_mesh_ca_by_impersonation(
     core.create_namespaced_pod(ns, pod("server", sa="server"))
     client = node.run_pod(ns, "client")
     server = node.run_pod(ns, "server")
-    mesh_config(node.local_config, ns, client.ip, server.ip)
     proxy = proxy_of(node)
-    eventually("config", lambda: len(proxy.config_dump()["workloads"]) == 2)
+
+    def discovered() -> bool:  # both pods, as HBONE: the agent's annotation reached the API
+        found = {w["name"]: w for w in proxy.config_dump()["workloads"]}
+        return all(found.get(n, {}).get("protocol") == "HBONE" for n in ("client", "server"))
+
+    eventually("workloads from discovery", discovered, 30)
 
     def issued() -> bool:
         state = proxy.config_dump()["workloadState"]

@@ -67,8 +67,7 @@ class NodeProxy(Sidecar):
             str(self.socket_path),
             "--ca-dir",
             str(self.ca_dir),
-            "--local-config",
-            str(self.local_config),
+            *(("--local-config", str(self.local_config)) if self.local_config else ()),
             *self.extra,
         ]
 
