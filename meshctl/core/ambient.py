@@ -80,14 +80,19 @@ def has_sidecar(pod: Mapping[str, Any]) -> bool:
     return any(c.get("name") == PROXY_CONTAINER for c in containers)
 
 
+def dns_requested(pod: Mapping[str, Any], *, default: bool) -> bool:
+    """Whether the pod's DNS should go to the node proxy: ``ambient.istio.io/dns-capture`` over
+    the node's default. Raises ``InvalidAnnotationError`` for a value that is not a boolean."""
+    annotations = _mapping(_mapping(pod.get("metadata")).get("annotations"))
+    value = annotations.get(DNS_CAPTURE)
+    return default if value is None else ann.parse_bool(DNS_CAPTURE, str(value))
+
+
 def capture_args(pod: Mapping[str, Any], *, dns: bool = False, ipv6: bool = False) -> list[str]:
-    """``meshctl iptables apply`` arguments of the pod's in-pod rules (Istio's pod overrides:
-    ``ambient.istio.io/dns-capture`` over the node default ``dns``, virtual interfaces)."""
+    """``meshctl iptables apply`` arguments of the pod's in-pod rules: DNS capture when ``dns``
+    (see ``dns_requested``), Istio's virtual interfaces annotation, both families with ``ipv6``."""
     annotations = _mapping(_mapping(pod.get("metadata")).get("annotations"))
     args = ["--mode", "ambient"]
-    dns_value = annotations.get(DNS_CAPTURE)
-    if dns_value is not None:
-        dns = ann.parse_bool(DNS_CAPTURE, str(dns_value))
     if dns:
         args += ["--redirect-dns", "--capture-all-dns"]
     virtual = [v.strip() for v in str(annotations.get(VIRTUAL_INTERFACES, "")).split(",")]

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from meshctl.core import ambient, zds
 from meshctl.core.capture.plan import plan
 from meshctl.core.capture.settings import settings_from_args
+from meshctl.core.inject.errors import InvalidAnnotationError
 from meshctl.errors import KubeError, MeshctlError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
@@ -327,7 +328,7 @@ class AmbientAgent:
                 ) from exc
         if not state.captured:
             args = ambient.capture_args(
-                state.pod or {}, dns=self.settings.dns_capture, ipv6=self.settings.ipv6
+                state.pod or {}, dns=self._dns(state), ipv6=self.settings.ipv6
             )
             await self._in_kernel(self._apply_rules, state.netns, args)
             state.ips = state.ips or tuple(ambient.pod_ips(state.pod or {}))
@@ -410,6 +411,23 @@ class AmbientAgent:
             return await loop.run_in_executor(self._kernel, fn, *args)
         except MeshctlError as exc:
             raise EnrollmentError(exc.message, retry=False) from exc
+
+    def _dns(self, state: PodState) -> bool:
+        """DNS stays uncaptured: the node proxy has no DNS proxy on 15053 yet, and capturing
+        DNS to a port nobody serves would break the pod's name resolution."""
+        try:
+            wanted = ambient.dns_requested(state.pod or {}, default=self.settings.dns_capture)
+        except InvalidAnnotationError as exc:
+            log.warning("pod %s: %s; DNS not captured", state.ref, exc.message)
+            return False
+        if wanted:
+            log.warning(
+                "pod %s asks for DNS capture (%s), which this node proxy does not serve yet; "
+                "its DNS is not captured",
+                state.ref,
+                ambient.DNS_CAPTURE,
+            )
+        return False
 
     def _apply_rules(self, netns: str, args: list[str]) -> None:
         settings = settings_from_args(args)

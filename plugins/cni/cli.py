@@ -125,6 +125,12 @@ def _agent(settings: InstallSettings, global_settings: config.GlobalSettings) ->
             "ambient mode needs this node's name",
             hint="pass --node-name or set NODE_NAME (the DaemonSet sets it from spec.nodeName)",
         )
+    if settings.ambient_dns_capture:
+        raise ConfigError(
+            "AMBIENT_DNS_CAPTURE=true: the node proxy has no DNS proxy on 15053 yet, so capturing "
+            "the pods' DNS would break their name resolution",
+            hint="unset AMBIENT_DNS_CAPTURE (pods resolve names directly)",
+        )
     kube = connect(
         KubeSettings(kubeconfig=global_settings.kubeconfig, context=global_settings.context)
     )

@@ -74,10 +74,11 @@ def test_capture_arguments_build_the_in_pod_rules():
     assert args == ["--mode", "ambient"]
     settings = settings_from_args(args)
     assert settings.mode == "ambient"
-    dns = ambient.capture_args(pod(annotations={ambient.DNS_CAPTURE: "true"}))
-    assert settings_from_args(dns).redirect_dns
-    off = ambient.capture_args(pod(annotations={ambient.DNS_CAPTURE: "false"}), dns=True)
-    assert not settings_from_args(off).redirect_dns
+    assert settings_from_args(ambient.capture_args(pod(), dns=True)).redirect_dns
+    asks = pod(annotations={ambient.DNS_CAPTURE: "true"})
+    assert ambient.dns_requested(asks, default=False)
+    assert not ambient.dns_requested(pod(annotations={ambient.DNS_CAPTURE: "false"}), default=True)
+    assert ambient.dns_requested(pod(), default=True)
     virt = ambient.capture_args(pod(annotations={ambient.VIRTUAL_INTERFACES: "tun0, tun1"}))
     assert settings_from_args(virt).kube_virt_interfaces == ("tun0", "tun1")
 
