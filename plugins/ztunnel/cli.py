@@ -20,6 +20,7 @@ from meshctl.core import certs as certs_mod
 from meshctl.core import channel
 from meshctl.core.identity import IdentityError, SpiffeId, parse_workload_ref
 from meshctl.errors import ConfigError, UserError
+from meshctl.output import OutputFormat, render
 from meshctl.process import Feed, PodFeed
 
 from .settings import ZtunnelSettings, seconds
@@ -505,3 +506,38 @@ def _write(folder: Path, name: str, data: bytes, mode: int) -> None:
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
     tmp.replace(folder / name)
+
+
+@app.command("manifest")
+def manifest_cmd(
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "meshctl-system",
+    image: Annotated[str | None, typer.Option("--image", help="meshctl image.")] = None,
+    ca_address: Annotated[
+        str | None,
+        typer.Option(help="Mesh CA (default: meshctl-controlplane.<namespace>.svc:15012)."),
+    ] = None,
+    xds_address: Annotated[
+        str | None,
+        typer.Option(help="Discovery (default: meshctl-controlplane.<namespace>.svc:15012)."),
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Data-plane worker processes per node.")] = 1,
+    output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.YAML,
+) -> None:
+    """Print the DaemonSet that runs the ambient node proxy ('ztunnel run --mode node')."""
+    from meshctl.core.inject.settings import DEFAULT_IMAGE
+
+    from .manifest import objects
+
+    items = objects(
+        namespace=namespace,
+        image=image or DEFAULT_IMAGE,
+        ca_address=ca_address or "",
+        xds_address=xds_address or "",
+        workers=workers,
+    )
+    if output is OutputFormat.JSON:
+        typer.echo(render({"apiVersion": "v1", "kind": "List", "items": items}, output), nl=False)
+        return
+    if output is OutputFormat.TABLE:
+        raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
+    typer.echo("---\n".join(render(item, output) for item in items), nl=False)
