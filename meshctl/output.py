@@ -28,7 +28,13 @@ def render(data: Any, fmt: OutputFormat | str) -> str:
     if fmt is OutputFormat.YAML:
         import yaml  # deferred: only YAML output pays for the import
 
-        text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+        class _Plain(yaml.SafeDumper):
+            # An object used twice in the data (a shared selector, clientConfig) is written out
+            # twice: readers of our manifests should never meet &anchors and *aliases.
+            def ignore_aliases(self, data: Any) -> bool:
+                return True
+
+        text: str = yaml.dump(data, Dumper=_Plain, sort_keys=False, default_flow_style=False)
         return text
     return render_table(data)
 
