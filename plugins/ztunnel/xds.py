@@ -381,7 +381,7 @@ def build_config(settings: ZtunnelSettings, env: Mapping[str, str] | None = None
         for name, value in config.env_with_prefix("XDS_HEADER_", env).items()
     )
     node = NodeInfo(
-        instance_ip=settings.instance_ip,
+        instance_ip=settings.instance_ip or "1.1.1.1",  # ztunnel's default when unset
         pod_name=settings.pod_name or "",
         pod_namespace=settings.pod_namespace or "",
         node_name=settings.node_name,

@@ -133,13 +133,13 @@ class Sidecar:
     local_config: Path | None  # None: workloads come from discovery (``extra``/``env`` say where)
     extra: tuple[str, ...] = ()
     log_path: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # e.g. the injector's proxy env
     # The proxy runs as the group the capture rules exempt (``--gid-owner``): uid 1337 cannot
     # run the test interpreter, which lives under /root (trap 9 of the performance notes).
     group: int | None = PROXY_GID
     # A frozen meshctl to run instead of this interpreter (its data plane is then the frozen
     # binary re-executing itself).
     binary: str | None = None
-    env: dict[str, str] = field(default_factory=dict)  # more environment for the proxy
     proc: subprocess.Popen[bytes] | None = None
     _log: object = field(default=None, repr=False)
 
