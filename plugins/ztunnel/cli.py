@@ -170,9 +170,11 @@ def run(
             hint="one per core the proxy may use, e.g. --workers 2",
         )
     if settings.xds_address and settings.local_config:
-        raise ConfigError(
-            "--xds-address and --local-config both name where workloads come from",
-            hint="use discovery (--xds-address) or a local config file, not both",
+        # An explicit file wins (tests, demos, a pod the injector pointed at a control plane).
+        log.warning(
+            "workloads from the local config %s; discovery at %s is not used",
+            settings.local_config,
+            settings.xds_address,
         )
     global_settings: config.GlobalSettings = ctx.obj
     if settings.node_mode:
@@ -197,7 +199,7 @@ def _run_sidecar(
     except IdentityError as exc:
         raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
     feed = _feed(settings, identity)
-    if settings.xds_address:
+    if settings.xds_address and not settings.local_config:
         from .xds import XdsFeed, build_config  # grpc: only for a proxy with a control plane
 
         feed = XdsFeed(certs=feed, client_config=build_config(settings))
