@@ -30,6 +30,7 @@ def objects(
     exclude_namespaces: tuple[str, ...] = ("kube-system", "meshctl-system"),
     ambient: bool = False,
     ztunnel_dir: str = "/var/run/ztunnel",
+    netns_dir: str = "/var/run/netns",
 ) -> list[dict[str, Any]]:
     """ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply order."""
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "meshctl"}
@@ -56,7 +57,7 @@ def objects(
         mounts += [
             # The runtime's pinned netns files (containerd: /var/run/netns/cni-...), at the same
             # path: the plugin reports them as it sees them on the host.
-            ("cni-netns-dir", "/var/run/netns", "/var/run/netns"),
+            ("cni-netns-dir", netns_dir, netns_dir),
             ("cni-ztunnel-sock-dir", ztunnel_dir, ztunnel_dir),
         ]
     container = {
