@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from meshctl import config
-from meshctl.output import OutputFormat, render
+from meshctl.output import OutputFormat, render_objects
 
 from .installer import Installer, InstallSettings
 
@@ -194,9 +194,6 @@ def manifest_cmd(
         ambient=ambient,
         netns_dir=netns_dir,
     )
-    if output is OutputFormat.JSON:
-        typer.echo(render({"apiVersion": "v1", "kind": "List", "items": items}, output), nl=False)
-        return
     if output is OutputFormat.TABLE:
         raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
-    typer.echo("---\n".join(render(item, output) for item in items), nl=False)
+    typer.echo(render_objects(items, output), nl=False)
