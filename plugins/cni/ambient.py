@@ -87,6 +87,7 @@ class PodState:
     served: bool = False  # a node proxy acknowledged it
     annotated: str | None = None
     failures: int = 0
+    reported: str = ""  # the last failure an event was recorded for
     retry: asyncio.TimerHandle | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -298,7 +299,7 @@ class AmbientAgent:
             except EnrollmentError as exc:
                 self._failed(state, str(exc), retry=exc.retry)
                 return
-            state.failures = 0
+            state.failures, state.reported = 0, ""
         self._forget_if_gone(state)
 
     async def _enroll(
@@ -379,7 +380,9 @@ class AmbientAgent:
 
     def _failed(self, state: PodState, message: str, *, retry: bool) -> None:
         log.error("%s", message)  # one line: which pod, what failed, what to do
-        self._spawn(self._event(state, "AmbientEnrollmentFailed", message))
+        if message != state.reported:  # one event per distinct failure, not one per retry
+            state.reported = message
+            self._spawn(self._event(state, "AmbientEnrollmentFailed", message))
         if not retry or state.pod is None:
             return
         state.failures += 1
@@ -390,11 +393,9 @@ class AmbientAgent:
     # -- the node proxy's snapshot -----------------------------------------------------------
 
     def _snapshot(self) -> list[SnapshotEntry]:
-        return [
-            SnapshotEntry(s.uid, s.info(), s.fd)
-            for s in self.pods.values()
-            if s.captured and self.desired(s).enrolled
-        ]
+        # Every captured pod: a pod whose namespace this agent has not seen yet (its watch
+        # lags) must not be dropped by the proxy; the reconciler removes what is not wanted.
+        return [SnapshotEntry(s.uid, s.info(), s.fd) for s in self.pods.values() if s.captured]
 
     def _snapshot_result(self, uid: str, ack: zds.Ack) -> None:
         state = self.pods.get(uid)

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from meshctl import config
-from meshctl.output import OutputFormat, render
+from meshctl.output import OutputFormat, render_objects
 
 from .installer import Installer, InstallSettings
 
@@ -141,6 +141,8 @@ def _agent(settings: InstallSettings, global_settings: config.GlobalSettings) ->
             zds_socket=settings.ztunnel_socket,
             exclude_namespaces=settings.exclude_namespaces,
             iptables_backend=settings.iptables_backend,
+            # The node's tables too: in-process, so an image without iptables binaries works.
+            host_backend=settings.iptables_backend,
             dns_capture=settings.ambient_dns_capture,
             ipv6=settings.ambient_ipv6,
         ),
@@ -174,6 +176,10 @@ def manifest_cmd(
     ambient: Annotated[
         bool, typer.Option("--ambient", help="With the ambient node agent (istio-cni's).")
     ] = False,
+    netns_dir: Annotated[
+        str,
+        typer.Option("--netns-dir", help="Ambient: where the runtime pins pod netns (host path)."),
+    ] = "/var/run/netns",
 ) -> None:
     """Print the DaemonSet (and its RBAC) that runs 'meshctl cni install' on every node."""
     from meshctl.core.inject.settings import DEFAULT_IMAGE
@@ -186,10 +192,8 @@ def manifest_cmd(
         cni_bin_dir=cni_bin_dir,
         cni_conf_dir=cni_conf_dir,
         ambient=ambient,
+        netns_dir=netns_dir,
     )
-    if output is OutputFormat.JSON:
-        typer.echo(render({"apiVersion": "v1", "kind": "List", "items": items}, output), nl=False)
-        return
     if output is OutputFormat.TABLE:
         raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
-    typer.echo("---\n".join(render(item, output) for item in items), nl=False)
+    typer.echo(render_objects(items, output), nl=False)

@@ -15,6 +15,7 @@ from typing import Any
 
 from meshctl.core.cni.spec import DEFAULT_RUN_DIR
 from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.podspec import node_security_context
 
 NAME = "meshctl-cni-node"
 READINESS_PORT = 8000
@@ -30,6 +31,7 @@ def objects(
     exclude_namespaces: tuple[str, ...] = ("kube-system", "meshctl-system"),
     ambient: bool = False,
     ztunnel_dir: str = "/var/run/ztunnel",
+    netns_dir: str = "/var/run/netns",
 ) -> list[dict[str, Any]]:
     """ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply order."""
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "meshctl"}
@@ -56,7 +58,7 @@ def objects(
         mounts += [
             # The runtime's pinned netns files (containerd: /var/run/netns/cni-...), at the same
             # path: the plugin reports them as it sees them on the host.
-            ("cni-netns-dir", "/var/run/netns", "/var/run/netns"),
+            ("cni-netns-dir", netns_dir, netns_dir),
             ("cni-ztunnel-sock-dir", ztunnel_dir, ztunnel_dir),
         ]
     container = {
@@ -74,17 +76,10 @@ def objects(
             "periodSeconds": 10,
         },
         "resources": {"requests": {"cpu": "10m", "memory": "40Mi"}},
-        "securityContext": {
-            "runAsUser": 0,
-            "runAsGroup": 0,
-            "runAsNonRoot": False,
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            # Ambient: setns into pods (SYS_ADMIN), their rules and the node's (NET_ADMIN, RAW).
-            "capabilities": {"drop": ["ALL"]}
-            | ({"add": ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"]} if ambient else {}),
-        },
+        # Ambient: setns into pods (SYS_ADMIN), their rules and the node's (NET_ADMIN, RAW).
+        "securityContext": node_security_context(
+            ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"] if ambient else ()
+        ),
         "volumeMounts": [
             *(_mount(n, inside) for n, _, inside in mounts),
             # The one writable place under the read-only root: the one-file binary unpacks

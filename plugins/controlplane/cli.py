@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from meshctl import config
-from meshctl.output import OutputFormat, render
+from meshctl.output import OutputFormat, render_objects
 
 from .settings import ControlPlaneSettings
 
@@ -150,7 +150,4 @@ def manifest_cmd(
             namespace=namespace, image=image or DEFAULT_IMAGE, revision=revision, replicas=replicas
         )
     )
-    if output is OutputFormat.JSON:
-        typer.echo(render({"apiVersion": "v1", "kind": "List", "items": items}, output), nl=False)
-        return
-    typer.echo("---\n".join(render(item, output) for item in items), nl=False)
+    typer.echo(render_objects(items, output), nl=False)

@@ -158,8 +158,8 @@ class Inbound:
         self, proto: TunnelProtocol, sid: int, app: AppStream, flow: Flow, addr: tuple[str, int]
     ) -> None:
         rt = self.rt
-        sock = rt.upstream_socket(addr[0], inbound=True, source=flow.src.addr[0])
         try:
+            sock = rt.upstream_socket(addr[0], inbound=True, source=flow.src.addr[0])
             await dial(sock, addr, app, rt.config.connect_timeout)
         except (OSError, TimeoutError) as exc:
             if sid in proto.sinks:

@@ -70,6 +70,7 @@ class Local:
         self.ref = ref  # (namespace, name, service account)
         self.identity = SpiffeId(rt.config.trust_domain, ref[0], ref[2])
         self.netns_fd = netns_fd
+        self.in_pod = netns_fd is not None  # node mode: every socket is made in the pod
         self.netns = netns
         self._inpod = inpod
         self.me: Workload | None = None
@@ -77,7 +78,7 @@ class Local:
         self.certs: channel.Certs | None = None
         self.baggage = ""
         self.stopped = False
-        self.transparent = netns_fd is not None  # node mode: deliver from the client's address
+        self.transparent = self.in_pod  # node mode: deliver from the client's address
         cfg = rt.config
         self.pool = Pool(
             contexts=self._current_contexts,
@@ -142,16 +143,13 @@ class Local:
         client's address ``source`` transparently (falling back to the pod's own address).
         """
         family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        if self.netns_fd is not None and self._inpod is not None:
-            sock = self._inpod.new_socket(self.netns_fd, family)
-        else:
-            sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = self._socket(family)
         try:
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.config.mark:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, self.config.mark)
-            if inbound and self.netns_fd is not None:
+            if inbound and self.in_pod:
                 if source and self.transparent:
                     self._bind_transparent(sock, family, source)
             elif inbound and not parse_ip(ip).is_loopback:
@@ -160,6 +158,16 @@ class Local:
             sock.close()
             raise
         return sock
+
+    def _socket(self, family: int) -> socket.socket:
+        """A TCP socket in this workload's namespace (the pod's, in node mode)."""
+        if not self.in_pod:
+            return socket.socket(family, socket.SOCK_STREAM)
+        if self.netns_fd is None or self._inpod is None:
+            # The pod left: whatever of it is still open makes no new connection (never one
+            # from the node's own namespace in its name).
+            raise ConnectionRefusedError(f"pod {self.ref[0]}/{self.ref[1]} is no longer served")
+        return self._inpod.new_socket(self.netns_fd, family)
 
     def _bind_transparent(self, sock: socket.socket, family: int, source: str) -> None:
         if (":" in source) != (family == socket.AF_INET6) or parse_ip(source).is_loopback:
@@ -184,11 +192,7 @@ class Local:
     def is_local_ip(self, ip: str) -> bool:
         """Whether ``ip`` is an address of this workload's namespace (binding to it succeeds)."""
         family = socket.AF_INET6 if parse_ip(ip).version == 6 else socket.AF_INET
-        if self.netns_fd is not None and self._inpod is not None:
-            probe = self._inpod.new_socket(self.netns_fd, family)
-        else:
-            probe = socket.socket(family, socket.SOCK_STREAM)
-        with probe:
+        with self._socket(family) as probe:
             try:
                 probe.bind((ip, 0))
             except OSError:

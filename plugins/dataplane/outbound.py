@@ -159,8 +159,8 @@ async def splice(
     """Plain TCP to ``addr`` for ``acc`` (passthrough, TCP workloads; ``inbound`` plaintext)."""
     client = Splice(flow.request_bytes, on_done=flow.close)
     upstream = Splice(flow.response_bytes)
-    sock = rt.upstream_socket(addr[0], inbound=inbound, source=acc.peer[0] if inbound else None)
     try:
+        sock = rt.upstream_socket(addr[0], inbound=inbound, source=acc.peer[0] if inbound else None)
         await dial(sock, addr, upstream, rt.config.connect_timeout)
     except (OSError, TimeoutError) as exc:
         flow.fail("CONNECT", f"cannot connect to {addr[0]}:{addr[1]}: {exc or 'timeout'}")

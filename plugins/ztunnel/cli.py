@@ -20,7 +20,7 @@ from meshctl.core import certs as certs_mod
 from meshctl.core import channel, proxyconfig
 from meshctl.core.identity import IdentityError, SpiffeId, parse_workload_ref
 from meshctl.errors import ConfigError, MeshctlError, UserError
-from meshctl.output import OutputFormat, render
+from meshctl.output import OutputFormat, render_objects
 from meshctl.process import Feed, PodFeed
 
 from .settings import InjectedConfig, ZtunnelSettings, seconds
@@ -580,9 +580,6 @@ def manifest_cmd(
         xds_address=xds_address or "",
         workers=workers,
     )
-    if output is OutputFormat.JSON:
-        typer.echo(render({"apiVersion": "v1", "kind": "List", "items": items}, output), nl=False)
-        return
     if output is OutputFormat.TABLE:
         raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
-    typer.echo("---\n".join(render(item, output) for item in items), nl=False)
+    typer.echo(render_objects(items, output), nl=False)

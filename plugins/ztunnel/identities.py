@@ -204,7 +204,9 @@ class Identities:
         from .sources import certs_message  # the one place PEMs become a Certs message
 
         self._generation += 1
-        return certs_message(issued.chain, issued.key, issued.roots, identity, self._generation)
+        return certs_message(
+            issued.chain, issued.key, issued.roots, identity, self._generation, named=True
+        )
 
     def _rotation_delay(self, certs: channel.Certs) -> float:
         leaf = certs.chain_facts[0]

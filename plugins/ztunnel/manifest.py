@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.podspec import node_security_context
 
 NAME = "meshctl-ztunnel"
 CONTROL_PLANE = "meshctl-controlplane"
@@ -74,15 +75,7 @@ def objects(
             "periodSeconds": 5,
         },
         "resources": {"requests": {"cpu": "100m", "memory": "96Mi"}},
-        "securityContext": {
-            "runAsUser": 0,
-            "runAsGroup": 0,
-            "runAsNonRoot": False,
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"]},
-        },
+        "securityContext": node_security_context(["NET_ADMIN", "NET_RAW", "SYS_ADMIN"]),
         "volumeMounts": [
             {"name": "cni-ztunnel-sock-dir", "mountPath": ztunnel_dir},
             {"name": "istio-token", "mountPath": "/var/run/secrets/tokens", "readOnly": True},

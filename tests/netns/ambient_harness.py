@@ -10,6 +10,7 @@ for pod certificates, and an echo server in the server pod.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from tests.netns.ztunnel_harness import (
     Ca,
     EchoServer,
     Sidecar,
+    http_get,
     meshctl_argv,
     workload,
     write_local_config,
@@ -70,6 +72,13 @@ class NodeProxy(Sidecar):
             *(("--local-config", str(self.local_config)) if self.local_config else ()),
             *self.extra,
         ]
+
+    def config_dump(self) -> dict:
+        # Generous: the dump of a proxy with many pods on a loaded 2-core machine is not instant.
+        return json.loads(http_get(self.ns, 15000, "/config_dump", timeout=20)[1])
+
+    def metrics(self) -> str:
+        return http_get(self.ns, 15020, "/stats/prometheus", timeout=20)[1]
 
     def kill(self) -> None:
         """SIGKILL the whole proxy: supervisor and data planes (no drain, no cleanup)."""
