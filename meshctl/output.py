@@ -39,6 +39,17 @@ def render(data: Any, fmt: OutputFormat | str) -> str:
     return render_table(data)
 
 
+def render_objects(items: Sequence[Mapping[str, Any]], fmt: OutputFormat | str) -> str:
+    """Kubernetes objects as ``kubectl apply -f`` reads them: YAML documents separated by
+    ``---``, or one JSON ``v1`` List. There is no table of objects: ``ValueError``."""
+    fmt = OutputFormat(fmt)
+    if fmt is OutputFormat.JSON:
+        return render({"apiVersion": "v1", "kind": "List", "items": list(items)}, fmt)
+    if fmt is OutputFormat.TABLE:
+        raise ValueError("Kubernetes objects print as yaml or json")
+    return "---\n".join(render(item, fmt) for item in items)
+
+
 def render_table(data: Any) -> str:
     """A plain aligned table: mappings as KEY/VALUE rows, lists of mappings as columns."""
     if isinstance(data, Mapping):

@@ -116,6 +116,14 @@ def check_plugins(binary: Path) -> list[str]:
         )
         if xds.returncode != 2 or "root certificate" not in xds.stderr:
             problems.append(f"ztunnel run --xds-address: exit {xds.returncode}: {xds.stderr!r}")
+        # Node mode: the ZDS client, the in-pod socket adapter and the identities load, and a
+        # node proxy without a source of pod certificates is one usage error.
+        node = run(binary, "ztunnel", "run", "--mode", "node", "--ca-dir", f"{tmp}/no-ca")
+        if node.returncode != 2 or "cannot read the CA" not in node.stderr:
+            problems.append(f"ztunnel run --mode node: exit {node.returncode}: {node.stderr!r}")
+        ambient = run(binary, "cni", "manifest", "--ambient")
+        if ambient.returncode != 0 or "AMBIENT_ENABLED" not in ambient.stdout:
+            problems.append(f"cni manifest --ambient: exit {ambient.returncode}")
         problems += check_cni_name(binary, Path(tmp))
         dataplane = run(binary, "ztunnel-dataplane", "--help")
         if dataplane.returncode != 0 or "--channel-fd" not in dataplane.stdout:

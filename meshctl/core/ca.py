@@ -171,6 +171,17 @@ class Authority:
         """The AuthorityKeyIdentifier extension every certificate it signs carries."""
         return self._key_id
 
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def key_pem(self) -> bytes:
+        """The signing key as PKCS#8 PEM (to store it back where it came from; never logged)."""
+        return self.key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+
     @property
     def roots_pem(self) -> str:
         """The trust bundle as published in ``meshctl-ca-root-cert`` / ``root-cert.pem``."""

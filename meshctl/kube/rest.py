@@ -153,6 +153,10 @@ def pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
 
 
+def namespace_path(name: str) -> str:
+    return f"/api/v1/namespaces/{quote(name, safe='')}"
+
+
 def _connection(
     config: RestConfig, host: str, port: int | None, scheme: str, timeout: float
 ) -> http.client.HTTPConnection:

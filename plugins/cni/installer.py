@@ -101,6 +101,14 @@ class InstallSettings:
     # A one-dir tree (its manifest beside the executable) to install as the plugin; empty: the
     # tree this binary runs from when it runs from one (the image), else the binary itself.
     plugin_tree: str = setting("", env="MESHCTL_CNI_PLUGIN_TREE", flag="--plugin-tree")
+    # Ambient mode (Istio's istio-cni node agent): enroll this node's pods for the node proxy.
+    ambient: bool = setting(False, env="AMBIENT_ENABLED", flag="--ambient")
+    ztunnel_socket: str = setting(
+        "/var/run/ztunnel/ztunnel.sock", env="ZTUNNEL_UDS_ADDRESS", flag="--ztunnel-socket"
+    )
+    node_name: str = setting("", env="NODE_NAME", flag="--node-name")
+    ambient_dns_capture: bool = setting(False, env="AMBIENT_DNS_CAPTURE")
+    ambient_ipv6: bool = setting(False, env="AMBIENT_IPV6")
 
     @property
     def server(self) -> str:
@@ -132,6 +140,7 @@ class InstallSettings:
             "log_level": self.plugin_log_level,
             "iptables_backend": self.iptables_backend,
             "pod_lookup_timeout": self.pod_lookup_timeout,
+            **({"ambient_enabled": True} if self.ambient else {}),
         }
 
 

@@ -9,7 +9,8 @@ and announced to subscribers (serving certificates, root distribution, webhook c
 Invariants: nothing of the user's is ever overwritten (an existing Secret is read, never
 replaced); an unusable ``cacerts`` at start is a ``UserError`` naming the Secret and the reason,
 and after start it is refused with an error log while the previous CA keeps signing; a deleted
-``cacerts`` leaves the current CA in place until restart (so no root changes by surprise).
+``cacerts`` leaves the current CA in place until restart, and a deleted ``meshctl-ca-secret`` is
+written back from memory (so no root changes by surprise, and replicas never split roots).
 """
 
 from __future__ import annotations
@@ -74,21 +75,70 @@ class AuthorityStore:
         return self.current
 
     async def run(self) -> None:
-        """Load the CA, then follow ``cacerts`` until cancelled."""
+        """Load the CA, then follow ``cacerts`` and ``meshctl-ca-secret`` until cancelled."""
         try:
-            async with AsyncWatch(
-                self._kube,
-                SECRETS,
-                namespace=self._namespace,
-                field_selector=f"metadata.name={PLUG_IN_SECRET}",
-            ) as events:
-                async for event in events:
-                    await self._on_event(event)
+            await asyncio.gather(self._follow_plug_in(), self._follow_own())
         except BaseException as exc:
             if not self.loaded.is_set():
                 self._failure = exc
                 self.loaded.set()
             raise
+
+    async def _follow_plug_in(self) -> None:
+        async with AsyncWatch(
+            self._kube,
+            SECRETS,
+            namespace=self._namespace,
+            field_selector=f"metadata.name={PLUG_IN_SECRET}",
+        ) as events:
+            async for event in events:
+                await self._on_event(event)
+
+    async def _follow_own(self) -> None:
+        """While our own root signs: a deleted ``meshctl-ca-secret`` is written back from memory
+        (a replica restarting then reads the root the others sign with, instead of minting a
+        second one); a valid replacement written by the user is taken up by every replica."""
+        where = f"Secret {self._namespace}/{SELF_SIGNED_SECRET}"
+        async with AsyncWatch(
+            self._kube,
+            SECRETS,
+            namespace=self._namespace,
+            field_selector=f"metadata.name={SELF_SIGNED_SECRET}",
+        ) as events:
+            async for event in events:
+                current = self.current
+                if self.source != SELF_SIGNED_SECRET or current is None:
+                    continue
+                if event.type == "DELETED":
+                    log.warning("%s was deleted; writing the root in use back", where)
+                    await self._restore(current, where)
+                elif event.type in ("ADDED", "MODIFIED"):
+                    try:
+                        authority = _from_secret(event.object, where, self._clock())
+                    except ca.CaError as exc:
+                        log.error(  # noqa: TRY400 -- expected; the reason is the message
+                            "%s changed but is unusable, still signing with the CA in use: %s",
+                            where,
+                            exc,
+                        )
+                        continue
+                    if authority.cert != current.cert or authority.roots != current.roots:
+                        self._use(authority, SELF_SIGNED_SECRET)
+
+    async def _restore(self, authority: ca.Authority, where: str) -> None:
+        body = _self_signed_secret(authority.cert_pem(), authority.key_pem())
+        while True:
+            try:
+                await asyncio.to_thread(objects.create, self._kube, SECRETS, body, self._namespace)
+            except ApiStatusError as exc:
+                if objects.is_conflict(exc):
+                    return  # another replica (or the user) wrote it first: the watch tells
+                log.warning("%s: %s; retrying in %.0fs", where, exc.message, self._retry)
+            except KubeError as exc:
+                log.warning("%s: %s; retrying in %.0fs", where, exc.message, self._retry)
+            else:
+                return
+            await asyncio.sleep(self._retry)
 
     async def _on_event(self, event: WatchEvent) -> None:
         where = f"Secret {self._namespace}/{PLUG_IN_SECRET}"
@@ -149,19 +199,7 @@ class AuthorityStore:
             cert, key = ca.mint_root(
                 trust_domain=self._trust_domain, now=self._clock(), key_type=self._key_type
             )
-            body = {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {
-                    "name": SELF_SIGNED_SECRET,
-                    "labels": {"app.kubernetes.io/managed-by": "meshctl"},
-                },
-                "type": "Opaque",
-                "data": {
-                    "ca-cert.pem": base64.b64encode(cert.encode()).decode(),
-                    "ca-key.pem": base64.b64encode(key).decode(),
-                },
-            }
+            body = _self_signed_secret(cert.encode(), key)
             try:
                 existing = objects.create(self._kube, SECRETS, body, self._namespace)
                 log.info("minted the mesh root CA into %s", where)
@@ -177,9 +215,25 @@ class AuthorityStore:
         except ca.CaError as exc:
             raise UserError(
                 f"{where} is unusable: {exc}",
-                hint="delete it to mint a new root (every workload certificate then changes), "
-                "or fix ca-cert.pem / ca-key.pem",
+                hint="fix ca-cert.pem / ca-key.pem, or stop every replica and delete it to mint "
+                "a new root (every workload certificate then changes)",
             ) from exc
+
+
+def _self_signed_secret(cert_pem: bytes, key_pem: bytes) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": SELF_SIGNED_SECRET,
+            "labels": {"app.kubernetes.io/managed-by": "meshctl"},
+        },
+        "type": "Opaque",
+        "data": {
+            "ca-cert.pem": base64.b64encode(cert_pem).decode(),
+            "ca-key.pem": base64.b64encode(key_pem).decode(),
+        },
+    }
 
 
 def _from_secret(secret: dict[str, Any], where: str, now: datetime) -> ca.Authority:

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from meshctl import config
-from meshctl.output import OutputFormat, render
+from meshctl.output import OutputFormat, render_objects
 
 from .settings import ControlPlaneSettings
 
@@ -153,7 +153,4 @@ def manifest_cmd(
             replicas=replicas,
         )
     )
-    if output is OutputFormat.JSON:
-        typer.echo(render({"apiVersion": "v1", "kind": "List", "items": items}, output), nl=False)
-        return
-    typer.echo("---\n".join(render(item, output) for item in items), nl=False)
+    typer.echo(render_objects(items, output), nl=False)

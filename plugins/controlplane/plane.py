@@ -196,15 +196,8 @@ class ControlPlane:
                 (MetricsApp(self.metrics.registry), "metrics_address"),
             ):
                 host, port = address(getattr(self.settings, name), name)
-                tasks.add(
-                    asyncio.ensure_future(
-                        webhook.serve(app, webhook.plain_config(host, port), status_stop)
-                    )
-                )
-            await asyncio.sleep(0)
-            for task in tasks:
-                if task.done():
-                    task.result()  # a bind failure of a status port: report it
+                config = webhook.plain_config(host, port)  # bound now: a port in use fails here
+                tasks.add(asyncio.ensure_future(webhook.serve(app, config, status_stop)))
             return await self._serve(tasks)
         finally:
             status_stop.set()

@@ -161,10 +161,10 @@ class Endpoints:
         connections["flows"] = [
             {**flow, "worker": r["worker"]} for r in reports for flow in r["connections"]["flows"]
         ]
-        return {
+        hidden = ("listeners", "pod_channel")
+        dump: dict[str, Any] = {
             "version": __version__,
-            "config": {k: v for k, v in _fields(rt.config).items() if k not in ("listeners",)},
-            "identity": str(rt.identity),
+            "config": {k: v for k, v in _fields(rt.config).items() if k not in hidden},
             # The worker that answered; ``workers`` below lists each one's share.
             "worker": {"index": rt.config.worker, "of": rt.config.workers, "pid": os.getpid()},
             "workloads": [_record(w) for w in store.workloads],
@@ -187,6 +187,15 @@ class Endpoints:
             ],
             "workersMissing": list(gathered.missing),
         }
+        served = rt.locals.get("")
+        if served is not None:
+            dump["identity"] = str(served.identity)
+        if rt.node_mode:
+            # ztunnel's in-pod section: uid -> info, state, plus the netns, listeners and
+            # certificate of each enrolled pod.
+            dump["workloadState"] = rt.workload_state()
+            dump["podsSynced"] = rt.pods_synced
+        return dump
 
 
 def certificate_summary(

@@ -172,16 +172,7 @@ class CaFeed(Feed):
         return (end - self._clock()).total_seconds()
 
     def _read_roots(self) -> bytes:
-        try:
-            roots = self._root_file.read_bytes()
-        except OSError as exc:
-            raise OSError(
-                f"cannot read the mesh root {self._root_file}: {exc.strerror or exc} "
-                "(mount the meshctl-ca-root-cert ConfigMap there)"
-            ) from exc
-        if b"-----BEGIN CERTIFICATE-----" not in roots:
-            raise OSError(f"{self._root_file} holds no PEM certificate")
-        return roots
+        return read_roots(self._root_file)
 
     def _due(self) -> bool:
         return self._refresh_at is None or self._clock() >= self._refresh_at
@@ -270,3 +261,17 @@ class CaFeed(Feed):
                 timedelta(seconds=int(left.total_seconds())),
                 message,
             )
+
+
+def read_roots(root_file: Path) -> bytes:
+    """The mounted mesh root bundle; ``OSError`` saying what to mount when it is unusable."""
+    try:
+        roots = root_file.read_bytes()
+    except OSError as exc:
+        raise OSError(
+            f"cannot read the mesh root {root_file}: {exc.strerror or exc} "
+            "(mount the meshctl-ca-root-cert ConfigMap there)"
+        ) from exc
+    if b"-----BEGIN CERTIFICATE-----" not in roots:
+        raise OSError(f"{root_file} holds no PEM certificate")
+    return roots

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from meshctl.config import setting
 from meshctl.core.appprobes import PROBERS_ENV, parse_probers, parse_scrape
+from meshctl.core.zds import DEFAULT_SOCKET
 from meshctl.errors import ConfigError
 
 
@@ -29,7 +30,10 @@ class InjectedConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ZtunnelSettings:
-    mode: str = setting("sidecar", env="PROXY_MODE", choices=("sidecar", "dedicated"))
+    # "node" is ztunnel's "shared" (the node proxy of ambient mode), "sidecar" its "dedicated".
+    mode: str = setting(
+        "sidecar", env="PROXY_MODE", choices=("sidecar", "dedicated", "node", "shared")
+    )
     workload: str | None = setting(None, env="PROXY_WORKLOAD_INFO")
     # The injected sidecar's env (meshctl inject renders these from the downward API).
     pod_name: str | None = setting(None, env="POD_NAME")
@@ -73,6 +77,10 @@ class ZtunnelSettings:
     # Data-plane worker processes (ztunnel's worker threads); they share the listeners.
     workers: int = setting(1, env="ZTUNNEL_WORKER_THREADS")
     reload_interval: str = setting("1s", env="MESHCTL_RELOAD_INTERVAL")
+    # Node mode: the node agent's ZDS socket; a development CA for pod certificates when no
+    # mesh CA (``ca_address``) is given.
+    inpod_uds: str = setting(DEFAULT_SOCKET, env="INPOD_UDS")
+    ca_dir: str | None = setting(None, env="MESHCTL_CA_DIR")
     # Discovery (ztunnel's names): the control plane, its roots, the token, who we are.
     xds_address: str | None = setting(None, env="XDS_ADDRESS")
     xds_root_ca: str = setting("/var/run/secrets/istio/root-cert.pem", env="XDS_ROOT_CA")
@@ -85,6 +93,10 @@ class ZtunnelSettings:
     admin_port: int = setting(15000)
     metrics_port: int = setting(15020)
     readiness_port: int = setting(15021)
+
+    @property
+    def node_mode(self) -> bool:
+        return self.mode in ("node", "shared")
 
     def workload_ref(self) -> str:
         """NS/NAME/SA from ``--workload`` or the pod env; a clear error when neither is set."""

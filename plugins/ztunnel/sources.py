@@ -38,13 +38,22 @@ def read_certs(cert_dir: Path, identity: SpiffeId, generation: int) -> channel.C
             hint=f"create them with 'meshctl ztunnel certs --out {cert_dir} --workload ...'",
         ) from exc
     try:
-        _check_certs(chain, key, roots, identity)
+        return certs_message(chain, key, roots, identity, generation)
     except (IdentityError, ValueError) as exc:
         raise UserError(
             f"workload certificate in {cert_dir} is unusable: {exc}",
             hint=f"mint one for {identity} with 'meshctl ztunnel certs'",
         ) from exc
+
+
+def certs_message(
+    chain: str, key: str, roots: str, identity: SpiffeId, generation: int, *, named: bool = False
+) -> channel.Certs:
+    """The checked ``Certs`` for ``identity`` (``named``: node mode's, which says whose); raises
+    ``IdentityError``/``ValueError`` when the PEMs do not make a usable certificate for it."""
+    _check_certs(chain, key, roots, identity)
     return channel.Certs(
+        identity=str(identity) if named else "",
         cert_chain=chain,
         key=key,
         roots=roots,

@@ -957,6 +957,9 @@ class Kubelet:
         self.workdir = workdir
         self._netns_factory = netns_factory
         self._pods: dict[tuple[str, str], RunningPod] = {}
+        # The node's way to the API server (its loopback relayed to the host's): closing it
+        # is "the API server is down" as seen from this node.
+        self.api_forwarder: _LoopbackForwarder | None = None
 
     @property
     def ipam_dir(self) -> Path:
@@ -1159,13 +1162,17 @@ def _delete_node(core: k8s.CoreV1Api, name: str) -> None:
         core.delete_node(name)
 
 
-@pytest.fixture
-def kubelet(
-    kube_cluster: KubeCluster, kube_api: k8s.ApiClient, netns_factory: NetnsFactory
+@contextlib.contextmanager
+def kubelet_node(
+    kube_cluster: KubeCluster,
+    kube_api: k8s.ApiClient,
+    netns_factory: NetnsFactory,
+    subnet: ipaddress.IPv4Network | None = None,
 ) -> Iterator[Kubelet]:
-    """A one-node kubelet stand-in: own node netns, Node object, subnet and host-local store."""
+    """One kubelet stand-in: own node netns, Node object, subnet and host-local store (tests
+    with several nodes call it once per node)."""
     # 10.244.0.0/16 is a private test range; its addresses only ever exist in test netns.
-    subnet = ipaddress.IPv4Network(f"10.244.{next(_subnets) % 256}.0/24")
+    subnet = subnet or ipaddress.IPv4Network(f"10.244.{next(_subnets) % 256}.0/24")
     core = k8s.CoreV1Api(kube_api)
     with contextlib.ExitStack() as cleanup:
         workdir = Path(tempfile.mkdtemp(prefix="meshctl-kubelet-"))
@@ -1181,6 +1188,7 @@ def kubelet(
             subnet=subnet,
             workdir=workdir,
         )
+        kubelet.api_forwarder = forwarder
         cleanup.callback(_delete_node, core, kubelet.node_name)
         core.create_node(
             k8s.V1Node(
@@ -1206,3 +1214,12 @@ def kubelet(
         )
         cleanup.callback(kubelet.close)
         yield kubelet
+
+
+@pytest.fixture
+def kubelet(
+    kube_cluster: KubeCluster, kube_api: k8s.ApiClient, netns_factory: NetnsFactory
+) -> Iterator[Kubelet]:
+    """A one-node kubelet stand-in: own node netns, Node object, subnet and host-local store."""
+    with kubelet_node(kube_cluster, kube_api, netns_factory) as node:
+        yield node

@@ -153,6 +153,26 @@ def test_root_configmap_follows_namespaces_and_is_repaired(
         assert plane.process.poll() is None
 
 
+def test_a_deleted_root_secret_is_written_back_so_replicas_never_split_roots(
+    kube_cluster: KubeCluster,
+    kube_api: k8s.ApiClient,
+    kube_namespace: str,
+    home: str,
+    tmp_path: Path,
+) -> None:
+    core = k8s.CoreV1Api(kube_api)
+    with cp.running(kube_cluster, home, tmp_path) as first:
+        root = cp.root_pem(kube_api, home)
+        core.delete_namespaced_secret("meshctl-ca-secret", home)
+        wait_for("the Secret written back", lambda: cp.root_pem(kube_api, home) == root)
+        # A replica starting now reads that root instead of minting a second one.
+        with cp.running(kube_cluster, home, tmp_path, revision=first.revision) as second:
+            token = request_token(kube_cluster, kube_namespace, "web", "istio-ca")
+            identity = f"spiffe://cluster.local/ns/{kube_namespace}/sa/web"
+            assert sign(second, root, token, identity)[-1].encode() == root
+            assert sign(first, root, token, identity)[-1].encode() == root
+
+
 def _ca(
     name: str,
     key: Any,
