@@ -20,7 +20,7 @@ from meshctl import config
 from meshctl.core.install import manifest as mf
 from meshctl.core.install.components import PROFILE_HELP, Registry, Values
 from meshctl.errors import MeshctlError, UserError
-from meshctl.output import OutputFormat, render
+from meshctl.output import OutputFormat, render, render_objects
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 uninstall_app = typer.Typer(
@@ -92,13 +92,9 @@ def resolve(
 
 
 def print_manifest(rendered: Sequence[mf.Rendered], output: OutputFormat) -> None:
-    items = mf.documents(rendered)
-    if output is OutputFormat.JSON:
-        typer.echo(render({"apiVersion": "v1", "kind": "List", "items": items}, output), nl=False)
-    elif output is OutputFormat.YAML:
-        typer.echo("---\n".join(render(item, output) for item in items), nl=False)
-    else:
+    if output is OutputFormat.TABLE:
         raise UserError("--output: use yaml or json for a manifest", hint="e.g. -o yaml")
+    typer.echo(render_objects(mf.documents(rendered), output), nl=False)
 
 
 def _connect(ctx: typer.Context, request_timeout: str) -> Any:

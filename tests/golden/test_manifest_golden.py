@@ -63,3 +63,44 @@ def test_every_printed_manifest_runs_the_default_image_unless_told_otherwise(cap
     assert images(list(yaml.safe_load_all(overridden))) == {"registry.example/m:2"}
     injected = printed(capsys, "inject", "--image", "registry.example/m:2", "-f", str(pod))
     assert images(list(yaml.safe_load_all(injected))) == {"registry.example/m:2"}
+
+
+@pytest.mark.parametrize("profile", ["default", "minimal", "demo"])
+def test_install_manifest_of_each_profile(capsys, profile):
+    """``meshctl manifest generate`` is ``install --dry-run``: the same text, no anchors."""
+    text = printed(capsys, "manifest", "generate", "--profile", profile)
+    assert text == printed(capsys, "install", "--dry-run", "-o", "yaml", "--profile", profile)
+    assert "&id" not in text
+    assert "*id" not in text
+    documents = list(yaml.safe_load_all(text))
+    # CRDs and the namespace before everything that lives in it or uses them.
+    kinds = [d["kind"] for d in documents]
+    first = kinds.index("Namespace") + 1
+    assert set(kinds[:first]) <= {"CustomResourceDefinition", "Namespace"}, kinds
+    assert images(documents) == {default_image()}
+    assert_golden(DATA / f"install-{profile}.yaml.golden", text)
+
+
+def test_a_revision_names_every_revisioned_object_and_the_webhook_selectors(capsys):
+    documents = list(
+        yaml.safe_load_all(printed(capsys, "manifest", "generate", "--revision", "canary"))
+    )
+    webhook = next(d for d in documents if d["kind"] == "MutatingWebhookConfiguration")
+    assert webhook["metadata"]["name"].endswith("-canary")
+    selected = [
+        e
+        for hook in webhook["webhooks"]
+        for s in (hook.get("namespaceSelector") or {}, hook.get("objectSelector") or {})
+        for e in s.get("matchExpressions", [])
+        if e["key"] == "istio.io/rev" and e["operator"] == "In"
+    ]
+    assert selected, webhook
+    for hook in webhook["webhooks"]:
+        selectors = [hook.get("namespaceSelector") or {}, hook.get("objectSelector") or {}]
+        expressions = [e for s in selectors for e in s.get("matchExpressions", [])]
+        revs = [e for e in expressions if e["key"] == "istio.io/rev" and e["operator"] == "In"]
+        # Each rev webhook selects exactly this revision; the tag-less ones have no In.
+        assert all(e["values"] == ["canary"] for e in revs), hook
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    assert deployment["metadata"]["name"] == "meshctl-controlplane-canary"
+    assert deployment["metadata"]["labels"]["istio.io/rev"] == "canary"
