@@ -34,6 +34,8 @@ def _render(values: Values) -> list[dict[str, Any]]:
         cni_conf_dir=own["cniConfDir"],
         exclude_namespaces=excluded,
         image_pull_policy=values.image_pull_policy,
+        ambient=own["ambient"],
+        netns_dir=own["netnsDir"],
     )
 
 
@@ -147,8 +149,22 @@ cni = Component(
             help="namespaces whose pods are never captured (the mesh's own is always added)",
             check=dns_label,
         ),
+        "ambient": Field(
+            kind="bool",
+            default=False,
+            help="also run the ambient node agent (enrolls pods for the node proxy)",
+        ),
+        "netnsDir": Field(
+            kind="string",
+            default="/var/run/netns",
+            help="ambient: where the runtime pins pod network namespaces on the nodes",
+        ),
     },
-    profiles={"default": {"enabled": True}, "demo": {"enabled": True}},
+    profiles={
+        "default": {"enabled": True},
+        "ambient": {"enabled": True, "ambient": True},
+        "demo": {"enabled": True},
+    },
     render=_render,
     checks=(
         Check(category=CATEGORY, description="CNI node agent is ready on every node", run=_ready),

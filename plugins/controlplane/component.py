@@ -30,7 +30,7 @@ from .manifest import ManifestSettings, objects
 from .roots import ROOT_CONFIGMAP, ROOT_KEY
 
 CATEGORY = "meshctl-controlplane"
-ALL_PROFILES = ("default", "minimal", "demo")  # ambient: with the node proxy (#14)
+ALL_PROFILES = ("default", "ambient", "minimal", "demo")
 # Istio's self-signed root rotates when 20% of its life is left; say so before that.
 ROOT_GRACE = 0.2
 

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshctl.core.checks import Check, Result
 from meshctl.core.inject import annotations as ann
 from meshctl.core.inject import render
 from meshctl.core.inject.settings import InjectSettings
 from meshctl.core.install.components import Component, Values
+from meshctl.core.install.context import CheckContext
+from meshctl.core.install.readiness import readiness
 from meshctl.core.install.values import Field
+
+from . import manifest as node_manifest
 
 NAME = "meshctl-ingressgateway"
 # (name, service port, target port): the seed's demo gateway ports.
@@ -113,4 +118,61 @@ gateway = Component(
     },
     profiles={"demo": {"enabled": True}},
     render=_render,
+)
+
+
+def _render_node_proxy(values: Values) -> list[dict[str, Any]]:
+    own = values.component("ztunnel")
+    plane = f"{values.revisioned('meshctl-controlplane')}.{values.namespace}.svc:15012"
+    items = node_manifest.objects(
+        namespace=values.namespace,
+        image=values.image,
+        ca_address=plane,
+        xds_address=plane,
+        workers=own["workers"],
+    )
+    for item in items:
+        if item["kind"] == "DaemonSet":
+            for container in item["spec"]["template"]["spec"]["containers"]:
+                container["imagePullPolicy"] = values.image_pull_policy
+    return items
+
+
+def _node_proxy_ready(ctx: CheckContext) -> Result:
+    items = ctx.of("ztunnel", "DaemonSet")
+    if not items:
+        return Result.skip("the node proxy is not part of this install (ambient profile)")
+    live = ctx.live(items[0])
+    if live is None:
+        return Result.fail(
+            f"{items[0].key} not found: ambient pods have no node proxy",
+            hint="run 'meshctl install --profile ambient' again",
+        )
+    state = readiness(live)
+    if not state.ready:
+        return Result.fail(
+            f"{items[0].key}: {state.reason}",
+            hint=f"see 'kubectl -n {items[0].key.namespace} describe daemonset "
+            f"{items[0].key.name}' and the pods' logs",
+        )
+    return Result.ok(state.reason)
+
+
+node_proxy = Component(
+    name="ztunnel",
+    title="Node proxy",
+    phase=20,
+    revisioned=False,
+    schema={
+        "workers": Field(kind="int", default=1, minimum=1, help="data-plane workers per node"),
+    },
+    profiles={"ambient": {"enabled": True}},
+    render=_render_node_proxy,
+    checks=(
+        Check(
+            category="meshctl-ztunnel",
+            description="node proxy is ready on every node",
+            run=_node_proxy_ready,
+        ),
+    ),
 )

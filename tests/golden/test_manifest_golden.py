@@ -65,7 +65,7 @@ def test_every_printed_manifest_runs_the_default_image_unless_told_otherwise(cap
     assert images(list(yaml.safe_load_all(injected))) == {"registry.example/m:2"}
 
 
-@pytest.mark.parametrize("profile", ["default", "minimal", "demo"])
+@pytest.mark.parametrize("profile", ["default", "ambient", "minimal", "demo"])
 def test_install_manifest_of_each_profile(capsys, profile):
     """``meshctl manifest generate`` is ``install --dry-run``: the same text, no anchors."""
     text = printed(capsys, "manifest", "generate", "--profile", profile)
