@@ -83,6 +83,10 @@ class Inventory:
             for e in items[:limit]
         ]
 
+    def pod_problems(self, workload: Mapping[str, Any]) -> list[str]:
+        """Why the workload's pods are not ready (``pod_problem`` of each, the ready left out)."""
+        return [p for p in map(pod_problem, self.pods(workload)) if p]
+
     def pods(self, workload: Mapping[str, Any]) -> list[Object]:
         """The pods a Deployment, DaemonSet or StatefulSet selects (by its matchLabels)."""
         spec = workload.get("spec") or {}

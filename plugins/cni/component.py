@@ -14,8 +14,7 @@ from typing import Any
 
 from meshctl.core.checks import Check, Result
 from meshctl.core.install.components import Component, Values
-from meshctl.core.install.context import CheckContext
-from meshctl.core.install.readiness import readiness
+from meshctl.core.install.context import CheckContext, rollout
 from meshctl.core.install.values import Field, dns_label
 from meshctl.errors import KubeError
 
@@ -45,26 +44,13 @@ def _daemonset(ctx: CheckContext) -> tuple[Any, dict[str, Any] | None]:
 
 
 def _ready(ctx: CheckContext) -> Result:
-    item, live = _daemonset(ctx)
-    if item is None:
-        return Result.skip("the CNI node agent is not part of this install")
-    if live is None:
-        return Result.fail(
-            f"{item.key} not found: new pods get no traffic capture",
-            hint="run 'meshctl install' again with the same profile",
-        )
-    state = readiness(live)
-    if not state.ready:
-        from meshctl.kube.inventory import pod_problem
-
-        details = [p for p in map(pod_problem, ctx.cluster.pods(live)) if p]
-        return Result.fail(
-            f"{item.key}: {state.reason}",
-            hint=f"see 'kubectl -n {item.key.namespace} describe daemonset {item.key.name}' "
-            "and the pods' logs",
-            details=details[:5],
-        )
-    return Result.ok(state.reason)
+    return rollout(
+        ctx,
+        "cni",
+        "DaemonSet",
+        absent="the CNI node agent is not part of this install",
+        missing="new pods get no traffic capture",
+    )
 
 
 def _node_status(ctx: CheckContext, pod: dict[str, Any]) -> dict[str, Any]:

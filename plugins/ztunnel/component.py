@@ -18,8 +18,7 @@ from meshctl.core.inject import annotations as ann
 from meshctl.core.inject import render
 from meshctl.core.inject.settings import InjectSettings
 from meshctl.core.install.components import Component, Values
-from meshctl.core.install.context import CheckContext
-from meshctl.core.install.readiness import readiness
+from meshctl.core.install.context import CheckContext, rollout
 from meshctl.core.install.values import Field
 
 from . import manifest as node_manifest
@@ -139,23 +138,13 @@ def _render_node_proxy(values: Values) -> list[dict[str, Any]]:
 
 
 def _node_proxy_ready(ctx: CheckContext) -> Result:
-    items = ctx.of("ztunnel", "DaemonSet")
-    if not items:
-        return Result.skip("the node proxy is not part of this install (ambient profile)")
-    live = ctx.live(items[0])
-    if live is None:
-        return Result.fail(
-            f"{items[0].key} not found: ambient pods have no node proxy",
-            hint="run 'meshctl install --profile ambient' again",
-        )
-    state = readiness(live)
-    if not state.ready:
-        return Result.fail(
-            f"{items[0].key}: {state.reason}",
-            hint=f"see 'kubectl -n {items[0].key.namespace} describe daemonset "
-            f"{items[0].key.name}' and the pods' logs",
-        )
-    return Result.ok(state.reason)
+    return rollout(
+        ctx,
+        "ztunnel",
+        "DaemonSet",
+        absent="the node proxy is not part of this install (ambient profile)",
+        missing="ambient pods have no node proxy",
+    )
 
 
 node_proxy = Component(

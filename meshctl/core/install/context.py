@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshctl.core.checks import Result
 from meshctl.core.install.components import Registry, Values
 from meshctl.core.install.manifest import Rendered
+from meshctl.core.install.readiness import readiness
 
 
 @dataclass(slots=True, kw_only=True)
@@ -40,3 +42,28 @@ class CheckContext:
             self.memo[key] = self.cluster.get(item.object)
         value: dict[str, Any] | None = self.memo[key]
         return value
+
+
+def rollout(ctx: CheckContext, component: str, kind: str, *, absent: str, missing: str) -> Result:
+    """The check that ``component``'s ``kind`` (a DaemonSet, a Deployment) is rolled out and
+    ready: skipped when this install has none (``absent`` says why), failed when it is gone
+    (``missing``: what that breaks) or not ready (its reason and its pods' problems)."""
+    items = ctx.of(component, kind)
+    if not items:
+        return Result.skip(absent)
+    item = items[0]
+    live = ctx.live(item)
+    if live is None:
+        return Result.fail(
+            f"{item.key} not found: {missing}",
+            hint="run 'meshctl install' again with the same profile and revision",
+        )
+    state = readiness(live)
+    if not state.ready:
+        return Result.fail(
+            f"{item.key}: {state.reason}",
+            hint=f"see 'kubectl -n {item.key.namespace} describe {kind.lower()} "
+            f"{item.key.name}' and the pods' logs",
+            details=ctx.cluster.pod_problems(live)[:5],
+        )
+    return Result.ok(state.reason)
