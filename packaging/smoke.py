@@ -124,12 +124,26 @@ def check_plugins(binary: Path) -> list[str]:
         ambient = run(binary, "cni", "manifest", "--ambient")
         if ambient.returncode != 0 or "AMBIENT_ENABLED" not in ambient.stdout:
             problems.append(f"cni manifest --ambient: exit {ambient.returncode}")
+        problems += check_install(binary, Path(tmp))
         problems += check_cni_name(binary, Path(tmp))
         dataplane = run(binary, "ztunnel-dataplane", "--help")
         if dataplane.returncode != 0 or "--channel-fd" not in dataplane.stdout:
             problems.append(f"ztunnel-dataplane --help: exit {dataplane.returncode}")
     if os.geteuid() == 0:
         problems += check_iptc(binary)
+    return problems
+
+
+def check_install(binary: Path, tmp: Path) -> list[str]:
+    """install/verify: the components come from entry points in the frozen dist-info."""
+    problems = []
+    generated = run(binary, "manifest", "generate", "--profile", "demo")
+    for kind in ("CustomResourceDefinition", "DaemonSet", "MutatingWebhookConfiguration"):
+        if generated.returncode != 0 or f"kind: {kind}" not in generated.stdout:
+            problems.append(f"manifest generate: exit {generated.returncode}, no {kind}")
+    unreachable = run(binary, "--kubeconfig", f"{tmp}/none", "verify")
+    if unreachable.returncode != 2 or "kubeconfig" not in unreachable.stderr:
+        problems.append(f"verify: exit {unreachable.returncode}: {unreachable.stderr!r}")
     return problems
 
 
