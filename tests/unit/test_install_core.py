@@ -73,7 +73,11 @@ def test_selectors_are_satisfiable_only_together():
 
 def test_ours_is_our_label_or_our_field_manager():
     assert ownership.is_ours({"metadata": {"labels": {mf.COMPONENT_LABEL: "cni"}}})
-    assert ownership.is_ours({"metadata": {"managedFields": [{"manager": "meshctl"}]}})
+    applied = {"manager": "meshctl", "operation": "Apply"}
+    assert ownership.is_ours({"metadata": {"managedFields": [applied]}})
+    # The control plane's caBundle patch of a foreign webhook configuration with our name.
+    patched = {"manager": "meshctl", "operation": "Update"}
+    assert not ownership.is_ours({"metadata": {"managedFields": [patched]}})
     foreign = {"metadata": {"managedFields": [{"manager": "kubectl-client-side-apply"}]}}
     assert not ownership.is_ours(foreign)
     assert "kubectl-client-side-apply" in ownership.foreign_reason(foreign)

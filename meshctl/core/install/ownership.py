@@ -1,11 +1,11 @@
 """Whose an object is, and which foreign webhook configurations would inject the pods ours does.
 
-An object is ours when it carries the install's component label or lists our field manager in
-``managedFields``; an object with our name that is neither is foreign (a failed or other tool's
-install, seed 003): install explains it and touches it only with ``--force``. Two mutating
-webhooks overlap when both intercept pod creation and some namespace and pod could match both
-(their label selectors are jointly satisfiable): then a pod would be injected twice, or refused
-when the other webhook's service is gone (``failurePolicy: Fail``).
+An object is ours when it carries the install's component label or our field manager applied
+it (``managedFields``, operation Apply); an object with our name that is neither is foreign (a
+failed or other tool's install, seed 003): install explains it and touches it only with
+``--force``. Two mutating webhooks overlap when both intercept pod creation and some namespace
+and pod could match both (their label selectors are jointly satisfiable): then a pod would be
+injected twice, or refused when the other webhook's service is gone (``failurePolicy: Fail``).
 """
 
 from __future__ import annotations
@@ -29,9 +29,18 @@ def managers(live: Object) -> list[str]:
     return found
 
 
+def applied_by(live: Object) -> list[str]:
+    """The managers that server-side applied the object (``operation: Apply``)."""
+    entries = (live.get("metadata") or {}).get("managedFields") or ()
+    return [str(e.get("manager")) for e in entries if e.get("operation") == "Apply"]
+
+
 def is_ours(live: Object) -> bool:
+    """Our label, or our install's server-side apply. An update under the name ``meshctl`` is
+    not enough: the control plane patches the caBundle into any webhook configuration with its
+    name (its client's manager is ``meshctl`` too), a foreign one included."""
     labels = (live.get("metadata") or {}).get("labels") or {}
-    return COMPONENT_LABEL in labels or FIELD_MANAGER in managers(live)
+    return COMPONENT_LABEL in labels or FIELD_MANAGER in applied_by(live)
 
 
 def foreign_reason(live: Object) -> str:
