@@ -13,6 +13,10 @@ abuse budgets. Bytes go in through ``receive``; events come out; bytes to write 
   reader backpressures the peer instead of growing memory.
 - Local misuse raises ``TunnelStateError``; peer misbehaviour becomes
   ``ConnectionClosed(remote=True)`` after a GOAWAY is queued, never an exception.
+- A stream the peer ended (reset, refused, or gone with the connection) is an event, never an
+  error: ``send``/``end``/``respond``/``reset`` on it are no-ops, because the shell may still
+  hold it while it dispatches the events of the read that ended it. Only an id this connection
+  never used is misuse.
 """
 
 from __future__ import annotations
@@ -206,6 +210,17 @@ class _H2(h2.connection.H2Connection):
         super().clear_outbound_data_buffer()
         self._buffers = []
 
+    def _receive_goaway_frame(self, frame: GoAwayFrame) -> tuple[list[Frame], list[Any]]:
+        """h2 drops everything queued for output on any GOAWAY. After a graceful one the open
+        streams go on (``HboneConnection`` reopens the state machine), so what they queued
+        before the frame was read still has to leave; only an error GOAWAY discards it."""
+        if frame.error_code != ErrorCodes.NO_ERROR:
+            return super()._receive_goaway_frame(frame)
+        queued, buffers = self._data_to_send, self._buffers
+        result = super()._receive_goaway_frame(frame)
+        self._data_to_send, self._buffers = queued, buffers
+        return result
+
 
 class TunnelStateError(RuntimeError):
     """The caller used a stream in a way its state forbids (a bug on our side, not the peer's)."""
@@ -258,6 +273,7 @@ class _Stream:
     local_ended: bool = False
     remote_ended: bool = False
     blocked: bool = False  # told the shell to pause (held_len crossed high water)
+    gone: bool = False  # h2 closed it under us; its StreamReset is on the way
 
 
 class HboneConnection:
@@ -279,6 +295,11 @@ class HboneConnection:
         self._streams: dict[int, _Stream] = {}
         self._closed: ConnectionClosed | None = None
         self._going_away = False
+        # Stream resets found outside ``receive`` (h2 had closed a stream we still held): they
+        # are reported first by the next ``receive``.
+        self._late: list[Event] = []
+        self._receiving = False  # inside receive's event loop
+        self._gone: list[_Stream] = []  # streams h2 closed under us during this receive
         self._extra_out = b""  # frames written here rather than by h2 (graceful GOAWAY)
         self._resets = _Bucket(
             self.settings.reset_burst, self.settings.reset_rate, self.settings.reset_burst
@@ -376,30 +397,43 @@ class HboneConnection:
 
     def respond(self, stream_id: int, status: int) -> None:
         """Answer a ``TunnelRequested``: 200 opens the tunnel; any other status ends the stream."""
-        stream = self._stream(stream_id)
-        if self.client or stream.opened:
+        if self.client:
+            raise TunnelStateError("only the server side answers tunnels")
+        stream = self._live(stream_id)
+        if stream is None:
+            return  # the peer reset it (or the connection ended) before our answer
+        if stream.opened:
             raise TunnelStateError(f"stream {stream_id} cannot be answered again")
         headers = [(b":status", str(status).encode("ascii"))]
-        if status == 200:
-            self._h2.send_headers(stream_id, headers)
-            stream.opened = True
-            self._flush(stream)
-        else:
-            self._h2.send_headers(stream_id, headers, end_stream=True)
-            self._forget(stream_id)
+        try:
+            if status == 200:
+                self._h2.send_headers(stream_id, headers)
+                stream.opened = True
+                self._late += self._flush(stream)
+            else:
+                self._h2.send_headers(stream_id, headers, end_stream=True)
+                self._forget(stream_id)
+        except h2.exceptions.StreamClosedError:
+            self._late += self._lost(stream)
 
     # -- both sides --------------------------------------------------------------------------
 
     def send(self, stream_id: int, data: bytes) -> bool:
-        """Queue tunnel bytes; False means "pause the source until ``Writable``"."""
-        stream = self._stream(stream_id)
+        """Queue tunnel bytes; False means "pause the source until ``Writable``".
+
+        Bytes for a stream that is over (the peer reset it) are dropped: there is nobody to
+        read them, and the shell learns of the reset from the events it is dispatching.
+        """
+        stream = self._live(stream_id)
+        if stream is None:
+            return True
         if stream.end_wanted:
             raise TunnelStateError(f"stream {stream_id} was half-closed; no more data")
         if data:
             stream.held.append(data)
             stream.held_len += len(data)
             if stream.opened:
-                self._flush(stream)
+                self._late += self._flush(stream)
         if stream.held_len >= self.settings.high_water:
             stream.blocked = True
             return False
@@ -407,16 +441,20 @@ class HboneConnection:
 
     def end(self, stream_id: int) -> None:
         """Half-close our direction; END_STREAM follows any held bytes."""
-        stream = self._stream(stream_id)
+        stream = self._live(stream_id)
+        if stream is None:
+            return
         stream.end_wanted = True
         if stream.opened:
-            self._flush(stream)
+            self._late += self._flush(stream)
 
     def reset(self, stream_id: int, error_code: int = ErrorCodes.CANCEL) -> None:
         """Abort the stream (e.g. the app socket failed); unknown or finished streams are fine."""
         if stream_id not in self._streams:
             return
         self._forget(stream_id)
+        if self._closed is not None:
+            return  # the connection is over: every stream ended with it
         # The peer may have closed it first; then there is nothing to tell it.
         with contextlib.suppress(h2.exceptions.StreamClosedError):
             self._h2.reset_stream(stream_id, error_code)
@@ -438,6 +476,7 @@ class HboneConnection:
         if self._closed is None:
             self._h2.close_connection(error_code)
             self._closed = ConnectionClosed(error_code=error_code, remote=False, reason=reason)
+        self._streams.clear()
 
     def go_away(self) -> None:
         """Graceful GOAWAY (RFC 9113 §6.8): open streams finish, new ones are refused.
@@ -464,17 +503,27 @@ class HboneConnection:
         """
         if self._closed is not None and self._closed.remote:
             return []
+        events, self._late = self._late, []
         try:
             raw = self._h2.receive_data(data)
         except h2.exceptions.ProtocolError as exc:
             # h2 queued a GOAWAY with the right code already; the peer broke the protocol.
             code = getattr(exc, "error_code", ErrorCodes.PROTOCOL_ERROR)
-            return self._terminate(int(code), f"protocol error by peer: {exc}")
-        events: list[Event] = []
-        for ev in raw:
-            events.extend(self._handle(ev, now))
-            if self._closed is not None and self._closed.remote:
-                break
+            return [*events, *self._terminate(int(code), f"protocol error by peer: {exc}")]
+        self._receiving = True
+        try:
+            for ev in raw:
+                events.extend(self._handle(ev, now))
+                if self._closed is not None and self._closed.remote:
+                    break
+        finally:
+            self._receiving = False
+        if self._gone:
+            gone, self._gone = self._gone, []
+            for stream in gone:
+                if stream.stream_id in self._streams:
+                    self._forget(stream.stream_id)
+                    events.append(StreamReset(stream.stream_id, ErrorCodes.STREAM_CLOSED, True))
         return events
 
     # -- internals ---------------------------------------------------------------------------
@@ -539,8 +588,11 @@ class HboneConnection:
                 for sid in [s for s in self._streams if s > last]:
                     self._forget(sid)  # never processed by the peer: report them reset
                     events.append(StreamReset(sid, ErrorCodes.REFUSED_STREAM, remote=True))
-                return events
+                # A WINDOW_UPDATE read before the GOAWAY (in this same read) could not be used
+                # while h2 thought the connection closed: use it now.
+                return events + self._flush_all()
             self._closed = closed
+            self._streams.clear()
             return [closed]
         if isinstance(ev, h2.events.TrailersReceived | h2.events.InformationalResponseReceived):
             return []  # CONNECT tunnels carry neither; ignore rather than fail the stream
@@ -552,7 +604,8 @@ class HboneConnection:
         method = headers.get(":method", "")
         if self._going_away:
             # After our GOAWAY: the peer must retry elsewhere (RFC 9113 §8.7, REFUSED_STREAM).
-            self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
+            with contextlib.suppress(h2.exceptions.StreamClosedError):  # reset by the peer
+                self._h2.reset_stream(sid, ErrorCodes.REFUSED_STREAM)
             return []
         if method != "CONNECT":
             return [self._reject(sid, 400, f"method {method!r} is not CONNECT")]
@@ -565,7 +618,10 @@ class HboneConnection:
         return [TunnelRequested(sid, authority, extra)]
 
     def _reject(self, stream_id: int, status: int, reason: str) -> TunnelRejected:
-        self._h2.send_headers(stream_id, [(b":status", str(status).encode())], end_stream=True)
+        # Reported even when the peer reset the request in the same read (nothing to send then):
+        # the verdict stands and is counted.
+        with contextlib.suppress(h2.exceptions.StreamClosedError):
+            self._h2.send_headers(stream_id, [(b":status", str(status).encode())], end_stream=True)
         return TunnelRejected(stream_id, status, reason)
 
     def _response(self, ev: h2.events.ResponseReceived) -> list[Event]:
@@ -602,30 +658,62 @@ class HboneConnection:
         return out
 
     def _flush(self, stream: _Stream) -> list[Event]:
-        if not stream.opened or (self._closed is not None and self._closed.remote):
+        """Send what the windows allow of ``stream``'s held bytes (then END_STREAM if wanted).
+
+        h2 may have closed the stream already: the peer's RST_STREAM is read in the same batch
+        as the WINDOW_UPDATE that brought us here, and h2 applies every frame of a read before
+        we see its events. That ends the stream (an event), never the connection.
+        """
+        if not stream.opened or stream.gone or self._closed is not None:
             return []
         sid = stream.stream_id
         h2c = self._h2
-        while stream.held:
-            window = min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size)
-            if window <= 0:
-                break
-            chunk = stream.held[0]
-            if len(chunk) <= window:
-                stream.held.popleft()
-            else:
-                stream.held[0] = chunk[window:]
-                chunk = chunk[:window]
-            stream.held_len -= len(chunk)
-            h2c.send_data(sid, chunk)
-        if not stream.held and stream.end_wanted and not stream.local_ended:
-            stream.local_ended = True
-            h2c.end_stream(sid)
-            self._maybe_finished(stream)
+        try:
+            while stream.held:
+                window = min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size)
+                if window <= 0:
+                    break
+                chunk = stream.held[0]
+                if len(chunk) <= window:
+                    h2c.send_data(sid, chunk)
+                    stream.held.popleft()
+                else:
+                    h2c.send_data(sid, chunk[:window])
+                    stream.held[0] = chunk[window:]
+                    chunk = chunk[:window]
+                stream.held_len -= len(chunk)
+            if not stream.held and stream.end_wanted and not stream.local_ended:
+                h2c.end_stream(sid)
+                stream.local_ended = True
+                self._maybe_finished(stream)
+        except h2.exceptions.StreamClosedError:
+            return self._lost(stream)
+        except h2.exceptions.ProtocolError:
+            if h2c.state_machine.state is not h2.connection.ConnectionState.CLOSED:
+                raise
+            # A GOAWAY in this same read closed h2's side: a graceful one reopens it and
+            # flushes again, an error one ends the connection. The bytes stay held meanwhile.
+            return []
         if stream.blocked and stream.held_len <= self.settings.low_water:
             stream.blocked = False
             return [Writable(sid)]
         return []
+
+    def _lost(self, stream: _Stream) -> list[Event]:
+        """h2 closed ``stream`` under us (the peer reset it): its held bytes have nowhere to go.
+
+        Inside ``receive`` h2's own StreamReset event for it follows in the same batch and
+        reports it with the peer's error code; a stream no such event ended by the end of the
+        batch, or one found outside ``receive``, is reported here as STREAM_CLOSED.
+        """
+        stream.held.clear()
+        stream.held_len = 0
+        stream.gone = True
+        if self._receiving:
+            self._gone.append(stream)
+            return []
+        self._forget(stream.stream_id)
+        return [StreamReset(stream.stream_id, ErrorCodes.STREAM_CLOSED, remote=True)]
 
     def _maybe_finished(self, stream: _Stream) -> None:
         if stream.local_ended and stream.remote_ended:
@@ -634,11 +722,17 @@ class HboneConnection:
     def _forget(self, stream_id: int) -> None:
         self._streams.pop(stream_id, None)
 
-    def _stream(self, stream_id: int) -> _Stream:
+    def _live(self, stream_id: int) -> _Stream | None:
+        """The open stream ``stream_id``; None when it is over (the peer ended it, or the
+        connection ended). An id this connection never used is the caller's bug."""
         stream = self._streams.get(stream_id)
-        if stream is None:
-            raise TunnelStateError(f"stream {stream_id} is not open")
-        return stream
+        if stream is not None:
+            return stream
+        h2c = self._h2
+        used = h2c.highest_outbound_stream_id if self.client else h2c.highest_inbound_stream_id
+        if not stream_id or stream_id > (used or 0):
+            raise TunnelStateError(f"stream {stream_id} was never opened on this connection")
+        return None
 
     def _calm(self, reason: str) -> list[Event]:
         self._h2.close_connection(ErrorCodes.ENHANCE_YOUR_CALM)
