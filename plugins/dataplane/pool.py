@@ -104,6 +104,12 @@ class Pool:
             if conn.usable and conn.core.can_open():
                 self._busy(conn)
                 return conn
+            if not conn.usable:
+                # It died between its handshake and our first stream. In TLS 1.3 that is how a
+                # peer refuses our certificate (our side of the handshake completes first):
+                # fail the streams that waited for it, never dial the same peer again for them.
+                _, _, addr = key
+                raise DialError(f"{addr[0]}:{addr[1]}: {conn.error or 'closed'}", conn.flags)
             # The peer allows fewer streams than we reserved: go round and dial another.
 
     async def _dial(self, key: PoolKey) -> TunnelProtocol:

@@ -7,6 +7,7 @@ mesh): pod A's capture rules would hand anything it sends to A's sidecar.
 from __future__ import annotations
 
 import hashlib
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -114,3 +115,22 @@ def test_outbound_refuses_a_peer_with_the_wrong_san(tmp_path):
             assert "not the expected spiffe://cluster.local/ns/prod/sa/server" in m.car_a.log_text()
         finally:
             car.stop()
+
+
+def test_a_peer_that_rejects_our_certificate_costs_one_handshake_per_app_connection(tmp_path):
+    # TLS 1.3: our side of the handshake is done before B checks our certificate and refuses
+    # it, so the pool holds a "connected" connection that dies a moment later. That must fail
+    # the waiting stream, not send the pool round to dial B again.
+    with two_pod_mesh(tmp_path, start_b=False) as m:
+        stranger = Ca.create(m.tmp / "stranger")
+        (m.car_b.cert_dir / "root-cert.pem").write_bytes(stranger.root.cert_pem)  # B trusts only it
+        m.car_b.start()
+        for _ in range(3):
+            try:
+                reply = echo_roundtrip(m.a.ns, (m.b.ip, APP_PORT), b"secret", timeout=10)
+            except ConnectionResetError:
+                reply = b""
+            assert reply == b""
+        assert _failed(m.car_a, "TLS") == 3
+        time.sleep(0.5)  # a re-dial would land in B's counters a moment after the stream failed
+        assert _failed(m.car_b, "TLS") == 3, m.car_a.log_text()
