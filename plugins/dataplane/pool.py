@@ -126,7 +126,8 @@ class Pool:
             try:
                 proto.peer = peer_identity(tls.uri_sans(obj), trust_domain=None, expected=[dst_id])
             except IdentityError as exc:
-                proto.error = f"wrong peer identity: {exc}"
+                # Also the GOAWAY's debug data: the server's logs name both identities.
+                proto.error = f"server identity refused: {exc}"
                 return False
             return True
 
@@ -160,6 +161,7 @@ class Pool:
                     ssl=ctx,
                     server_hostname="",  # no SNI: HBONE peers are identified by SAN alone
                     ssl_handshake_timeout=self._handshake_timeout,
+                    ssl_shutdown_timeout=self._handshake_timeout,  # waiting for close_notify
                 ),
                 self._handshake_timeout + 1,
             )

@@ -275,10 +275,19 @@ class Accepted:
         ssl: Any = None,
         handshake_timeout: float | None = None,
     ) -> asyncio.Transport:
-        """Wrap the socket in a transport (TLS when ``ssl``) driving ``protocol``."""
+        """Wrap the socket in a transport (TLS when ``ssl``) driving ``protocol``.
+
+        With TLS, ``handshake_timeout`` also bounds the close: how long we wait for the peer's
+        close_notify after sending ours (reading and dropping what it still sends meanwhile).
+        """
         loop = asyncio.get_running_loop()
+        tls_limits = (
+            {"ssl_handshake_timeout": handshake_timeout, "ssl_shutdown_timeout": handshake_timeout}
+            if ssl is not None
+            else {}
+        )
         transport, _ = await loop.connect_accepted_socket(
-            lambda: protocol, self.sock, ssl=ssl, ssl_handshake_timeout=handshake_timeout
+            lambda: protocol, self.sock, ssl=ssl, **tls_limits
         )
         return transport
 

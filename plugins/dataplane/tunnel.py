@@ -34,6 +34,8 @@ from meshctl.core.hbone import (
     Writable,
 )
 
+from . import tls
+
 log = logging.getLogger(__name__)
 
 
@@ -102,7 +104,14 @@ class TunnelProtocol(asyncio.BufferedProtocol):
         if self._on_connected is not None and not self._on_connected(self):
             self.error = self.error or "peer refused by identity check"
             self.refused = True
-            transport.abort()
+            if not self.connected.done():  # the dialler learns now, not after the TLS close
+                self.connected.set_exception(ConnectionError(self.error))
+                self.connected.exception()
+            if tls.alpn(self.extra_info("ssl_object")) == tls.ALPN_H2:
+                # Tell the peer why (it speaks HTTP/2): GOAWAY with the reason as debug data.
+                self.core.refuse_peer(self.error)
+                self._flush_now()
+            transport.close()  # TLS close_notify after what was written, then TCP FIN
             return
         self._flush()
         if not self.connected.done():

@@ -11,6 +11,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from h2.errors import ErrorCodes
 
 from meshctl.core.identity import SpiffeId
 from tests.netns.ztunnel_harness import (
@@ -81,6 +82,15 @@ def test_tls_refusals_wrong_trust_domain_expired_and_no_client_cert(tmp_path):
         evil = m.ca.issue("evil", SpiffeId("evil.org", "default", "client"))
         result = hbone_request(m.node.ns, addr, client_context(evil, roots), req)
         assert result.status is None
+        # The client is told why, in HTTP/2 terms, and the TLS session ends properly.
+        assert result.goaway is not None
+        assert result.goaway[0] == ErrorCodes.INADEQUATE_SECURITY
+        assert result.goaway[1].decode() == (
+            "client identity refused: peer identity spiffe://evil.org/ns/default/sa/client is "
+            "in trust domain 'evil.org', not 'cluster.local'; "
+            "expected spiffe://cluster.local/ns/*/sa/*"
+        )
+        assert result.close_notify is True
         # Expired: OpenSSL refuses the chain during the handshake.
         old = m.ca.issue(
             "old", CLIENT, ttl=timedelta(hours=1), not_before=datetime.now(UTC) - timedelta(days=2)
@@ -113,6 +123,13 @@ def test_outbound_refuses_a_peer_with_the_wrong_san(tmp_path):
                 assert reply == b""
             assert _failed(m.car_a, "TLS") == 3
             assert "not the expected spiffe://cluster.local/ns/prod/sa/server" in m.car_a.log_text()
+            # The refused server was told, by GOAWAY debug data, who it was and who was expected.
+            told = (
+                "peer sent GOAWAY: server identity refused: peer identity "
+                "spiffe://cluster.local/ns/prod/sa/impostor is not the expected "
+                "spiffe://cluster.local/ns/prod/sa/server (HTTP/2 error 12)"
+            )
+            assert told in (m.tmp / "b2.log").read_text()
         finally:
             car.stop()
 

@@ -352,6 +352,8 @@ class HboneResult:
     status: int | None  # None: no HTTP/2 response (TLS or connection failure)
     error: str = ""
     body: bytes = b""
+    goaway: tuple[int, bytes] | None = None  # the server's GOAWAY: (error code, debug data)
+    close_notify: bool | None = None  # after a GOAWAY: TLS ended with close_notify (not a bare EOF)
 
 
 def client_context(cert_dir: Path | None, roots: Path, *, alpn: str = "h2") -> ssl.SSLContext:
@@ -378,7 +380,8 @@ def hbone_request(
         raw = ns.socket()
         raw.settimeout(timeout)
         raw.connect(addr)
-        tls = ctx.wrap_socket(raw, server_hostname=None)
+        # Ragged EOFs raise: a TLS close without close_notify must be told apart from one with.
+        tls = ctx.wrap_socket(raw, server_hostname=None, suppress_ragged_eofs=False)
     except (OSError, ssl.SSLError) as exc:
         return HboneResult(None, f"handshake: {exc}")
     with tls:
@@ -407,10 +410,27 @@ def hbone_request(
                     elif isinstance(ev, h2.events.StreamEnded | h2.events.StreamReset):
                         return HboneResult(status, "", body)
                     elif isinstance(ev, h2.events.ConnectionTerminated):
-                        return HboneResult(status, f"goaway {ev.error_code}", body)
+                        goaway = (int(ev.error_code or 0), ev.additional_data or b"")
+                        return HboneResult(
+                            status,
+                            f"goaway {ev.error_code}",
+                            body,
+                            goaway=goaway,
+                            close_notify=_ends_with_close_notify(tls),
+                        )
                 tls.sendall(conn.data_to_send())
         except (OSError, ssl.SSLError) as exc:
             return HboneResult(status, f"io: {exc}", body)
+
+
+def _ends_with_close_notify(tls: ssl.SSLSocket) -> bool:
+    """Read to the end of the TLS stream: True for close_notify, False for a bare EOF or reset."""
+    try:
+        while tls.recv(65536):
+            pass
+    except (OSError, ssl.SSLError):  # SSLEOFError: TCP closed without close_notify
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -60,6 +60,7 @@ DEFAULT_FRAME = 1024 * 1024  # ztunnel's HTTP2_FRAME_SIZE
 _H2_DEFAULT_WINDOW = 65535  # RFC 9113 §6.9.2: every window starts here
 _PER_STREAM = frozenset({b"forwarded"})  # header values that differ on every stream
 _STREAM_MARGIN = 8  # below the stream limit by more than this, can_open trusts its own count
+_DEBUG_LIMIT = 512  # GOAWAY debug data we send or show: a reason, not a payload
 
 
 _FRAME_HEADER = struct.Struct(">HBBBL")  # RFC 9113 §4.1: 24-bit length, type, flags, stream
@@ -471,12 +472,28 @@ class HboneConnection:
         self._h2.acknowledge_received_data(flow, stream_id)
         return len(self._h2._data_to_send) > before
 
-    def close(self, error_code: int = ErrorCodes.NO_ERROR, reason: str = "closed locally") -> None:
-        """Send GOAWAY and end the connection: every stream is over (h2 refuses all frames)."""
+    def close(
+        self, error_code: int = ErrorCodes.NO_ERROR, reason: str = "closed locally", debug: str = ""
+    ) -> None:
+        """Send GOAWAY and end the connection: every stream is over (h2 refuses all frames).
+
+        ``debug`` goes out as the GOAWAY's debug data (RFC 9113 §6.8): what the peer's logs can
+        show of why we closed.
+        """
         if self._closed is None:
-            self._h2.close_connection(error_code)
+            data = debug.encode("utf-8", "replace")[:_DEBUG_LIMIT] or None
+            self._h2.close_connection(error_code, additional_data=data)
             self._closed = ConnectionClosed(error_code=error_code, remote=False, reason=reason)
         self._streams.clear()
+
+    def refuse_peer(self, reason: str) -> None:
+        """End the connection because of who the peer is (its certificate's identity).
+
+        GOAWAY INADEQUATE_SECURITY (RFC 9113 §7: the peer's security does not meet our
+        requirements) with ``reason`` as debug data, before any stream: the peer's logs then
+        say which identity was refused and which was expected, instead of an EOF.
+        """
+        self.close(ErrorCodes.INADEQUATE_SECURITY, reason, debug=reason)
 
     def go_away(self) -> None:
         """Graceful GOAWAY (RFC 9113 §6.8): open streams finish, new ones are refused.
@@ -568,10 +585,11 @@ class HboneConnection:
                 return self._flush_all()  # a larger INITIAL_WINDOW_SIZE reopens held streams
             return []
         if isinstance(ev, h2.events.ConnectionTerminated):
+            debug = (ev.additional_data or b"")[:_DEBUG_LIMIT].decode("utf-8", "replace")
             closed = ConnectionClosed(
                 error_code=int(ev.error_code or 0),
                 remote=True,
-                reason="peer sent GOAWAY",
+                reason=f"peer sent GOAWAY: {debug}" if debug else "peer sent GOAWAY",
                 last_stream_id=ev.last_stream_id,
             )
             if closed.error_code == ErrorCodes.NO_ERROR:
