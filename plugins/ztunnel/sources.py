@@ -19,7 +19,7 @@ import yaml
 from meshctl.core import certs as certs_mod
 from meshctl.core import channel
 from meshctl.core.identity import IdentityError, SpiffeId, check_validity, peer_identity
-from meshctl.core.workloads import LocalConfigError, parse_local_config
+from meshctl.core.workloads import LocalConfigError, local_config_warnings, parse_local_config
 from meshctl.errors import UserError
 from meshctl.process import Feed
 
@@ -97,6 +97,8 @@ def read_local_config(path: Path | None) -> dict[str, Any]:
         ) from exc
     if not isinstance(doc, dict):
         raise UserError(f"local config {path} must be a mapping", hint="see docs/ztunnel.md")
+    for warning in local_config_warnings(doc):  # accepted, but ztunnel would read it otherwise
+        log.warning("local config %s: %s", path, warning)
     return doc
 
 

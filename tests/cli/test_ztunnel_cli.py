@@ -52,7 +52,10 @@ def test_run_with_missing_certificates_says_how_to_make_them(tmp_path):
 def test_run_rejects_an_unknown_local_config_field_with_its_path(tmp_path):
     meshctl("ztunnel", "certs", "--out", str(tmp_path / "c"), "--workload", "a/b/c")
     config = tmp_path / "local.yaml"
-    config.write_text("workloads:\n  - uid: x\n    name: b\n    namespace: a\n    workloadIP: []\n")
+    config.write_text(
+        "workloads:\n"
+        "  - {uid: x, name: b, namespace: a, workloadIps: [], services: {}, workloadIP: []}\n"
+    )
     result = meshctl(
         "ztunnel", "run", "--workload", "a/b/c", "--cert-dir", str(tmp_path / "c"),
         "--local-config", str(config),

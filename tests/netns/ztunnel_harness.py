@@ -85,11 +85,12 @@ def workload(
         "name": name,
         "namespace": ns,
         "serviceAccount": sa or name,
+        "trustDomain": TD,
+        "clusterId": "Kubernetes",
         "workloadIps": [ip],
         "protocol": protocol,
+        "services": services or {},  # ztunnel's reader requires the field
     }
-    if services:
-        doc["services"] = services
     if policies:
         doc["authorizationPolicies"] = policies
     return doc

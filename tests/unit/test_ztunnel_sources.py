@@ -1,0 +1,37 @@
+"""The supervisor's local-config reader: refusals as user errors, ztunnel drift as warnings."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from meshctl_plugins.ztunnel.sources import read_local_config
+
+from meshctl.errors import UserError
+
+
+def test_a_file_ztunnel_reads_differently_loads_with_a_warning_per_field(tmp_path, caplog):
+    path = tmp_path / "local.yaml"
+    path.write_text(
+        "workloads:\n"
+        "  - {uid: a, name: a, namespace: x, serviceAccount: a, clusterId: c,\n"
+        "     workloadIps: [10.1.1.1], services: {}}\n"
+    )
+    with caplog.at_level(logging.WARNING):
+        doc = read_local_config(path)
+    assert doc["workloads"][0]["name"] == "a"
+    (record,) = caplog.records
+    assert record.getMessage() == (
+        f"local config {path}: workloads[0].trustDomain: not set; ztunnel reads that as empty, "
+        "meshctl as 'cluster.local' (it changes the workload's identity): "
+        "write trustDomain: cluster.local"
+    )
+
+
+def test_a_workload_without_services_is_refused_as_ztunnel_refuses_it(tmp_path):
+    path = tmp_path / "local.yaml"
+    path.write_text("workloads:\n  - {uid: a, name: a, namespace: x, workloadIps: []}\n")
+    with pytest.raises(UserError) as info:
+        read_local_config(path)
+    assert "workloads[0].services: required field is missing" in info.value.message
+    assert "services: {}" in info.value.message
