@@ -365,6 +365,7 @@ class Flow:
         if not access_log.isEnabledFor(logging.INFO):
             return  # the line is built only for a logger that writes it
         s, d = self.src, self.dst
+        outbound = self.direction == "outbound"
         fields = {
             "src.addr": _addr(s.addr),
             "src.workload": s.workload.name if s.workload else None,
@@ -377,8 +378,11 @@ class Flow:
             "dst.namespace": d.workload.namespace if d.workload else None,
             "dst.identity": str(d.identity) if d.identity else None,
             "direction": self.direction,
-            "bytes_sent": self.bytes_sent,
-            "bytes_recv": self.bytes_received,
+            # ztunnel's reading: each proxy's bytes_sent is what it forwarded towards the other
+            # proxy's side of the mesh: the client's bytes at the source, the server's at the
+            # destination (its metrics.rs: "Istio flips the metric for source ... unflip for logs").
+            "bytes_sent": self.bytes_received if outbound else self.bytes_sent,
+            "bytes_recv": self.bytes_sent if outbound else self.bytes_received,
             "duration": f"{(time.monotonic() - self.started) * 1000:.0f}ms",
         }
         if error:
