@@ -186,7 +186,11 @@ def certs(
     ],
     ca_dir: Annotated[
         Path | None,
-        typer.Option(metavar="DIR", help="CA files (ca-cert.pem, ca-key.pem); minted if absent"),
+        typer.Option(
+            metavar="DIR",
+            help="CA files (ca-cert.pem, ca-key.pem; Istio's root-cert.pem, cert-chain.pem for "
+            "an intermediate); minted if absent",
+        ),
     ] = None,
     trust_domain: Annotated[str, typer.Option(help="SPIFFE trust domain")] = "cluster.local",
     ttl: Annotated[str, typer.Option(help="Workload certificate lifetime")] = "24h",
@@ -203,27 +207,50 @@ def certs(
     ca_dir = ca_dir or out.parent / "ca"
     ca_cert, ca_key = ca_dir / certs_mod.CA_CERT_FILE, ca_dir / certs_mod.CA_KEY_FILE
     if ca_cert.exists() and ca_key.exists():
-        ca = certs_mod.KeyPair(cert_pem=ca_cert.read_bytes(), key_pem=ca_key.read_bytes())
-        ca_facts = certs_mod.describe(ca.cert_pem)[0]
-        if ca_facts.subject.find(f"O={trust_domain}") < 0:
-            raise UserError(
-                f"the CA in {ca_dir} is not for trust domain {trust_domain!r}",
-                hint="use another --ca-dir for another trust domain",
-            )
+        ca = _signing_ca(ca_dir, trust_domain)
     else:
-        ca = certs_mod.mint_root(trust_domain=trust_domain, now=now, ttl=timedelta(days=3650))
-        _write(ca_dir, certs_mod.CA_CERT_FILE, ca.cert_pem, 0o644)
-        _write(ca_dir, certs_mod.CA_KEY_FILE, ca.key_pem, 0o600)
+        root = certs_mod.mint_root(trust_domain=trust_domain, now=now, ttl=timedelta(days=3650))
+        _write(ca_dir, certs_mod.CA_CERT_FILE, root.cert_pem, 0o644)
+        _write(ca_dir, certs_mod.CA_KEY_FILE, root.key_pem, 0o600)
         typer.echo(f"minted development CA in {ca_dir}", err=True)
+        ca = certs_mod.SigningCa(signer=root, chain_pem=b"", root_pem=root.cert_pem)
     leaf = certs_mod.mint_workload(
-        ca, identity, now=now, ttl=timedelta(seconds=to_seconds(ttl, "--ttl"))
+        ca.signer, identity, now=now, ttl=timedelta(seconds=to_seconds(ttl, "--ttl"))
     )
     # Writes go to temporary names first and are renamed: a running proxy polling the directory
     # never reads a half-written key pair.
     _write(out, certs_mod.KEY_FILE, leaf.key_pem, 0o600)
-    _write(out, certs_mod.CERT_CHAIN_FILE, leaf.cert_pem, 0o644)
-    _write(out, certs_mod.ROOT_CERT_FILE, ca.cert_pem, 0o644)
+    _write(out, certs_mod.CERT_CHAIN_FILE, leaf.cert_pem + ca.chain_pem, 0o644)
+    _write(out, certs_mod.ROOT_CERT_FILE, ca.root_pem, 0o644)
     typer.echo(f"{identity} -> {out}")
+
+
+def _signing_ca(ca_dir: Path, trust_domain: str) -> certs_mod.SigningCa:
+    """The CA in ``ca_dir`` (Istio's plug-in CA file names), or a ``UserError`` saying why not."""
+
+    def read(name: str) -> bytes | None:
+        path = ca_dir / name
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise UserError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+    try:
+        return certs_mod.signing_ca(
+            ca_cert=read(certs_mod.CA_CERT_FILE) or b"",
+            ca_key=read(certs_mod.CA_KEY_FILE) or b"",
+            root_cert=read(certs_mod.ROOT_CERT_FILE),
+            cert_chain=read(certs_mod.CERT_CHAIN_FILE),
+            trust_domain=trust_domain,
+        )
+    except certs_mod.CaError as exc:
+        raise UserError(
+            f"the CA in {ca_dir} cannot sign: {exc}",
+            hint="point --ca-dir at a CA in Istio's cacerts layout, or at an empty directory "
+            "to mint a development CA there",
+        ) from exc
 
 
 def _write(folder: Path, name: str, data: bytes, mode: int) -> None:

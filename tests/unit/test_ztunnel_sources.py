@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from meshctl_plugins.ztunnel.sources import read_local_config
+from meshctl_plugins.ztunnel.sources import read_certs, read_local_config
 
 from meshctl.errors import UserError
 
@@ -35,3 +35,29 @@ def test_a_workload_without_services_is_refused_as_ztunnel_refuses_it(tmp_path):
         read_local_config(path)
     assert "workloads[0].services: required field is missing" in info.value.message
     assert "services: {}" in info.value.message
+
+
+def test_certificates_signed_by_an_istio_rsa_intermediate_are_accepted(tmp_path):
+    from datetime import UTC, datetime, timedelta
+
+    from meshctl.core import certs
+    from meshctl.core.identity import SpiffeId
+    from tests.harness.cacerts import write_istio_cacerts
+
+    folder = write_istio_cacerts(tmp_path / "cacerts")
+    ca = certs.signing_ca(
+        ca_cert=(folder / "ca-cert.pem").read_bytes(),
+        ca_key=(folder / "ca-key.pem").read_bytes(),
+        root_cert=(folder / "root-cert.pem").read_bytes(),
+        cert_chain=(folder / "cert-chain.pem").read_bytes(),
+        trust_domain="cluster.local",
+    )
+    who = SpiffeId("cluster.local", "x", "a")
+    leaf = certs.mint_workload(ca.signer, who, now=datetime.now(UTC), ttl=timedelta(hours=1))
+    out = tmp_path / "w"
+    out.mkdir()
+    (out / certs.CERT_CHAIN_FILE).write_bytes(leaf.cert_pem + ca.chain_pem)
+    (out / certs.KEY_FILE).write_bytes(leaf.key_pem)
+    (out / certs.ROOT_CERT_FILE).write_bytes(ca.root_pem)
+    loaded = read_certs(out, who, 0)
+    assert [f["uriSans"] for f in loaded.chain_facts] == [[str(who)], [], []]
