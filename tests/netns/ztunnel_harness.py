@@ -4,7 +4,9 @@ Helpers, not fixtures: certificates minted with the core CA, a ``Sidecar`` (the 
 pod namespace as the proxy's group, waited for until ready, stopped and checked on exit), the
 sidecar capture rules installed by ``meshctl iptables apply``, HTTP GETs and an HBONE test
 client that run inside a namespace, an echo server with both half-close orders, and a raw
-packet capture on a veth.
+packet capture on a veth. Every sidecar started is remembered: after each test
+``unhandled_errors_since_last_check`` scans their logs (supervisor and data planes share one)
+for an exception that reached the event loop or a task, which fails the test (conftest.py).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import os
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -101,6 +105,33 @@ def write_local_config(path: Path, **doc: list) -> Path:
     return path
 
 
+# What asyncio/uvloop and our task guard write when an exception escapes a callback or a task:
+# never a peer's fault to cause (a peer's misbehaviour is an event), so always a bug.
+UNHANDLED_MARKERS = (
+    "Fatal error",
+    "Traceback (most recent call last)",
+    "Exception in callback",
+    "exception was never retrieved",
+    "Unhandled exception",
+    "connection task failed",
+)
+_STARTED: list[Sidecar] = []
+
+
+def unhandled_errors_since_last_check() -> list[str]:
+    """Log lines of every sidecar started since the last call that show an escaped exception."""
+    found = []
+    cars, _STARTED[:] = list(_STARTED), []
+    for car in cars:
+        text = car.log_text(tail=None)
+        for line in text.splitlines():
+            if any(marker in line for marker in UNHANDLED_MARKERS):
+                found.append(f"{car.workload}: {line.strip()[:300]}")
+        if car._own_log and car.log_path is not None:
+            car.log_path.unlink(missing_ok=True)
+    return found
+
+
 def meshctl_argv(*args: str) -> list[str]:
     return [sys.executable, "-c", "from meshctl.cli import run; run()", *args]
 
@@ -142,6 +173,7 @@ class Sidecar:
     binary: str | None = None
     proc: subprocess.Popen[bytes] | None = None
     _log: object = field(default=None, repr=False)
+    _own_log: bool = field(default=False, repr=False)  # a temporary file, removed when scanned
 
     def start(self, wait_ready: bool = True) -> Sidecar:
         command = (lambda *args: [self.binary, *args]) if self.binary else meshctl_argv
@@ -158,8 +190,14 @@ class Sidecar:
             str(self.local_config),
             *self.extra,
         )
-        log = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
+        if self.log_path is None:  # always a file: the log is scanned for escaped exceptions
+            fd, name = tempfile.mkstemp(prefix="sidecar-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+            self._own_log = True
+        log = self.log_path.open("wb")
         self._log = log
+        _STARTED.append(self)
         env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms"}
         ids = {} if self.group is None else {"group": self.group, "extra_groups": []}
         self.proc = self.ns.popen(argv, stdout=log, stderr=log, env=env, **ids)
@@ -271,6 +309,8 @@ class EchoServer:
     Mode ``E``: read to EOF, answer sha256 + the bytes, close (client half-closes first).
     Mode ``S`` + 8-byte N: send N deterministic bytes and half-close, then read to EOF and
     record the digest of what arrived in ``received`` (server half-closes first).
+    Mode ``R`` + 8-byte N: read N bytes, then reset the connection (TCP RST) with whatever else
+    was sent left unread, as iperf3's server does at the end of a run.
     """
 
     def __init__(self, ns: Netns, ip: str, port: int) -> None:
@@ -303,6 +343,9 @@ class EchoServer:
                 conn.sendall(pattern(n))
                 conn.shutdown(socket.SHUT_WR)
                 self.received.append(hashlib.sha256(_read_all(conn)).hexdigest())
+            elif mode == b"R":
+                _read_exact(conn, int.from_bytes(_read_exact(conn, 8), "big"))
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def close(self) -> None:
         self._stop = True
