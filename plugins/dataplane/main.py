@@ -16,6 +16,8 @@ import gc
 import logging
 import socket
 
+from meshctl import logs
+
 log = logging.getLogger(__name__)
 
 _M_TRIM_THRESHOLD = -1
@@ -88,6 +90,8 @@ def run(channel_fd: int) -> int:
     tune_gc()  # last: after every import the data plane needs
 
     async def main() -> int:
+        # Log lines (one access line per connection) leave in one write per loop iteration.
+        logs.defer_writes(asyncio.get_running_loop().call_soon)
         return await Runtime(sock).run()
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
