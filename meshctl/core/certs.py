@@ -19,14 +19,31 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.identity import (
+    CA_CERT_FILE,
+    CA_KEY_FILE,
+    CERT_CHAIN_FILE,
+    KEY_FILE,
+    ROOT_CERT_FILE,
+    SpiffeId,
+)
 
-# File names istio-agent writes for a workload (and ztunnel-style tools read).
-CERT_CHAIN_FILE = "cert-chain.pem"
-KEY_FILE = "key.pem"
-ROOT_CERT_FILE = "root-cert.pem"
-CA_KEY_FILE = "ca-key.pem"  # the plug-in CA secret's names (istio `cacerts`)
-CA_CERT_FILE = "ca-cert.pem"
+__all__ = [
+    "CA_CERT_FILE",
+    "CA_KEY_FILE",
+    "CERT_CHAIN_FILE",
+    "KEY_FILE",
+    "ROOT_CERT_FILE",
+    "CaError",
+    "CertFacts",
+    "KeyPair",
+    "SigningCa",
+    "describe",
+    "key_matches",
+    "mint_root",
+    "mint_workload",
+    "signing_ca",
+]
 _DEV_ROOT_CN = "meshctl development root ({})"  # the subject CN of the roots minted here
 
 # Backdating absorbs clock skew between the host that minted and the host that verifies.

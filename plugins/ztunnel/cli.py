@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
-import shutil
-import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
@@ -15,7 +12,6 @@ import typer
 
 from meshctl import config
 from meshctl.core import certs as certs_mod
-from meshctl.core import channel
 from meshctl.core.identity import IdentityError, SpiffeId, parse_workload_ref
 from meshctl.errors import ConfigError, UserError
 
@@ -29,7 +25,6 @@ app = typer.Typer(
 )
 log = logging.getLogger(__name__)
 
-DATAPLANE_COMMAND = "ztunnel-dataplane"
 _MAX_WORKERS = 64
 
 
@@ -73,10 +68,9 @@ def run(
     ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
-    from meshctl.process import Supervisor, self_command
-
     from .listeners import bind_all
-    from .sources import FileFeed
+    from .sources import certificate_digest, read_certs, read_local_config
+    from .supervisor.main import Handover, become_supervisor
 
     file, file_name = config.file_section(ctx.meta, "ztunnel")
     flags = {
@@ -97,7 +91,7 @@ def run(
         identity = SpiffeId(settings.trust_domain, ns, sa)
     except IdentityError as exc:
         raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
-    deadline = seconds(settings.drain_deadline, "drain deadline")
+    seconds(settings.drain_deadline, "drain deadline")  # refused here if it is not a duration
     handshake = seconds(settings.handshake_timeout, "handshake timeout")
     if handshake <= 0:
         raise ConfigError(
@@ -109,73 +103,28 @@ def run(
             f"workers must be between 1 and {_MAX_WORKERS}, not {settings.workers}",
             hint="one per core the proxy may use, e.g. --workers 2",
         )
-    feed = FileFeed(
-        cert_dir=Path(settings.cert_dir),
-        local_config=Path(settings.local_config) if settings.local_config else None,
-        identity=identity,
-    )
+    # What a user can get wrong is refused here, with the CLI's errors; then this process
+    # becomes the lean supervisor (exec: same pid), leaving the CLI's libraries behind.
+    certs_at = Path(settings.cert_dir)
+    digest = certificate_digest(certs_at)  # before reading: a change in between is noticed
+    checked = read_certs(certs_at, identity, 0)
+    local = Path(settings.local_config) if settings.local_config else None
+    read_local_config(local, warn=False)  # refused before any port is bound; warned once, later
     listeners = bind_all(settings)
     global_settings: config.GlobalSettings = ctx.obj
-
-    def argv(channel_fd: int) -> list[str]:
-        # The command name first: the data plane is a raw plugin and must not go through the
-        # Typer root command, which global flags before it would (typer + pydantic: ~8 MB).
-        return self_command(
-            DATAPLANE_COMMAND,
-            "--channel-fd",
-            str(channel_fd),
-            "--log-level",
-            global_settings.log_level if not global_settings.debug else "debug",
-            "--log-format",
-            global_settings.log_format,
-        )
-
-    # Every worker writes its counters here; worker 0 serves the sum (prometheus-client's
-    # multiprocess mode, switched on for the children by the variable below).
-    metrics_dir = tempfile.mkdtemp(prefix="meshctl-metrics-")
-
-    def worker_exited(pid: int) -> None:
-        from prometheus_client import multiprocess
-
-        # Its live gauges no longer count (prometheus-client leaves this one unannotated).
-        multiprocess.mark_process_dead(pid, metrics_dir)  # type: ignore[no-untyped-call]
-
-    def proxy_config(worker: int, fds: dict[str, int]) -> channel.ProxyConfig:
-        return channel.ProxyConfig(
-            mode="sidecar",
-            workload=ref,
-            listeners=fds,
-            cluster_id=settings.cluster_id,
-            trust_domain=settings.trust_domain,
-            pool_max_streams=settings.pool_max_streams,
-            pool_idle_timeout=seconds(settings.pool_idle_timeout, "pool idle timeout"),
-            drain_deadline=deadline,
-            handshake_timeout=handshake,
-            mark=settings.mark,
-            worker=worker,
-            workers=settings.workers,
-            metrics_dir=metrics_dir,
-        )
-
-    supervisor = Supervisor(
-        argv=argv,
-        config=proxy_config,
-        listeners=listeners,
-        feed=feed,
-        drain_deadline=deadline,
-        workers=settings.workers,
-        extra_env={"PROMETHEUS_MULTIPROC_DIR": metrics_dir},
-        on_exit=worker_exited,
-        poll_interval=seconds(settings.reload_interval, "reload interval"),
+    handover = Handover(
+        settings=settings,
+        listeners={role: sock.fileno() for role, sock in listeners.items()},
+        certs=checked,
+        cert_digest=digest,
+        log_level=global_settings.log_level if not global_settings.debug else "debug",
+        log_format=global_settings.log_format,
     )
-    log.info("serving %s as %s (pid %d)", ref, identity, os.getpid())
     try:
-        code = asyncio.run(supervisor.run())
-    finally:
+        become_supervisor(handover)
+    finally:  # only when the exec failed
         for sock in listeners.values():
             sock.close()
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-    raise typer.Exit(code)
 
 
 @app.command()

@@ -3,7 +3,9 @@
 Owns reading and validating both sources, and noticing when they change (by content, polled), so
 a rotation or an edited local config reaches the data plane without a restart. Invariants: a
 source that fails validation at start is a ``UserError`` with a hint; one that fails on reload
-is logged and the previous good state stays in force; PEM bytes are never logged.
+is logged and the previous good state stays in force; PEM bytes are never logged; the X.509
+library is imported only to read certificates (the lean supervisor starts from certificates
+checked before it, and loads it only when they change).
 """
 
 from __future__ import annotations
@@ -16,9 +18,16 @@ from typing import Any
 
 import yaml
 
-from meshctl.core import certs as certs_mod
 from meshctl.core import channel
-from meshctl.core.identity import IdentityError, SpiffeId, check_validity, peer_identity
+from meshctl.core.identity import (
+    CERT_CHAIN_FILE,
+    KEY_FILE,
+    ROOT_CERT_FILE,
+    IdentityError,
+    SpiffeId,
+    check_validity,
+    peer_identity,
+)
 from meshctl.core.workloads import LocalConfigError, local_config_warnings, parse_local_config
 from meshctl.errors import UserError
 from meshctl.process import Feed
@@ -28,7 +37,7 @@ log = logging.getLogger(__name__)
 
 def read_certs(cert_dir: Path, identity: SpiffeId, generation: int) -> channel.Certs:
     """Load and check ``cert-chain.pem``, ``key.pem`` and ``root-cert.pem`` from ``cert_dir``."""
-    names = (certs_mod.CERT_CHAIN_FILE, certs_mod.KEY_FILE, certs_mod.ROOT_CERT_FILE)
+    names = (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)
     try:
         chain, key, roots = ((cert_dir / n).read_text() for n in names)
     except OSError as exc:
@@ -54,6 +63,8 @@ def read_certs(cert_dir: Path, identity: SpiffeId, generation: int) -> channel.C
 
 
 def _facts(pem: str) -> tuple[dict[str, Any], ...]:
+    from meshctl.core import certs as certs_mod
+
     return tuple(
         channel.certificate_facts(
             f.serial, f.not_before.isoformat(), f.not_after.isoformat(), list(f.uri_sans)
@@ -63,19 +74,24 @@ def _facts(pem: str) -> tuple[dict[str, Any], ...]:
 
 
 def _check_certs(chain: str, key: str, roots: str, identity: SpiffeId) -> None:
+    from meshctl.core import certs as certs_mod
+
     facts = certs_mod.describe(chain.encode())
     if not facts:
-        raise IdentityError(f"{certs_mod.CERT_CHAIN_FILE} holds no certificate")
+        raise IdentityError(f"{CERT_CHAIN_FILE} holds no certificate")
     if not certs_mod.describe(roots.encode()):
-        raise IdentityError(f"{certs_mod.ROOT_CERT_FILE} holds no certificate")
+        raise IdentityError(f"{ROOT_CERT_FILE} holds no certificate")
     if not certs_mod.key_matches(chain.encode(), key.encode()):
-        raise IdentityError(f"{certs_mod.KEY_FILE} is not the key of the leaf certificate")
+        raise IdentityError(f"{KEY_FILE} is not the key of the leaf certificate")
     check_validity(facts[0].not_before, facts[0].not_after, datetime.now(UTC))
     peer_identity(facts[0].uri_sans, trust_domain=identity.trust_domain, expected=[identity])
 
 
-def read_local_config(path: Path | None) -> dict[str, Any]:
-    """The local-config document (validated), or an empty one without ``--local-config``."""
+def read_local_config(path: Path | None, *, warn: bool = True) -> dict[str, Any]:
+    """The local-config document (validated), or an empty one without ``--local-config``.
+
+    ``warn``: log what ztunnel would read differently (once per reading that is used).
+    """
     if path is None:
         return {}
     try:
@@ -97,9 +113,14 @@ def read_local_config(path: Path | None) -> dict[str, Any]:
         ) from exc
     if not isinstance(doc, dict):
         raise UserError(f"local config {path} must be a mapping", hint="see docs/ztunnel.md")
-    for warning in local_config_warnings(doc):  # accepted, but ztunnel would read it otherwise
+    for warning in local_config_warnings(doc) if warn else ():  # accepted, read otherwise
         log.warning("local config %s: %s", path, warning)
     return doc
+
+
+def certificate_digest(cert_dir: Path) -> str:
+    """What ``FileFeed`` compares to notice a change of the certificate files in ``cert_dir``."""
+    return _digest(*(cert_dir / n for n in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)))
 
 
 def _digest(*paths: Path) -> str:
@@ -115,17 +136,27 @@ def _digest(*paths: Path) -> str:
 class FileFeed(Feed):
     """Certificates and workloads from files, re-sent when their content changes."""
 
-    def __init__(self, *, cert_dir: Path, local_config: Path | None, identity: SpiffeId) -> None:
+    def __init__(
+        self,
+        *,
+        cert_dir: Path,
+        local_config: Path | None,
+        identity: SpiffeId,
+        certs: tuple[channel.Certs, str] | None = None,
+    ) -> None:
+        """Read and check both sources; ``certs``: the certificates as already read and checked
+        from ``cert_dir`` with the files' digest then (by the process this one was exec'd from:
+        a change in between is then still noticed)."""
         self.cert_dir = cert_dir
         self.local_config = local_config
         self.identity = identity
-        self._cert_files = [
-            cert_dir / n
-            for n in (certs_mod.CERT_CHAIN_FILE, certs_mod.KEY_FILE, certs_mod.ROOT_CERT_FILE)
-        ]
-        self.certs = read_certs(cert_dir, identity, 0)
+        self._cert_files = [cert_dir / n for n in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)]
+        if certs is None:
+            self._cert_digest = _digest(*self._cert_files)
+            self.certs = read_certs(cert_dir, identity, 0)
+        else:
+            self.certs, self._cert_digest = certs
         self.workloads = channel.Workloads(document=read_local_config(local_config), generation=0)
-        self._cert_digest = _digest(*self._cert_files)
         self._config_digest = _digest(local_config) if local_config else ""
 
     def current(self) -> list[channel.Message]:
