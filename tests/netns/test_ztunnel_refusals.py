@@ -43,6 +43,15 @@ def _failed(car, flags: str) -> float:
     return metric_sum(car.metrics(), "istio_tcp_connections_failed_total", response_flags=flags)
 
 
+def _three_refused_round_trips(m) -> None:
+    for _ in range(3):
+        try:
+            reply = echo_roundtrip(m.a.ns, (m.b.ip, APP_PORT), b"secret", timeout=10)
+        except ConnectionResetError:  # refused after our handshake: the app connection is reset
+            reply = b""
+        assert reply == b""
+
+
 def test_hbone_server_verdicts_and_their_metrics(tmp_path):
     with two_pod_mesh(tmp_path, start_b=True, policies=DENY_9999) as m:
         roots = m.tmp / "certs" / "a" / "root-cert.pem"
@@ -115,12 +124,7 @@ def test_outbound_refuses_a_peer_with_the_wrong_san(tmp_path):
         car = Sidecar(m.b.ns, "prod/server/impostor", other, m.config, log_path=m.tmp / "b2.log")
         car.start()
         try:
-            for _ in range(3):  # every stream fails; the pool never loops on the bad peer
-                try:
-                    reply = echo_roundtrip(m.a.ns, (m.b.ip, APP_PORT), b"secret", timeout=10)
-                except ConnectionResetError:
-                    reply = b""
-                assert reply == b""
+            _three_refused_round_trips(m)  # every stream fails; the pool never loops
             assert _failed(m.car_a, "TLS") == 3
             assert "not the expected spiffe://cluster.local/ns/prod/sa/server" in m.car_a.log_text()
             # The refused server was told, by GOAWAY debug data, who it was and who was expected.
@@ -142,12 +146,7 @@ def test_a_peer_that_rejects_our_certificate_costs_one_handshake_per_app_connect
         stranger = Ca.create(m.tmp / "stranger")
         (m.car_b.cert_dir / "root-cert.pem").write_bytes(stranger.root.cert_pem)  # B trusts only it
         m.car_b.start()
-        for _ in range(3):
-            try:
-                reply = echo_roundtrip(m.a.ns, (m.b.ip, APP_PORT), b"secret", timeout=10)
-            except ConnectionResetError:
-                reply = b""
-            assert reply == b""
+        _three_refused_round_trips(m)
         assert _failed(m.car_a, "TLS") == 3
         time.sleep(0.5)  # a re-dial would land in B's counters a moment after the stream failed
         assert _failed(m.car_b, "TLS") == 3, m.car_a.log_text()

@@ -80,6 +80,17 @@ class Pair:
         return sid
 
 
+def _both_ways(p, sid, up, down):
+    """``up`` from client to server and ``down`` back, each direction half-closed after."""
+    p.c.send(sid, up)
+    p.c.end(sid)
+    p.s.send(sid, down)
+    p.s.end(sid)
+    p.pump()
+    assert received(p.sev, sid) == up
+    assert received(p.cev, sid) == down
+
+
 def received(events, sid):
     return b"".join(e.data for e in events if isinstance(e, DataReceived) and e.stream_id == sid)
 
@@ -338,13 +349,7 @@ def test_graceful_goaway_lets_open_streams_finish_and_refuses_new_ones():
     assert (closed.error_code, closed.remote, closed.last_stream_id) == (0, True, sid)
     assert not p.c.can_open()
     # Both directions still carry bytes and half-close after the GOAWAY.
-    p.c.send(sid, b"after goaway")
-    p.c.end(sid)
-    p.s.send(sid, b"reply")
-    p.s.end(sid)
-    p.pump()
-    assert received(p.sev, sid) == b"after goaway"
-    assert received(p.cev, sid) == b"reply"
+    _both_ways(p, sid, b"after goaway", b"reply")
     assert StreamEnded(sid) in p.cev
     assert StreamEnded(sid) in p.sev
 
@@ -495,13 +500,7 @@ def test_a_reset_arriving_with_a_window_update_for_a_held_stream_is_an_event():
     assert p.c.held_bytes(sid) == 0
     # The sibling moves bytes both ways afterwards.
     p.auto_consume = True
-    p.c.send(sibling, b"still here")
-    p.c.end(sibling)
-    p.s.send(sibling, b"and back")
-    p.s.end(sibling)
-    p.pump()
-    assert received(p.sev, sibling) == b"still here"
-    assert received(p.cev, sibling) == b"and back"
+    _both_ways(p, sibling, b"still here", b"and back")
 
 
 def test_calls_for_a_stream_the_peer_reset_in_the_same_read_are_no_ops():

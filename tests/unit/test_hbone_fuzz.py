@@ -340,6 +340,13 @@ def _h2_peer(client: bool):
     return peer
 
 
+# Streams of any size, our reads split anywhere (h2 reads whole writes).
+def _against_h2(test):
+    sizes = st.lists(st.integers(0, 400_000), min_size=1, max_size=4)
+    split = st.sampled_from([1, 13, 4096, 1 << 20])
+    return settings(max_examples=60, deadline=None)(given(sizes=sizes, split=split)(test))
+
+
 def _pump(ours, peer, split, on_peer_event, rounds=2000):
     """Move bytes both ways (ours split every ``split`` bytes) until both sides are quiet."""
     import h2.events
@@ -362,11 +369,7 @@ def _pump(ours, peer, split, on_peer_event, rounds=2000):
     raise AssertionError("never quiet")
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    sizes=st.lists(st.integers(0, 400_000), min_size=1, max_size=4),
-    split=st.sampled_from([1, 13, 4096, 1 << 20]),
-)
+@_against_h2
 def test_our_client_and_an_h2_server_move_exact_bytes_both_ways(sizes, split):
     import h2.events
 
@@ -404,11 +407,7 @@ def test_our_client_and_an_h2_server_move_exact_bytes_both_ways(sizes, split):
     assert ours.closed is None
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    sizes=st.lists(st.integers(0, 400_000), min_size=1, max_size=4),
-    split=st.sampled_from([1, 13, 4096, 1 << 20]),
-)
+@_against_h2
 def test_an_h2_client_and_our_server_move_exact_bytes_both_ways(sizes, split):
     import h2.events
 
