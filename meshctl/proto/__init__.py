@@ -1,4 +1,5 @@
-"""Istio's wire schemas: the `.proto` files and the modules generated from them (never edited).
+"""Istio's wire schemas (and gRPC's health checking, for app probes): the `.proto` files and the
+modules generated from them (never edited).
 
 Regenerate with `python packaging/protos.py`; CI runs it with `--check`. Package, message names
 and field numbers are upstream's (see each file). Only adapters and plugins import these modules;

@@ -17,7 +17,9 @@ from pathlib import Path
 from tests.bench.smoke import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCHMARKS = ("bench_help", "bench_inject", "bench_capture", "bench_hbone", "bench_cni")
+BENCHMARKS = (
+    "bench_help", "bench_inject", "bench_capture", "bench_hbone", "bench_probe", "bench_cni",
+)  # fmt: skip
 
 
 def run(name: str, *, smoke: bool, timeout: float = 600) -> tuple[bool, str]:

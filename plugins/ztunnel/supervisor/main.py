@@ -174,6 +174,9 @@ def supervise(handover: Handover) -> int:
             worker=worker,
             workers=settings.workers,
             metrics_dir=metrics_dir,
+            app_probers=settings.app_probers,
+            pod_ip=settings.instance_ip,
+            app_metrics=settings.app_metrics,
         )
 
     supervisor = Supervisor(
