@@ -15,6 +15,7 @@ from meshctl.core import certs as certs_mod
 from meshctl.core import proxyconfig
 from meshctl.core.identity import IdentityError, SpiffeId, parse_workload_ref
 from meshctl.errors import ConfigError, MeshctlError, UserError
+from meshctl.output import OutputFormat, render_objects
 
 from .settings import InjectedConfig, ZtunnelSettings, seconds
 
@@ -33,7 +34,11 @@ _MAX_WORKERS = 64
 def run(
     ctx: typer.Context,
     mode: Annotated[
-        str | None, typer.Option(help="sidecar (dedicated: one workload) [env PROXY_MODE]")
+        str | None,
+        typer.Option(
+            help="sidecar (dedicated: one workload) or node (shared: the node's ambient pods) "
+            "[env PROXY_MODE]"
+        ),
     ] = None,
     workload: Annotated[
         str | None,
@@ -42,6 +47,22 @@ def run(
     local_config: Annotated[
         str | None,
         typer.Option(metavar="FILE", help="ztunnel local config YAML [env LOCAL_XDS_PATH]"),
+    ] = None,
+    xds_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Control plane to discover workloads from, instead of --local-config "
+            "(Delta ADS over TLS, e.g. :15012) [env XDS_ADDRESS]",
+        ),
+    ] = None,
+    xds_root_ca: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="The control plane's root certificate "
+            "(/var/run/secrets/istio/root-cert.pem) [env XDS_ROOT_CA]",
+        ),
     ] = None,
     cert_dir: Annotated[
         str | None,
@@ -67,10 +88,53 @@ def run(
         int | None,
         typer.Option(help="Data-plane worker processes (1) [env ZTUNNEL_WORKER_THREADS]"),
     ] = None,
+    inpod_uds: Annotated[
+        str | None,
+        typer.Option(
+            metavar="PATH",
+            help="Node mode: the node agent's ZDS socket (/var/run/ztunnel/ztunnel.sock) "
+            "[env INPOD_UDS]",
+        ),
+    ] = None,
+    ca_dir: Annotated[
+        str | None,
+        typer.Option(
+            metavar="DIR",
+            help="Node mode: mint pod certificates from this development CA "
+            "(ca-cert.pem, ca-key.pem) [env MESHCTL_CA_DIR]",
+        ),
+    ] = None,
+    ca_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Mesh CA, e.g. meshctl-controlplane.meshctl-system.svc:15012 [env CA_ADDRESS]",
+        ),
+    ] = None,
+    ca_root: Annotated[
+        str | None,
+        typer.Option(
+            metavar="FILE",
+            help="Mesh root bundle (/var/run/secrets/istio/root-cert.pem) [env CA_ROOT_CA]",
+        ),
+    ] = None,
+    auth_token: Annotated[
+        str | None,
+        typer.Option(
+            "--token-file",
+            metavar="FILE",
+            help="Service-account token for the CA (/var/run/secrets/tokens/istio-token) "
+            "[env AUTH_TOKEN]",
+        ),
+    ] = None,
+    secret_ttl: Annotated[
+        str | None, typer.Option(help="Certificate lifetime to request (24h) [env SECRET_TTL]")
+    ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
+    flags = {k: v for k, v in locals().items() if k != "ctx"}  # first: only the options
     from .listeners import bind_all
-    from .sources import certificate_digest, read_certs, read_local_config
+    from .supervisor import modes
     from .supervisor.main import Handover, become_supervisor
 
     file, file_name = config.file_section(ctx.meta, "ztunnel")
@@ -83,24 +147,7 @@ def run(
             str(exc), hint="the injector writes PROXY_CONFIG; re-inject the pod"
         ) from exc
     file = {**file, **pod_config.ztunnel_settings(os.cpu_count() or 1)}
-    flags = {
-        "mode": mode,
-        "workload": workload,
-        "local_config": local_config,
-        "cert_dir": cert_dir,
-        "trust_domain": trust_domain,
-        "drain_deadline": drain_deadline,
-        "handshake_timeout": handshake_timeout,
-        "mark": mark,
-        "workers": workers,
-    }
     settings = config.resolve(ZtunnelSettings, flags=flags, file=file, file_name=file_name)
-    ref = settings.workload_ref()
-    try:
-        ns, _name, sa = parse_workload_ref(ref)
-        identity = SpiffeId(settings.trust_domain, ns, sa)
-    except IdentityError as exc:
-        raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
     seconds(settings.drain_deadline, "drain deadline")  # refused here if it is not a duration
     handshake = seconds(settings.handshake_timeout, "handshake timeout")
     if handshake <= 0:
@@ -113,20 +160,30 @@ def run(
             f"workers must be between 1 and {_MAX_WORKERS}, not {settings.workers}",
             hint="one per core the proxy may use, e.g. --workers 2",
         )
-    # What a user can get wrong is refused here, with the CLI's errors; then this process
-    # becomes the lean supervisor (exec: same pid), leaving the CLI's libraries behind.
-    certs_at = Path(settings.cert_dir)
-    digest = certificate_digest(certs_at)  # before reading: a change in between is noticed
-    checked = read_certs(certs_at, identity, 0)
-    local = Path(settings.local_config) if settings.local_config else None
-    read_local_config(local, warn=False)  # refused before any port is bound; warned once, later
-    listeners = bind_all(settings)
+    # What a user can get wrong is refused here, with the CLI's errors, by building the mode's
+    # sources as the supervisor will (quietly: it logs when it builds them again); then this
+    # process becomes the lean supervisor (exec: same pid), leaving the CLI's libraries behind.
+    checked = None
+    if settings.node_mode:
+        modes.node_sources(settings, quiet=True)
+    else:
+        _ref, identity = modes.sidecar_identity(settings)
+        checked = modes.read_mounted_certs(settings, identity)
+        modes.sidecar_feed(settings, identity, certs=checked, quiet=True)
+    if settings.xds_address and settings.local_config:
+        # An explicit file wins (tests, demos, a pod the injector pointed at a control plane).
+        log.warning(
+            "workloads from the local config %s; discovery at %s is not used",
+            settings.local_config,
+            settings.xds_address,
+        )
+    listeners = bind_all(settings, proxy=not settings.node_mode)
     global_settings: config.GlobalSettings = ctx.obj
     handover = Handover(
         settings=settings,
         listeners={role: sock.fileno() for role, sock in listeners.items()},
-        certs=checked,
-        cert_digest=digest,
+        certs=None if checked is None else checked[0],
+        cert_digest="" if checked is None else checked[1],
         log_level=global_settings.log_level if not global_settings.debug else "debug",
         log_format=global_settings.log_format,
     )
@@ -196,7 +253,9 @@ def certs(
     ca_dir = ca_dir or out.parent / "ca"
     ca_cert, ca_key = ca_dir / certs_mod.CA_CERT_FILE, ca_dir / certs_mod.CA_KEY_FILE
     if ca_cert.exists() and ca_key.exists():
-        ca = _signing_ca(ca_dir, trust_domain)
+        from .identities import read_signing_ca
+
+        ca = read_signing_ca(ca_dir, trust_domain)
     else:
         root = certs_mod.mint_root(trust_domain=trust_domain, now=now, ttl=timedelta(days=3650))
         _write(ca_dir, certs_mod.CA_CERT_FILE, root.cert_pem, 0o644)
@@ -214,34 +273,6 @@ def certs(
     typer.echo(f"{identity} -> {out}")
 
 
-def _signing_ca(ca_dir: Path, trust_domain: str) -> certs_mod.SigningCa:
-    """The CA in ``ca_dir`` (Istio's plug-in CA file names), or a ``UserError`` saying why not."""
-
-    def read(name: str) -> bytes | None:
-        path = ca_dir / name
-        try:
-            return path.read_bytes()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise UserError(f"cannot read {path}: {exc.strerror or exc}") from exc
-
-    try:
-        return certs_mod.signing_ca(
-            ca_cert=read(certs_mod.CA_CERT_FILE) or b"",
-            ca_key=read(certs_mod.CA_KEY_FILE) or b"",
-            root_cert=read(certs_mod.ROOT_CERT_FILE),
-            cert_chain=read(certs_mod.CERT_CHAIN_FILE),
-            trust_domain=trust_domain,
-        )
-    except certs_mod.CaError as exc:
-        raise UserError(
-            f"the CA in {ca_dir} cannot sign: {exc}",
-            hint="point --ca-dir at a CA in Istio's cacerts layout, or at an empty directory "
-            "to mint a development CA there",
-        ) from exc
-
-
 def _write(folder: Path, name: str, data: bytes, mode: int) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{name}.tmp"
@@ -249,3 +280,35 @@ def _write(folder: Path, name: str, data: bytes, mode: int) -> None:
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
     tmp.replace(folder / name)
+
+
+@app.command("manifest")
+def manifest_cmd(
+    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "meshctl-system",
+    image: Annotated[str | None, typer.Option("--image", help="meshctl image.")] = None,
+    ca_address: Annotated[
+        str | None,
+        typer.Option(help="Mesh CA (default: meshctl-controlplane.<namespace>.svc:15012)."),
+    ] = None,
+    xds_address: Annotated[
+        str | None,
+        typer.Option(help="Discovery (default: meshctl-controlplane.<namespace>.svc:15012)."),
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Data-plane worker processes per node.")] = 1,
+    output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.YAML,
+) -> None:
+    """Print the DaemonSet that runs the ambient node proxy ('ztunnel run --mode node')."""
+    from meshctl.core.inject.settings import DEFAULT_IMAGE
+
+    from .manifest import objects
+
+    items = objects(
+        namespace=namespace,
+        image=image or DEFAULT_IMAGE,
+        ca_address=ca_address or "",
+        xds_address=xds_address or "",
+        workers=workers,
+    )
+    if output is OutputFormat.TABLE:
+        raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
+    typer.echo(render_objects(items, output), nl=False)

@@ -1,40 +1,31 @@
 """``meshctl ztunnel-supervisor``: the supervisor, without the CLI (exec'd by ``ztunnel run``).
 
-``ztunnel run`` does everything a user sees (flags, settings, certificate and local-config
-checks, binding the ports) and then replaces itself (``execv``: same pid, same signals) with
+``ztunnel run`` does everything a user sees (flags, settings, the checks of every source its mode
+uses, binding the ports) and then replaces itself (``execv``: same pid, same signals) with
 this raw command, handing over a ``Handover`` in an inherited memfd and the listening sockets as
 inherited descriptors. The CLI's libraries (typer, click, pydantic) and the X.509 one stay
-behind: the supervisor runs for the pod's life, and they were most of its memory.
-Invariants: the supervisor sees the settings the CLI resolved, byte for byte; the X.509 library
-is imported here only when certificates change; ``main`` returns the supervisor's exit code.
+behind: the supervisor runs for the pod's life, and they were most of its memory. Both modes
+(sidecar, node) run here; ``modes`` builds their sources.
+Invariants: the supervisor sees the settings the CLI resolved, byte for byte; a sidecar with
+mounted certificates imports the X.509 library only when they change; ``main`` returns the
+supervisor's exit code.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
-import logging
 import os
-import shutil
-import socket
-import tempfile
-from pathlib import Path
 
 from meshctl import logs
 from meshctl.config import LOG_FORMATS, LOG_LEVELS
 from meshctl.core import channel
-from meshctl.core.identity import SpiffeId, parse_workload_ref
 from meshctl.errors import UserError
 
-from ..settings import ZtunnelSettings, seconds
-from ..sources import FileFeed
-
-log = logging.getLogger("meshctl_plugins.ztunnel.cli")  # the messages users know from 'run'
+from ..settings import ZtunnelSettings
 
 COMMAND = "ztunnel-supervisor"
-DATAPLANE_COMMAND = "ztunnel-dataplane"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,13 +34,16 @@ class Handover:
 
     settings: ZtunnelSettings
     listeners: dict[str, int]  # role -> inherited descriptor
-    certs: channel.Certs
+    # A sidecar's mounted certificates, read and checked, with the files' digest then; None
+    # when they come from elsewhere (the CA, node mode's issuer).
+    certs: channel.Certs | None
     cert_digest: str
     log_level: str
     log_format: str
 
     def to_json(self) -> str:
-        body = channel.encode(self.certs)[4:].decode()  # the channel's own form (length cut)
+        # The channel's own form of the certificates (the length prefix cut).
+        body = None if self.certs is None else channel.encode(self.certs)[4:].decode()
         return json.dumps(
             {
                 "settings": dataclasses.asdict(self.settings),
@@ -64,9 +58,9 @@ class Handover:
     @classmethod
     def from_json(cls, text: str) -> Handover:
         doc = json.loads(text)
-        certs = channel.decode(doc["certs"].encode())
-        if not isinstance(certs, channel.Certs):
-            raise TypeError("handover without certificates")
+        certs = None if doc["certs"] is None else channel.decode(doc["certs"].encode())
+        if certs is not None and not isinstance(certs, channel.Certs):
+            raise TypeError("handover with something else than certificates")
         return cls(
             settings=ZtunnelSettings(**doc["settings"]),
             listeners={str(k): int(v) for k, v in doc["listeners"].items()},
@@ -119,81 +113,9 @@ def main(argv: list[str]) -> int:
 
 
 def supervise(handover: Handover) -> int:
-    """Run the data-plane workers with ``handover``'s settings; the exit code."""
-    from meshctl.process import Supervisor, self_command
+    """Run the data-plane workers of ``handover``'s mode; the exit code."""
+    from . import modes
 
-    settings = handover.settings
-    ref = settings.workload_ref()
-    ns, _name, sa = parse_workload_ref(ref)
-    identity = SpiffeId(settings.trust_domain, ns, sa)
-    deadline = seconds(settings.drain_deadline, "drain deadline")
-    handshake = seconds(settings.handshake_timeout, "handshake timeout")
-    feed = FileFeed(
-        cert_dir=Path(settings.cert_dir),
-        local_config=Path(settings.local_config) if settings.local_config else None,
-        identity=identity,
-        certs=(handover.certs, handover.cert_digest),
-    )
-    listeners = {role: socket.socket(fileno=fd) for role, fd in handover.listeners.items()}
-
-    def argv(channel_fd: int) -> list[str]:
-        # The command name first: the data plane is a raw plugin and must not go through the
-        # Typer root command, which global flags before it would (typer + pydantic: ~8 MB).
-        return self_command(
-            DATAPLANE_COMMAND,
-            "--channel-fd",
-            str(channel_fd),
-            "--log-level",
-            handover.log_level,
-            "--log-format",
-            handover.log_format,
-        )
-
-    # Every worker writes its counters here; worker 0 serves the sum (prometheus-client's
-    # multiprocess mode, switched on for the children by the variable below).
-    metrics_dir = tempfile.mkdtemp(prefix="meshctl-metrics-")
-
-    def worker_exited(pid: int) -> None:
-        from prometheus_client import multiprocess
-
-        # Its live gauges no longer count (prometheus-client leaves this one unannotated).
-        multiprocess.mark_process_dead(pid, metrics_dir)  # type: ignore[no-untyped-call]
-
-    def proxy_config(worker: int, fds: dict[str, int]) -> channel.ProxyConfig:
-        return channel.ProxyConfig(
-            mode="sidecar",
-            workload=ref,
-            listeners=fds,
-            cluster_id=settings.cluster_id,
-            trust_domain=settings.trust_domain,
-            pool_max_streams=settings.pool_max_streams,
-            pool_idle_timeout=seconds(settings.pool_idle_timeout, "pool idle timeout"),
-            drain_deadline=deadline,
-            handshake_timeout=handshake,
-            mark=settings.mark,
-            worker=worker,
-            workers=settings.workers,
-            metrics_dir=metrics_dir,
-            app_probers=settings.app_probers,
-            pod_ip=settings.instance_ip,
-            app_metrics=settings.app_metrics,
-        )
-
-    supervisor = Supervisor(
-        argv=argv,
-        config=proxy_config,
-        listeners=listeners,
-        feed=feed,
-        drain_deadline=deadline,
-        workers=settings.workers,
-        extra_env={"PROMETHEUS_MULTIPROC_DIR": metrics_dir},
-        on_exit=worker_exited,
-        poll_interval=seconds(settings.reload_interval, "reload interval"),
-    )
-    log.info("serving %s as %s (pid %d)", ref, identity, os.getpid())
-    try:
-        return asyncio.run(supervisor.run())
-    finally:
-        for sock in listeners.values():
-            sock.close()
-        shutil.rmtree(metrics_dir, ignore_errors=True)
+    if handover.settings.node_mode:
+        return modes.run_node(handover)
+    return modes.run_sidecar(handover)
