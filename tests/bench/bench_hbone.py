@@ -14,9 +14,13 @@ direct port uncaptured). Prints, each beside the direct figure and issue 11's ta
 single-stream throughput (and the proxies' CPU-s per GiB), 1 KiB request/response latency
 (p50/p99, and what the mesh adds), new connections per second through pooled tunnels (and the
 proxies' CPU-us per connection), and, after the load, the RSS of every proxy process (each
-sidecar's supervisor and data plane separately). With ``iperf3`` on the PATH (the issue's
-tool; ``.ci/run`` installs it) single-stream throughput is also measured with it. A tool run
-that fails or moves nothing is a FAILED row (exit 1), never a crash of the whole run.
+sidecar's supervisor and data plane separately). Then the faults the netns tests only bound
+loosely (``--only faults``): the first new connection after A's data plane is SIGKILLed (beside
+a warm round trip), round trips while B is under a rapid-reset attack (beside the same round
+trips quiet), and B's exit after SIGTERM with a connection held open (beside its deadline).
+With ``iperf3`` on the PATH (the issue's tool; ``.ci/run`` installs it) single-stream throughput
+is also measured with it. A tool run that fails or moves nothing is a FAILED row (exit 1), never
+a crash of the whole run.
 Not part of the test suite: figures, not a gate.
 """
 
@@ -55,6 +59,7 @@ TARGETS = {  # issue #11's, each against direct TCP measured in the same run
     "rss_total_mb": 60.0,  # both sidecars: two supervisors and two data planes
 }
 BLOCK = 1 << 20
+DRAIN_DEADLINE = 2.0  # B's --drain-deadline (s), what the SIGTERM row is measured against
 
 
 # -- the server (in pod B) -------------------------------------------------------------------------
@@ -205,6 +210,7 @@ def _mesh(tmp: Path, workers: int) -> Iterator[dict]:
             workloads=[workload("client", "default", a.ip), workload("server", "prod", b.ip)],
         )
         extra = ("--workers", str(workers))
+        drain = ("--drain-deadline", f"{DRAIN_DEADLINE}s")
         car_a = Sidecar(
             a.ns,
             "default/client/client",
@@ -219,7 +225,7 @@ def _mesh(tmp: Path, workers: int) -> Iterator[dict]:
             ca.issue("b", SpiffeId(TD, "prod", "server")),
             config,
             log_path=tmp / "b.log",
-            extra=extra,
+            extra=(*extra, *drain),
         )
         capture(a.ns)
         excluded = f"15090,15021,15020,{DIRECT_PORT},{IPERF_DIRECT_PORT}"
@@ -235,7 +241,7 @@ def _mesh(tmp: Path, workers: int) -> Iterator[dict]:
             assert server.stdout.readline().strip() == b"ready"
             car_a.start()
             car_b.start()
-            yield {"a": a, "b": b, "car_a": car_a, "car_b": car_b, "tmp": tmp}
+            yield {"a": a, "b": b, "car_a": car_a, "car_b": car_b, "tmp": tmp, "node": node}
         finally:
             car_a.stop()
             car_b.stop()
@@ -340,7 +346,11 @@ def bench(
             b.measure("1 KiB req/resp p50 / p99", lambda: _latency(b))
         if "conns" in only:
             b.measure("new connections/s", lambda: _conns(b))
-        b.measure("RSS after load", lambda: _rss(b))  # last: what the load left behind
+        b.measure("RSS after load", lambda: _rss(b))  # what the load left behind
+        if "faults" in only:  # after RSS: they replace A's data plane and stop B
+            b.measure("restart after SIGKILL", lambda: _restart(b))
+            b.measure("round trip, rapid reset", lambda: _rapid_reset(b, smoke=smoke))
+            b.measure("SIGTERM to exit", lambda: _drain(b))
     print(f"HBONE bench: {os.cpu_count()} CPUs, {workers} worker(s) per sidecar, {seconds}s each")
     print(f"{'':26} {'mesh (two sidecars)':70} {'direct':18} {'target':26} met")
     for name, value, base, target, met in b.rows:
@@ -505,6 +515,99 @@ def _conns(b: Bench) -> Row:
     )
 
 
+def _round_trip(m: dict, timeout: float = 30) -> float:
+    """One new connection through the mesh from pod A (connect, 1 byte, 1 byte back): seconds."""
+    start = time.perf_counter()
+    with m["a"].ns.socket() as s:
+        s.settimeout(timeout)
+        s.connect((m["b"].ip, MESH_PORT))
+        s.sendall(b"C")
+        if s.recv(1) != b"c":
+            raise RuntimeError("no reply through the mesh")
+    return time.perf_counter() - start
+
+
+def _restart(b: Bench) -> Row:
+    """A's data plane SIGKILLed: how long until a new connection (made at once) is served."""
+    warm = statistics.median(_round_trip(b.m) for _ in range(5))
+    car = b.m["car_a"]
+    (victim,) = car.dataplane_pids(1)
+    os.kill(victim, 9)
+    killed = time.perf_counter()
+    _round_trip(b.m)  # waits in the backlog the supervisor keeps until the new data plane serves
+    took = time.perf_counter() - killed
+    if car.dataplane_pids(1) == [victim]:
+        raise RuntimeError("the data plane was not replaced")
+    b.figures |= {"restart first connection s": took, "warm round trip s": warm}
+    return (
+        "restart after SIGKILL",
+        f"first new connection served {took * 1000:.0f} ms after the kill",
+        f"{warm * 1000:.1f} ms warm",
+        "-",
+        True,
+    )
+
+
+def _rapid_reset(b: Bench, *, smoke: bool) -> Row:
+    """Round trips from A while a peer floods B with reset streams (CVE-2023-44487)."""
+    import threading
+    from types import SimpleNamespace
+
+    from tests.netns.test_ztunnel_abuse import rapid_reset
+
+    def probes(stop: threading.Event | None, count: int) -> list[float]:
+        out: list[float] = []
+        while (stop is None and len(out) < count) or (stop is not None and not stop.is_set()):
+            out.append(_round_trip(b.m))
+        return out
+
+    quiet = probes(None, 20 if smoke else 200)
+    attacker = SimpleNamespace(tmp=b.m["tmp"], node=b.m["node"], b=b.m["b"])
+    stop, attacked = threading.Event(), []
+    thread = threading.Thread(target=lambda: attacked.extend(probes(stop, 0)), daemon=True)
+    thread.start()
+    try:
+        codes = [rapid_reset(attacker, 5000) for _ in range(1 if smoke else 5)]
+    finally:
+        stop.set()
+        thread.join(60)
+    if not attacked:
+        raise RuntimeError("no round trip completed during the attack")
+    quiet.sort()
+    attacked.sort()
+    p50, worst = statistics.median(attacked), attacked[-1]
+    b.figures |= {"attacked p50 s": p50, "attacked max s": worst, "quiet max s": quiet[-1]}
+    return (
+        "round trip, rapid reset",
+        f"p50 {p50 * 1000:.1f} / max {worst * 1000:.0f} ms over {len(attacked)} (GOAWAY {codes})",
+        f"{statistics.median(quiet) * 1000:.1f} / {quiet[-1] * 1000:.0f} ms quiet",
+        "-",
+        all(code == 11 for code in codes),  # ENHANCE_YOUR_CALM each time
+    )
+
+
+def _drain(b: Bench) -> Row:
+    """SIGTERM to B while A holds a connection through it open: B exits at its deadline."""
+    car = b.m["car_b"]
+    with b.m["a"].ns.socket() as held:
+        held.settimeout(30)
+        held.connect((b.m["b"].ip, MESH_PORT))
+        held.sendall(b"L" + b"x" * 64)
+        held.recv(64)  # B has the connection
+        start = time.perf_counter()
+        car.proc.send_signal(15)
+        code = car.proc.wait(60)
+        took = time.perf_counter() - start
+    b.figures |= {"sigterm to exit s": took}
+    return (
+        "SIGTERM to exit",
+        f"{took:.2f} s with one connection held open (exit {code})",
+        f"deadline {DRAIN_DEADLINE:.1f} s",
+        "-",
+        code == 0,
+    )
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_serve":
         serve(sys.argv[2], [int(p) for p in sys.argv[3:]])
@@ -524,7 +627,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=1, help="data-plane workers per sidecar")
     parser.add_argument("--profile", type=Path, help="write py-spy collapsed stacks here")
     parser.add_argument(
-        "--only", default="throughput,latency,conns", help="comma-separated subset to run"
+        "--only", default="throughput,latency,conns,faults", help="comma-separated subset to run"
     )
     parser.add_argument("--smoke", action="store_true", help="tiny runs: are figures produced?")
     args = parser.parse_args()
