@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -28,6 +29,27 @@ from tests.bench.smoke import figures_produced
 PAYLOAD = b"x" * 1024
 AUTHORITY = "10.0.0.2:8080"
 HEADERS = [("forwarded", 'for="10.0.0.1:40000"'), ("baggage", "k8s.namespace.name=default")]
+
+
+class _Side(Protocol):
+    def data_to_send(self) -> bytes: ...
+
+
+def _pump(
+    client: _Side,
+    server: _Side,
+    to_server: Callable[[bytes], None],
+    to_client: Callable[[bytes], None],
+) -> None:
+    """Move bytes between the two sides until both are quiet."""
+    while True:
+        a, b = client.data_to_send(), server.data_to_send()
+        if not a and not b:
+            return
+        if a:
+            to_server(a)
+        if b:
+            to_client(b)
 
 
 def ours(tunnels: int) -> float:
@@ -43,27 +65,28 @@ def ours(tunnels: int) -> float:
     client, server = HboneConnection(client=True), HboneConnection(client=False)
     moved = 0
 
-    def pump() -> None:
+    def to_server(data: bytes) -> None:
+        for ev in server.receive(data, 0.0):
+            if isinstance(ev, TunnelRequested):
+                server.respond(ev.stream_id, 200)
+            elif isinstance(ev, DataReceived):
+                server.consumed(ev.stream_id, ev.flow)
+                server.send(ev.stream_id, bytes(ev.data))
+            elif isinstance(ev, StreamEnded):
+                server.end(ev.stream_id)
+
+    def to_client(data: bytes) -> None:
         nonlocal moved
-        while True:
-            a, b = client.data_to_send(), server.data_to_send()
-            if not a and not b:
-                return
-            for ev in server.receive(a, 0.0) if a else ():
-                if isinstance(ev, TunnelRequested):
-                    server.respond(ev.stream_id, 200)
-                elif isinstance(ev, DataReceived):
-                    server.consumed(ev.stream_id, ev.flow)
-                    server.send(ev.stream_id, bytes(ev.data))
-                elif isinstance(ev, StreamEnded):
-                    server.end(ev.stream_id)
-            for ev in client.receive(b, 0.0) if b else ():
-                if isinstance(ev, TunnelOpened):
-                    client.send(ev.stream_id, PAYLOAD)
-                    client.end(ev.stream_id)
-                elif isinstance(ev, DataReceived):
-                    moved += len(ev.data)
-                    client.consumed(ev.stream_id, ev.flow)
+        for ev in client.receive(data, 0.0):
+            if isinstance(ev, TunnelOpened):
+                client.send(ev.stream_id, PAYLOAD)
+                client.end(ev.stream_id)
+            elif isinstance(ev, DataReceived):
+                moved += len(ev.data)
+                client.consumed(ev.stream_id, ev.flow)
+
+    def pump() -> None:
+        _pump(client, server, to_server, to_client)
 
     pump()  # prefaces and SETTINGS: not per tunnel
     start = time.process_time()
@@ -88,26 +111,27 @@ def through_h2(tunnels: int) -> float:
     server.initiate_connection()
     moved = 0
 
-    def pump() -> None:
+    def to_server(data: bytes) -> None:
+        for ev in server.receive_data(data):
+            if isinstance(ev, h2.events.RequestReceived):
+                server.send_headers(ev.stream_id, [(":status", "200")])
+            elif isinstance(ev, h2.events.DataReceived):
+                server.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                server.send_data(ev.stream_id, ev.data)
+            elif isinstance(ev, h2.events.StreamEnded):
+                server.end_stream(ev.stream_id)
+
+    def to_client(data: bytes) -> None:
         nonlocal moved
-        while True:
-            a, b = client.data_to_send(), server.data_to_send()
-            if not a and not b:
-                return
-            for ev in server.receive_data(a) if a else ():
-                if isinstance(ev, h2.events.RequestReceived):
-                    server.send_headers(ev.stream_id, [(":status", "200")])
-                elif isinstance(ev, h2.events.DataReceived):
-                    server.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
-                    server.send_data(ev.stream_id, ev.data)
-                elif isinstance(ev, h2.events.StreamEnded):
-                    server.end_stream(ev.stream_id)
-            for ev in client.receive_data(b) if b else ():
-                if isinstance(ev, h2.events.ResponseReceived):
-                    client.send_data(ev.stream_id, PAYLOAD, end_stream=True)
-                elif isinstance(ev, h2.events.DataReceived):
-                    moved += len(ev.data)
-                    client.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+        for ev in client.receive_data(data):
+            if isinstance(ev, h2.events.ResponseReceived):
+                client.send_data(ev.stream_id, PAYLOAD, end_stream=True)
+            elif isinstance(ev, h2.events.DataReceived):
+                moved += len(ev.data)
+                client.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+
+    def pump() -> None:
+        _pump(client, server, to_server, to_client)
 
     request = [(":method", "CONNECT"), (":authority", AUTHORITY), *HEADERS]
     pump()
