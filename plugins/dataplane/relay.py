@@ -96,6 +96,7 @@ class AppStream(asyncio.Protocol):
         return True  # keep our write side open: the other direction may still carry bytes
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._release_credit()  # what its write buffer still held will never reach the app
         if not (self._app_eof and self._tunnel_eof) and self.tunnel is not None:
             self.tunnel.reset(self.sid)  # the app vanished mid-stream: abort, do not end
         elif self.tunnel is not None:
@@ -157,6 +158,7 @@ class AppStream(asyncio.Protocol):
         self._maybe_close()
 
     def tunnel_reset(self, reason: str) -> None:
+        self._release_credit()
         self.tunnel = None
         self._abort(reason)
 
@@ -164,6 +166,18 @@ class AppStream(asyncio.Protocol):
         self.resume_source()
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _release_credit(self) -> None:
+        """Give back the flow credit held for bytes that will never be written to the app.
+
+        The connection window is shared by every stream of the tunnel: credit kept by a stream
+        that ends (reset by the peer while the app socket was full, or the app gone) would be
+        lost to its siblings for good, and enough such streams stall the whole connection.
+        """
+        owed = self._owed + sum(flow for _, flow in self._pending)
+        self._owed, self._pending = 0, []
+        if owed and self.tunnel is not None:
+            self.tunnel.consumed(self.sid, owed)
 
     def _maybe_close(self) -> None:
         if self._app_eof and self._tunnel_eof and self.transport is not None:
