@@ -5,7 +5,8 @@ stream; ``Splice`` joins two TCP sockets (passthrough, plaintext). Invariants: b
 forwarded in order; half-close is forwarded per direction (TCP FIN <-> END_STREAM) and a socket
 closes only once both directions ended; an abort on one side aborts the other; flow-control
 credit goes back to the tunnel only for bytes the app socket accepted (its write buffer below the
-high-water mark), so a slow app slows the remote sender instead of growing our memory.
+high-water mark), so a slow app slows the remote sender instead of growing our memory, and
+whatever credit a stream still holds goes back when it ends (the connection window is shared).
 """
 
 from __future__ import annotations
