@@ -32,6 +32,7 @@ from pathlib import Path
 import h2.config
 import h2.connection
 import h2.events
+import pytest
 import yaml
 
 from meshctl.core import certs
@@ -130,6 +131,20 @@ def unhandled_errors_since_last_check() -> list[str]:
         if car._own_log and car.log_path is not None:
             car.log_path.unlink(missing_ok=True)
     return found
+
+
+@pytest.fixture(autouse=True)
+def no_exception_escapes_the_data_plane() -> Iterator[None]:
+    """Fail the test if an exception reached the event loop or a task of a sidecar it started
+    (imported into the conftest of every directory whose tests start data planes)."""
+    unhandled_errors_since_last_check()  # a previous test's leftovers are its own
+    yield
+    found = unhandled_errors_since_last_check()
+    if found:
+        pytest.fail(
+            "an exception reached the event loop or a task (a bug, whatever the peer did):\n"
+            + "\n".join(found[:20])
+        )
 
 
 def meshctl_argv(*args: str) -> list[str]:
