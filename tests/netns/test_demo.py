@@ -1,0 +1,109 @@
+"""``meshctl demo``: the whole scenario as a user runs it, from the CLI, with its cleanup.
+
+Each test runs the real command (the scenario's own assertions decide its exit code) with a state
+directory of its own, and checks afterwards that no namespace of the demo is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.netns
+
+STEPS = (
+    "pods",
+    "identities",
+    "client -> server",
+    "mTLS on the wire",
+    "L4 policy",
+    "proxy restart",
+    "unmeshed pod",
+)
+
+
+def _env(state: Path) -> dict[str, str]:
+    return {**os.environ, "MESHCTL_DEMO_STATE_DIR": str(state)}
+
+
+def _demo(state: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "meshctl", "demo", *args],
+        env=_env(state),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _netns_of(state: Path) -> list[str]:
+    record = json.loads((state / "state.json").read_text())
+    return [record["node"], *record["pods"]]
+
+
+def _existing(names: list[str]) -> list[str]:
+    return [n for n in names if Path(f"/run/netns/{n}").exists()]
+
+
+def _wait_line(proc: subprocess.Popen[str], text: str, timeout: float = 120) -> list[str]:
+    lines: list[str] = []
+    end = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < end:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    proc.kill()
+    raise AssertionError(f"no line with {text!r}: {''.join(lines)}")
+
+
+def test_a_killed_run_is_cleaned_up_by_the_next_whose_check_passes_on_a_pipe(tmp_path):
+    state = tmp_path / "state"
+    first = _demo(state)
+    _wait_line(first, "the mesh keeps running")
+    names = _netns_of(state)
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    assert _existing(names) == names  # SIGKILL: nothing could clean up
+
+    done = subprocess.run(
+        [sys.executable, "-m", "meshctl", "demo", "--check"],
+        env=_env(state),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "cleaned up what an earlier run left" in out
+    assert _existing(names) == []
+    for step in STEPS:
+        assert f"PASS  {step}:" in out, out
+    assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in out
+    assert "request marker absent" in out
+    assert "\x1b[" not in out  # a pipe gets plain lines
+    assert not (state / "state.json").exists()  # the passing run removed its own record
+
+
+def test_ctrl_c_removes_everything_within_two_seconds(tmp_path):
+    state = tmp_path / "state"
+    proc = _demo(state)
+    _wait_line(proc, "the mesh keeps running")
+    names = _netns_of(state)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    proc.wait(10)
+    took = time.monotonic() - started
+    assert _existing(names) == []
+    assert took <= 2.0, f"teardown took {took:.1f}s"
