@@ -147,7 +147,8 @@ def _run(run: Demo, *, check: bool, keep: bool) -> bool:
         return True
     run.say("the mesh keeps running; Ctrl-C stops it and removes everything")
     while True:
-        time.sleep(3600)
+        time.sleep(3)
+        run.say(run.traffic())
 
 
 def _teardown(record: Record) -> None:

@@ -18,6 +18,7 @@ not stop later ones that can still run; everything started is in the state recor
 from __future__ import annotations
 
 import ipaddress
+import json
 import secrets
 import subprocess
 import time
@@ -42,6 +43,7 @@ class Step:
     name: str
     ok: bool
     detail: str
+    elapsed: float  # seconds since the run started
 
 
 @dataclass(slots=True)
@@ -57,6 +59,7 @@ class Demo:
     steps: list[Step] = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)
     first_encrypted: float | None = None
+    last_traffic: tuple[float, float, float] = (0.0, 0.0, 0.0)  # time, bytes, connections
 
     @property
     def folder(self) -> Path:
@@ -81,8 +84,9 @@ class Demo:
         return [self.pods[n] for n, _, m in PODS if not m and n in self.pods]
 
     def record_step(self, name: str, ok: bool, detail: str) -> bool:
-        self.steps.append(Step(name, ok, detail))
-        self.say(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
+        elapsed = time.monotonic() - self.started
+        self.steps.append(Step(name, ok, detail, elapsed))
+        self.say(f"{'PASS' if ok else 'FAIL'}  {name}: {detail} [+{elapsed:.1f}s]")
         return ok
 
     # -- building the mesh ---------------------------------------------------------------------
@@ -155,6 +159,9 @@ class Demo:
 
     def step_traffic(self) -> bool:
         status, body = self.request("client", "/hello")
+        if status == 200 and self.first_encrypted is None:
+            # Its bytes crossed the node over the proxies' mTLS (the next step proves it).
+            self.first_encrypted = time.monotonic() - self.started
         want = "hello from server: you asked /hello\n"
         opened = 0.0
         end = time.monotonic() + 3  # the proxy counts a connection as its stream completes
@@ -196,8 +203,6 @@ class Demo:
             and total > 0
             and all(r.whole for r in records)
         )
-        if ok and self.first_encrypted is None:
-            self.first_encrypted = time.monotonic() - self.started
         return self.record_step(
             "mTLS on the wire",
             ok,
@@ -284,6 +289,30 @@ class Demo:
             f"legacy {legacy.ip} (no proxy) -> server: HTTP {status} through the server's "
             f"inbound 15006 in plaintext (marker {'visible' if visible else 'NOT seen'} on the "
             f"legacy link, as expected without mTLS)",
+        )
+
+    def traffic(self) -> str:
+        """One line of what flows now: the server proxy's counters and the client app's tally."""
+        counts = mesh.metrics(self.pods["server"])
+        try:
+            tally = json.loads(self.stats_file.read_text())
+        except (OSError, ValueError):
+            tally = {}
+        now = time.monotonic()
+        conns = counts.get("istio_tcp_connections_opened_total", 0.0)
+        mtls = counts.get("istio_tcp_connections_opened_total[mutual_tls]", 0.0)
+        moved = counts.get("istio_tcp_received_bytes_total", 0.0)
+        moved += counts.get("istio_tcp_sent_bytes_total", 0.0)
+        then, before, conns_before = self.last_traffic
+        span = now - then if then else 0.0
+        self.last_traffic = (now, moved, conns)
+        rate = "measuring"
+        if span > 0:
+            rate = f"{(moved - before) / span:.0f} B/s, {(conns - conns_before) / span:.1f} conn/s"
+        return (
+            f"traffic: server proxy {rate}; {conns:.0f} connections "
+            f"({mtls:.0f} mutual_tls), {moved:.0f} bytes; client app {tally.get('ok', 0)} ok, "
+            f"{tally.get('failed', 0)} failed"
         )
 
     def run_checks(self) -> None:
