@@ -60,6 +60,7 @@ class Demo:
     started: float = field(default_factory=time.monotonic)
     first_encrypted: float | None = None
     last_traffic: tuple[float, float, float] = (0.0, 0.0, 0.0)  # time, bytes, connections
+    marker: str = ""  # the path of the latest captured request
 
     @property
     def folder(self) -> Path:
@@ -177,16 +178,23 @@ class Demo:
             f"{opened:.0f} inbound connection(s) as mutual_tls",
         )
 
-    def step_mtls(self) -> bool:
-        server = self.pods["server"]
-        marker = f"meshctl-demo-secret-{secrets.token_hex(8)}"
-        capture = packets.Capture(self.node_ref, server.host_veth)
+    def captured_request(self, src: str, link: Pod) -> tuple[int | None, str, list[wire.Segment]]:
+        """A request from ``src`` whose path is a fresh marker, with a raw capture on ``link``'s
+        node-side veth around it: status, body and the TCP segments (the marker: ``marker``)."""
+        marker = f"meshctl-demo-marker-{secrets.token_hex(8)}"
+        capture = packets.Capture(self.node_ref, link.host_veth)
         try:
-            status, _ = self.request("client", f"/{marker}")
+            status, body = self.request(src, f"/{marker}")
         finally:
             frames = capture.stop()
         segs = wire.segments(frames)
-        leaked = any(marker.encode() in s.payload for s in segs)
+        self.marker = marker
+        return status, body, segs
+
+    def step_mtls(self) -> bool:
+        server = self.pods["server"]
+        status, _, segs = self.captured_request("client", server)
+        leaked = any(self.marker.encode() in s.payload for s in segs)
         flows = wire.streams(segs)
         client_ip = self.pods["client"].ip
         to_hbone = {f: d for f, d in flows.items() if 15008 in (f[0][1], f[1][1])}
@@ -275,14 +283,9 @@ class Demo:
 
     def step_unmeshed(self) -> bool:
         legacy = self.pods["legacy"]
-        marker = f"meshctl-demo-plain-{secrets.token_hex(8)}"
-        capture = packets.Capture(self.node_ref, legacy.host_veth)
-        try:
-            status, body = self.request("legacy", f"/{marker}")
-        finally:
-            frames = capture.stop()
-        visible = any(marker.encode() in s.payload for s in wire.segments(frames))
-        ok = status == 200 and marker in body and visible
+        status, body, segs = self.captured_request("legacy", legacy)
+        visible = any(self.marker.encode() in s.payload for s in segs)
+        ok = status == 200 and self.marker in body and visible
         return self.record_step(
             "unmeshed pod",
             ok,
