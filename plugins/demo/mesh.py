@@ -16,18 +16,17 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from meshctl.core import certs
 from meshctl.core.identity import SpiffeId
 from meshctl.errors import MeshctlError
 from meshctl.net import netns
@@ -38,32 +37,72 @@ from .node import Pod
 TRUST_DOMAIN = "cluster.local"
 PROXY_GID = 1337
 APP_PORT = 8080
+CA_PORT = 15012
 
 
 def identity(pod: Pod) -> SpiffeId:
     return SpiffeId(TRUST_DOMAIN, pod.namespace, pod.name)
 
 
-def mint_identities(folder: Path, pods: Sequence[Pod]) -> dict[str, Path]:
-    """A development root and one workload certificate per pod; pod name -> cert dir."""
-    now = datetime.now(UTC)
-    root = certs.mint_root(trust_domain=TRUST_DOMAIN, now=now, ttl=timedelta(days=1))
-    dirs = {}
+def write_tokens(folder: Path, pods: Sequence[Pod]) -> tuple[Path, dict[str, Path]]:
+    """The CA's token file (kube-apiserver's --token-auth-file format) and one token file per
+    pod, as a projected service-account token would be mounted; pod name -> its token file."""
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lines, files = [], {}
     for pod in pods:
-        out = folder / pod.name
-        out.mkdir(parents=True, exist_ok=True, mode=0o755)
-        leaf = certs.mint_workload(root, identity(pod), now=now, ttl=timedelta(hours=12))
-        for name, data, mode in (
-            (certs.KEY_FILE, leaf.key_pem, 0o640),
-            (certs.CERT_CHAIN_FILE, leaf.cert_pem, 0o644),
-            (certs.ROOT_CERT_FILE, root.cert_pem, 0o644),
-        ):
-            path = out / name
-            path.write_bytes(data)
-            path.chmod(mode)
-            os.chown(path, -1, PROXY_GID)  # the proxy runs as gid 1337 and reads its key
-        dirs[pod.name] = out
-    return dirs
+        token = secrets.token_urlsafe(32)
+        lines.append(f"{token},system:serviceaccount:{pod.namespace}:{pod.name},{pod.sandbox}")
+        path = folder / f"{pod.name}.token"
+        path.write_text(token)
+        path.chmod(0o640)
+        os.chown(path, -1, PROXY_GID)  # the proxy runs as gid 1337 and reads it
+        files[pod.name] = path
+    table = folder / "tokens.csv"
+    table.write_text("".join(f"{line}\n" for line in lines))
+    table.chmod(0o600)
+    return table, files
+
+
+def start_ca(
+    node: netns.NetnsRef, gateway: str, folder: Path, tokens: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """``meshctl controlplane ca`` in the node namespace, on the bridge's address: the pods
+    reach it as they would reach the control plane's Service."""
+    argv = self_command(
+        "controlplane",
+        "ca",
+        "--ca-dir",
+        str(folder),
+        "--tokens",
+        str(tokens),
+        "--grpc-address",
+        f"{gateway}:{CA_PORT}",
+        "--serving-names",
+        gateway,
+        "--trust-domain",
+        TRUST_DOMAIN,
+    )
+    with log.open("ab") as out, netns.entered(node):
+        return subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True
+        )
+
+
+def wait_ca(node: netns.NetnsRef, gateway: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+            raise MeshctlError(
+                f"the CA exited {proc.returncode}: {tail[0][:300]}", hint=f"see {log}"
+            )
+        with netns.entered(node):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        with sock:
+            if sock.connect_ex((gateway, CA_PORT)) == 0:
+                return
+        time.sleep(0.05)
+    raise MeshctlError("the CA did not listen within 30s", hint=f"see {log}")
 
 
 def workloads_doc(
@@ -143,7 +182,13 @@ def apply_capture(pod: Pod, log: Path) -> None:
         )
 
 
-def start_sidecar(pod: Pod, cert_dir: Path, workloads: Path, log: Path) -> subprocess.Popen[bytes]:
+def start_sidecar(
+    pod: Pod, ca: tuple[str, Path, Path], cert_dir: Path, workloads: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """``meshctl ztunnel run`` for the pod; ``ca``: the CA's address, its root, the pod's token.
+    ``cert_dir`` stays empty: the certificate comes from the CA (files there would win)."""
+    address, root, token = ca
+    cert_dir.mkdir(parents=True, exist_ok=True)
     argv = self_command(
         "ztunnel",
         "run",
@@ -151,6 +196,12 @@ def start_sidecar(pod: Pod, cert_dir: Path, workloads: Path, log: Path) -> subpr
         f"{pod.namespace}/{pod.name}/{pod.name}",
         "--cert-dir",
         str(cert_dir),
+        "--ca-address",
+        address,
+        "--ca-root",
+        str(root),
+        "--token-file",
+        str(token),
         "--local-config",
         str(workloads),
     )

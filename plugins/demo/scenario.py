@@ -61,6 +61,9 @@ class Demo:
     first_encrypted: float | None = None
     last_traffic: tuple[float, float, float] = (0.0, 0.0, 0.0)  # time, bytes, connections
     marker: str = ""  # the path of the latest captured request
+    subnet: str = ""
+    tokens: dict[str, Path] = field(default_factory=dict)
+    ca: subprocess.Popen[bytes] | None = None
 
     @property
     def folder(self) -> Path:
@@ -95,6 +98,7 @@ class Demo:
     def build(self) -> None:
         plugins = cni_dir()
         subnet = ipaddress.IPv4Network(f"10.248.{secrets.randbelow(256)}.0/24")
+        self.subnet = str(subnet)
         rec = self.record
         rec.node = rec.netns_name("node")
         rec.network = conflist(subnet, self.folder / "ipam")
@@ -116,15 +120,16 @@ class Demo:
             ", ".join(f"{p.name} {p.ip} ({p.namespace})" for p in self.pods.values())
             + f" on bridge {subnet} via CNI {plugins}/bridge + host-local",
         )
-        ids = mesh.mint_identities(self.folder / "certs", self.meshed())
+        table, self.tokens = mesh.write_tokens(self.folder / "tokens", self.meshed())
+        self.ca = mesh.start_ca(self.node_ref, self.gateway, self.ca_dir, table, self.log("ca"))
         mesh.write_workloads(
             self.workloads_file, mesh.workloads_doc(self.meshed(), self.unmeshed())
         )
         for pod in self.meshed():
             mesh.apply_capture(pod, self.log(f"{pod.name}-iptables"))
-            self.sidecars[pod.name] = mesh.start_sidecar(
-                pod, ids[pod.name], self.workloads_file, self.log(f"{pod.name}-proxy")
-            )
+        mesh.wait_ca(self.node_ref, self.gateway, self.ca, self.log("ca"))
+        for pod in self.meshed():
+            self.start_sidecar(pod)
         server = self.pods["server"]
         self.apps["server"] = mesh.start_in(
             server,
@@ -134,11 +139,40 @@ class Demo:
         for pod in self.meshed():
             mesh.wait_ready(pod, self.sidecars[pod.name], self.log(f"{pod.name}-proxy"))
         mesh.wait_app(server, mesh.APP_PORT)
+        issued = [self.issued_by_ca(p) for p in self.meshed()]
         self.record_step(
             "identities",
-            True,
+            all(issued),
             ", ".join(f"{p.name}={mesh.identity(p)}" for p in self.meshed())
-            + "; proxies ready (sidecar mode, capture rules from meshctl iptables)",
+            + f" issued by the control plane's CA at {self.gateway}:{mesh.CA_PORT} "
+            "(meshctl controlplane ca); proxies ready (sidecar mode, capture rules from "
+            "meshctl iptables)",
+        )
+
+    def issued_by_ca(self, pod: Pod) -> bool:
+        """Whether the proxy's certificate for the pod's identity came from the CA."""
+        for cert in mesh.config_dump(pod).get("certificates", []):
+            if isinstance(cert, dict) and cert.get("identity") == str(mesh.identity(pod)):
+                return bool(cert.get("source", {}).get("kind") == "ca")
+        return False
+
+    @property
+    def ca_dir(self) -> Path:
+        return self.folder / "ca"
+
+    @property
+    def gateway(self) -> str:
+        """The bridge's address in the node namespace (the CNI bridge plugin's gateway)."""
+        return str(ipaddress.IPv4Network(self.subnet).network_address + 1)
+
+    def start_sidecar(self, pod: Pod) -> None:
+        ca = (f"{self.gateway}:{mesh.CA_PORT}", self.ca_dir / "ca-cert.pem", self.tokens[pod.name])
+        self.sidecars[pod.name] = mesh.start_sidecar(
+            pod,
+            ca,
+            self.folder / "certs" / pod.name,
+            self.workloads_file,
+            self.log(f"{pod.name}-proxy"),
         )
 
     def start_client(self) -> None:
@@ -259,10 +293,7 @@ class Demo:
         proc = self.sidecars["server"]
         mesh.kill_tree(proc)
         down, _ = self.request("client", "/while-down")
-        ids = self.folder / "certs" / server.name
-        self.sidecars["server"] = mesh.start_sidecar(
-            server, ids, self.workloads_file, self.log("server-proxy")
-        )
+        self.start_sidecar(server)
         t0 = time.monotonic()
         mesh.wait_ready(server, self.sidecars["server"], self.log("server-proxy"))
         status = None
