@@ -8,11 +8,12 @@ only wires: the scenario is ``scenario.py``, the record and teardown ``state.py`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Annotated
@@ -109,7 +110,10 @@ def demo(
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     kept = False
     try:
-        kept = _run(run, check=check, keep=keep)
+        with contextlib.ExitStack() as screen:
+            if sys.stdout.isatty() and not check:
+                screen.enter_context(_live(run))
+            kept = _run(run, check=check, keep=keep)
     except _Stopped as stop:
         say(f"{stop}: removing the demo")
     finally:
@@ -117,6 +121,19 @@ def demo(
             signal.signal(s, handler)
         if not kept:
             _teardown(record)
+
+
+@contextlib.contextmanager
+def _live(run: Demo) -> Iterator[None]:
+    """The rich live view for a terminal; the run's lines feed it instead of stdout."""
+    from rich.live import Live
+
+    from .view import Screen
+
+    screen = Screen(run)
+    run.say = screen.say
+    with Live(screen, refresh_per_second=4):
+        yield
 
 
 def _run(run: Demo, *, check: bool, keep: bool) -> bool:

@@ -6,11 +6,17 @@ directory of its own, and checks afterwards that no namespace of the demo is lef
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import pty
 import signal
+import struct
 import subprocess
 import sys
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -96,14 +102,47 @@ def test_a_killed_run_is_cleaned_up_by_the_next_whose_check_passes_on_a_pipe(tmp
     assert not (state / "state.json").exists()  # the passing run removed its own record
 
 
-def test_ctrl_c_removes_everything_within_two_seconds(tmp_path):
+def test_on_a_terminal_the_live_view_shows_the_pods_and_ctrl_c_cleans_up_within_two_seconds(
+    tmp_path,
+):
     state = tmp_path / "state"
-    proc = _demo(state)
-    _wait_line(proc, "the mesh keeps running")
-    names = _netns_of(state)
-    started = time.monotonic()
-    proc.send_signal(signal.SIGINT)
-    proc.wait(10)
-    took = time.monotonic() - started
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshctl", "demo"],
+        env={**_env(state), "TERM": "xterm-256color"},
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+    )
+    os.close(slave)
+    screen = bytearray()
+
+    def drain():
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                screen.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        end = time.monotonic() + 120
+        while b"the mesh keeps running" not in screen and time.monotonic() < end:
+            assert proc.poll() is None, screen.decode(errors="replace")[-3000:]
+            time.sleep(0.2)
+        text = screen.decode(errors="replace")
+        assert "the mesh keeps running" in text, text[-3000:]
+        assert "\x1b[" in text  # drawn by the live view, not plain lines
+        for cell in ("spiffe://cluster.local/ns/prod/sa/server", "sidecar up", "unmeshed"):
+            assert cell in text
+        names = _netns_of(state)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
     assert _existing(names) == []
     assert took <= 2.0, f"teardown took {took:.1f}s"
