@@ -51,8 +51,8 @@ def _on_signal(signum: int, _frame: FrameType | None) -> None:
 def _need_root() -> None:
     if os.geteuid() != 0:
         raise UserError(
-            "meshctl demo needs root for now (network namespaces, capture rules)",
-            hint="run it with sudo",
+            "only a demo run as root outlives its command (--keep)",
+            hint="run it with sudo; a demo run without root ends, and is removed, with Ctrl-C",
         )
 
 
@@ -94,7 +94,19 @@ def demo(
         return
     if mode != "sidecar":
         raise typer.BadParameter("only 'sidecar' is available", param_hint="--mode")
-    _need_root()
+    from . import rootless
+
+    if os.geteuid() != 0:
+        if keep:
+            raise UserError(
+                "--keep needs root: without root the demo lives in namespaces that end with it",
+                hint="run 'sudo meshctl demo --keep', or 'meshctl demo' and stop it with Ctrl-C",
+            )
+        rootless.preflight()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the inner demo's to handle
+        raise typer.Exit(rootless.reexec(["--mode", mode, *(["--check"] if check else [])]))
+    if rootless.inside():
+        rootless.private_run()
     from .scenario import Demo
     from .state import Record, default_dir
 
