@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import pty
+import secrets
 import signal
 import struct
 import subprocess
@@ -146,3 +147,57 @@ def test_on_a_terminal_the_live_view_shows_the_pods_and_ctrl_c_cleans_up_within_
         os.close(master)
     assert _existing(names) == []
     assert took <= 2.0, f"teardown took {took:.1f}s"
+
+
+def _host_netns() -> set[str]:
+    """The host's demo namespaces (md<run id>-*; other tests' come and go meanwhile)."""
+    folder = Path("/run/netns")
+    return (
+        {p.name for p in folder.iterdir() if p.name.startswith("md")} if folder.is_dir() else set()
+    )
+
+
+def _frozen_binary() -> str:
+    binary = os.environ.get("MESHCTL_FROZEN_BINARY")
+    if not binary:
+        pytest.skip("MESHCTL_FROZEN_BINARY is not set: run 'bash packaging/build.sh' first")
+    if not os.access(binary, os.X_OK):
+        pytest.fail(f"MESHCTL_FROZEN_BINARY={binary} is not an executable file")
+    return binary
+
+
+@pytest.mark.slow
+def test_the_frozen_binary_passes_the_check_as_root(tmp_path):
+    done = subprocess.run(
+        [_frozen_binary(), "demo", "--check"],
+        env=_env(tmp_path / "state"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in done.stdout
+
+
+@pytest.mark.slow
+def test_an_unprivileged_user_passes_the_check_in_its_own_namespaces(tmp_path):
+    # The frozen binary: this interpreter lives where another user cannot run it.
+    binary = _frozen_binary()
+    user = f"mdemo{secrets.token_hex(3)}"
+    before = _host_netns()
+    # A regular account: useradd gives it subordinate ids (/etc/subuid, /etc/subgid).
+    subprocess.run(["useradd", "-M", "-s", "/bin/sh", user], check=True, timeout=30)
+    try:
+        done = subprocess.run(
+            ["su", user, "-s", "/bin/sh", "-c", f"cd /tmp && exec {binary} demo --check"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        subprocess.run(["userdel", user], check=False, timeout=30)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in done.stdout
+    assert _host_netns() == before  # its namespaces were its own, never the host's
