@@ -201,3 +201,83 @@ def test_an_unprivileged_user_passes_the_check_in_its_own_namespaces(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in done.stdout
     assert _host_netns() == before  # its namespaces were its own, never the host's
+
+
+def test_keep_leaves_it_running_for_exec_until_down(tmp_path):
+    state = tmp_path / "state"
+    env = _env(state)
+    kept = subprocess.run(
+        [sys.executable, "-m", "meshctl", "demo", "--keep"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    names = _netns_of(state)
+    try:
+        assert kept.returncode == 0, kept.stdout + kept.stderr
+        assert "meshctl demo exec client -- curl" in kept.stdout
+        assert _existing(names) == names
+        record = json.loads((state / "state.json").read_text())
+        server_ip = next(
+            p["result"]["ips"][0]["address"].split("/")[0]
+            for p in record["pods"].values()
+            if p["name"] == "server"
+        )
+        # exec runs in the pod's namespace: its eth0 holds the pod's address, and a request
+        # from there goes through the client's proxy to the server.
+        shown = subprocess.run(
+            [sys.executable, "-m", "meshctl", "demo", "exec", "server", "--", "ip", "-4", "addr"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert f"inet {server_ip}/" in shown.stdout
+        code = (
+            "import urllib.request as u;"
+            f"print(u.urlopen('http://{server_ip}:8080/via-exec', timeout=5).read().decode())"
+        )
+        asked = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "meshctl",
+                "demo",
+                "exec",
+                "client",
+                "--",
+                sys.executable,
+                "-c",
+                code,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert asked.stdout == "hello from server: you asked /via-exec\n\n", asked.stderr
+    finally:
+        down = subprocess.run(
+            [sys.executable, "-m", "meshctl", "demo", "down"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert down.returncode == 0, down.stderr
+    assert _existing(names) == []
+    again = subprocess.run(
+        [sys.executable, "-m", "meshctl", "demo", "down"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (again.returncode, again.stderr) == (0, "no demo to remove\n")
