@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
 import time
@@ -95,6 +96,7 @@ def demo(
     if mode != "sidecar":
         raise typer.BadParameter("only 'sidecar' is available", param_hint="--mode")
     from . import rootless
+    from .state import LOGS, Record, default_dir
 
     if os.geteuid() != 0:
         if keep:
@@ -104,11 +106,13 @@ def demo(
             )
         rootless.preflight()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the inner demo's to handle
-        raise typer.Exit(rootless.reexec(["--mode", mode, *(["--check"] if check else [])]))
+        # The state dir is chosen out here: inside, /run is the demo's own (and a failed run's
+        # logs must outlive it).
+        args = ["--mode", mode, "--state-dir", str(state_dir or default_dir())]
+        raise typer.Exit(rootless.reexec([*args, *(["--check"] if check else [])]))
     if rootless.inside():
         rootless.private_run()
     from .scenario import Demo
-    from .state import Record, default_dir
 
     folder = state_dir or default_dir()
 
@@ -116,6 +120,7 @@ def demo(
         typer.echo(line)
 
     _clean_previous(folder, say)
+    shutil.rmtree(folder / LOGS, ignore_errors=True)  # this run's logs only
     record = Record(folder=folder)
     record.save()
     run = Demo(record=record, say=say, mode=mode)

@@ -33,7 +33,7 @@ from meshctl.process import self_command
 
 from . import mesh
 from .node import Pod, Runtime, cni_dir, conflist
-from .state import Record
+from .state import LOGS, Record
 
 PODS = (("client", "default", True), ("server", "prod", True), ("legacy", "legacy", False))
 
@@ -78,8 +78,8 @@ class Demo:
         return self.folder / "workloads.yaml"
 
     def log(self, name: str) -> Path:
-        (self.folder / "logs").mkdir(parents=True, exist_ok=True)
-        return self.folder / "logs" / f"{name}.log"
+        (self.folder / LOGS).mkdir(parents=True, exist_ok=True)
+        return self.folder / LOGS / f"{name}.log"
 
     def meshed(self) -> list[Pod]:
         return [self.pods[n] for n, _, m in PODS if m and n in self.pods]

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meshctl.errors import NetError
+from meshctl.errors import NetError, UserError
 from meshctl.net import netns
 
 from .node import Runtime
@@ -30,14 +30,29 @@ from .node import Runtime
 STATE_FILE = "state.json"
 
 
+LOGS = "logs"  # kept by teardown: the hint of a failed run points there
+
+
 def default_dir() -> Path:
-    """``$MESHCTL_DEMO_STATE_DIR``, else /run/meshctl-demo as root, else the user's runtime dir."""
+    """``$MESHCTL_DEMO_STATE_DIR``, else /run/meshctl-demo as root, else the user's state dir
+    (``$XDG_STATE_HOME`` or ``~/.local/state``; never under /run, which the rootless demo
+    replaces with its own), else a private folder in /tmp."""
     if os.environ.get("MESHCTL_DEMO_STATE_DIR"):
         return Path(os.environ["MESHCTL_DEMO_STATE_DIR"])
     if os.geteuid() == 0:
         return Path("/run/meshctl-demo")
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/meshctl-demo-{os.getuid()}"  # noqa: S108
-    return Path(runtime) / "meshctl-demo"
+    home = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    if home.is_dir() or (home.parent.is_dir() and os.access(home.parent, os.W_OK)):
+        return home / "meshctl-demo"
+    folder = Path(f"/tmp/meshctl-demo-{os.getuid()}")  # noqa: S108 -- checked as ours below
+    folder.mkdir(mode=0o700, exist_ok=True)
+    st = folder.lstat()
+    if folder.is_symlink() or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise UserError(
+            f"{folder} is not a private folder of this user",
+            hint="remove it, or set MESHCTL_DEMO_STATE_DIR",
+        )
+    return folder
 
 
 @dataclass(slots=True)
@@ -153,6 +168,8 @@ def teardown(record: Record) -> list[str]:
             errors.append(exc.message)
     if not errors:
         for child in record.folder.iterdir():
+            if child.name == LOGS:
+                continue
             if child.is_dir():
                 shutil.rmtree(child, ignore_errors=True)
             else:

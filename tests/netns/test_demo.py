@@ -12,6 +12,7 @@ import json
 import os
 import pty
 import secrets
+import shutil
 import signal
 import struct
 import subprocess
@@ -188,6 +189,8 @@ def test_an_unprivileged_user_passes_the_check_in_its_own_namespaces(tmp_path):
     before = _host_netns()
     # A regular account: useradd gives it subordinate ids (/etc/subuid, /etc/subgid).
     subprocess.run(["useradd", "-M", "-s", "/bin/sh", user], check=True, timeout=30)
+    found = subprocess.run(["id", "-u", user], capture_output=True, text=True, check=True)
+    uid = int(found.stdout)
     try:
         done = subprocess.run(
             ["su", user, "-s", "/bin/sh", "-c", f"cd /tmp && exec {binary} demo --check"],
@@ -198,6 +201,8 @@ def test_an_unprivileged_user_passes_the_check_in_its_own_namespaces(tmp_path):
         )
     finally:
         subprocess.run(["userdel", user], check=False, timeout=30)
+        # Without a home, its state (and logs) went to a private folder in /tmp.
+        shutil.rmtree(f"/tmp/meshctl-demo-{uid}", ignore_errors=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in done.stdout
     assert _host_netns() == before  # its namespaces were its own, never the host's
