@@ -161,9 +161,10 @@ def _run(run: Demo, *, check: bool, keep: bool) -> bool:
     try:
         run.build()
         run.start_client()
-        run.run_checks()
     except MeshctlError as exc:
         run.record_step("setup", False, exc.message)
+        raise  # nothing to show or check without the mesh: Error/Hint, then teardown
+    run.run_checks()
     for line in view.summary(run):
         run.say(line)
     failed = [s for s in run.steps if not s.ok]

@@ -48,8 +48,9 @@ class Pod:
 
 def cni_dir() -> Path:
     """Where the reference plugins live, or a one-line error naming the package."""
-    for folder in (os.environ.get("MESHCTL_DEMO_CNI_PATH", ""), *CNI_DIRS):
-        if folder and (Path(folder) / "bridge").is_file():
+    chosen = os.environ.get("MESHCTL_DEMO_CNI_PATH")
+    for folder in (chosen,) if chosen else CNI_DIRS:
+        if (Path(folder) / "bridge").is_file():
             return Path(folder)
     raise MeshctlError(
         "the CNI reference plugins (bridge, host-local, loopback) are not installed",

@@ -286,3 +286,20 @@ def test_keep_leaves_it_running_for_exec_until_down(tmp_path):
         check=False,
     )
     assert (again.returncode, again.stderr) == (0, "no demo to remove\n")
+
+
+def test_missing_cni_plugins_are_one_error_and_nothing_is_left(tmp_path):
+    state = tmp_path / "state"
+    done = subprocess.run(
+        [sys.executable, "-m", "meshctl", "demo"],
+        env={**_env(state), "MESHCTL_DEMO_CNI_PATH": str(tmp_path / "no-plugins")},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    assert done.stderr.startswith("Error: the CNI reference plugins (bridge, host-local, loopback)")
+    assert "apt-get install containernetworking-plugins" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (state / "state.json").exists()
