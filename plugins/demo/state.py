@@ -114,7 +114,7 @@ def alive(pid: int) -> bool:
     return b"demo" in cmdline and b"meshctl" in cmdline
 
 
-def stop_processes(ref_paths: list[str], grace: float = 0.5) -> None:
+def stop_processes(ref_paths: list[str], grace: float = 0.2) -> None:
     """SIGTERM everything in the namespaces at once, SIGKILL what is left after ``grace``
     seconds (a proxy's drain would take longer: the demo's traffic needs none)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
