@@ -313,16 +313,23 @@ class Demo:
         )
 
     def step_unmeshed(self) -> bool:
-        legacy = self.pods["legacy"]
+        legacy, server = self.pods["legacy"], self.pods["server"]
+        key = "istio_tcp_connections_opened_total[unknown]"  # not mutual_tls: plaintext inbound
+        before = mesh.metrics(server).get(key, 0.0)
         status, body, segs = self.captured_request("legacy", legacy)
         visible = any(self.marker.encode() in s.payload for s in segs)
-        ok = status == 200 and self.marker in body and visible
+        handled = 0.0
+        end = time.monotonic() + 3  # counted as the connection completes
+        while time.monotonic() < end and handled < 1:
+            handled = mesh.metrics(server).get(key, 0.0) - before
+            time.sleep(0.05)
+        ok = status == 200 and self.marker in body and visible and handled >= 1
         return self.record_step(
             "unmeshed pod",
             ok,
             f"legacy {legacy.ip} (no proxy) -> server: HTTP {status} through the server's "
-            f"inbound 15006 in plaintext (marker {'visible' if visible else 'NOT seen'} on the "
-            f"legacy link, as expected without mTLS)",
+            f"inbound 15006 in plaintext (the server's proxy counts {handled:.0f} connection(s) "
+            f"without mTLS; marker {'visible' if visible else 'NOT seen'} on the legacy link)",
         )
 
     def traffic(self) -> str:
