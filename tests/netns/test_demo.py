@@ -51,6 +51,20 @@ def _demo(state: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
+def _run_demo(
+    state: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``meshctl demo ARGS`` to completion, with the test's state dir."""
+    return subprocess.run(
+        [sys.executable, "-m", "meshctl", "demo", *args],
+        env={**_env(state), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def _netns_of(state: Path) -> list[str]:
     record = json.loads((state / "state.json").read_text())
     return [record["node"], *record["pods"]]
@@ -84,14 +98,7 @@ def test_a_killed_run_is_cleaned_up_by_the_next_whose_check_passes_on_a_pipe(tmp
     first.wait(10)
     assert _existing(names) == names  # SIGKILL: nothing could clean up
 
-    done = subprocess.run(
-        [sys.executable, "-m", "meshctl", "demo", "--check"],
-        env=_env(state),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    done = _run_demo(state, "--check", timeout=180)
     out = done.stdout
     assert done.returncode == 0, out + done.stderr
     assert "cleaned up what an earlier run left" in out
@@ -210,15 +217,7 @@ def test_an_unprivileged_user_passes_the_check_in_its_own_namespaces(tmp_path):
 
 def test_keep_leaves_it_running_for_exec_until_down(tmp_path):
     state = tmp_path / "state"
-    env = _env(state)
-    kept = subprocess.run(
-        [sys.executable, "-m", "meshctl", "demo", "--keep"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    kept = _run_demo(state, "--keep", timeout=180)
     names = _netns_of(state)
     try:
         assert kept.returncode == 0, kept.stdout + kept.stderr
@@ -232,72 +231,26 @@ def test_keep_leaves_it_running_for_exec_until_down(tmp_path):
         )
         # exec runs in the pod's namespace: its eth0 holds the pod's address, and a request
         # from there goes through the client's proxy to the server.
-        shown = subprocess.run(
-            [sys.executable, "-m", "meshctl", "demo", "exec", "server", "--", "ip", "-4", "addr"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        shown = _run_demo(state, "exec", "server", "--", "ip", "-4", "addr", timeout=60)
         assert shown.returncode == 0, shown.stderr
         assert f"inet {server_ip}/" in shown.stdout
         code = (
             "import urllib.request as u;"
             f"print(u.urlopen('http://{server_ip}:8080/via-exec', timeout=5).read().decode())"
         )
-        asked = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "meshctl",
-                "demo",
-                "exec",
-                "client",
-                "--",
-                sys.executable,
-                "-c",
-                code,
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        asked = _run_demo(state, "exec", "client", "--", sys.executable, "-c", code, timeout=60)
         assert asked.stdout == "hello from server: you asked /via-exec\n\n", asked.stderr
     finally:
-        down = subprocess.run(
-            [sys.executable, "-m", "meshctl", "demo", "down"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        down = _run_demo(state, "down", timeout=60)
     assert down.returncode == 0, down.stderr
     assert _existing(names) == []
-    again = subprocess.run(
-        [sys.executable, "-m", "meshctl", "demo", "down"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    again = _run_demo(state, "down", timeout=60)
     assert (again.returncode, again.stderr) == (0, "no demo to remove\n")
 
 
 def test_missing_cni_plugins_are_one_error_and_nothing_is_left(tmp_path):
     state = tmp_path / "state"
-    done = subprocess.run(
-        [sys.executable, "-m", "meshctl", "demo"],
-        env={**_env(state), "MESHCTL_DEMO_CNI_PATH": str(tmp_path / "no-plugins")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = _run_demo(state, env={"MESHCTL_DEMO_CNI_PATH": str(tmp_path / "no-plugins")}, timeout=60)
     assert done.returncode == 1
     assert done.stderr.startswith("Error: the CNI reference plugins (bridge, host-local, loopback)")
     assert "apt-get install containernetworking-plugins" in done.stderr
