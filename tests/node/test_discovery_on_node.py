@@ -13,7 +13,6 @@ container). Traffic stays on the node bridge.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ from kubernetes import client as k8s
 
 from tests.harness import workloads as wl
 from tests.harness.cli import run_meshctl
+from tests.harness.controlplane import remove_published_roots
 from tests.harness.node import TestNode, report_namespace
 
 pytestmark = pytest.mark.node
@@ -66,14 +66,7 @@ def control_plane(kube_node: TestNode) -> Iterator[dict[str, str]]:
         finally:
             wl.delete(api, objects)
             wl.delete_namespace_now(api, namespace, wait=False)
-            # The root it published in every namespace goes with it (later tests mint their own).
-            core = k8s.CoreV1Api(api)
-            for cm in core.list_config_map_for_all_namespaces(
-                field_selector="metadata.name=meshctl-ca-root-cert",
-                label_selector="app.kubernetes.io/managed-by=meshctl",
-            ).items:
-                with contextlib.suppress(k8s.ApiException):
-                    core.delete_namespaced_config_map(cm.metadata.name, cm.metadata.namespace)
+            remove_published_roots(api)
 
 
 def injected(pod: dict[str, Any], plane: dict[str, str], tmp_path: Path) -> dict[str, Any]:
