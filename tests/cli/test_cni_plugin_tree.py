@@ -51,13 +51,14 @@ def node(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def settings(node: Path) -> InstallSettings:
+def settings(node: Path, tree_check_interval: float = 30.0) -> InstallSettings:
     return InstallSettings(
         cni_bin_dir=str(node / "bin"),
         cni_conf_dir=str(node / "net.d"),
         run_dir=str(node / "run"),
         service_account_dir=str(node / "sa"),
         kube_server="https://127.0.0.1:6443",
+        tree_check_interval=tree_check_interval,
     )
 
 
@@ -127,11 +128,20 @@ def test_a_damaged_tree_is_reported_and_repaired(node, tmp_path):
     installer.install()
     installed = node / "bin" / TREES_DIR / tree.manifest.name
     (installed / "_internal" / "lib.so").unlink()
-    status = installer.status()
-    assert not status.ready
-    assert status.reason.endswith("_internal/lib.so is missing")
+    # Each poll checks the link and the executable; every file only each tree_check_interval.
+    assert installer.status().ready
+    (installed / "meshctl").unlink()
+    assert installer.status().reason.endswith("meshctl is missing")
     installer.install()
     assert installer.status().ready
+    assert trees.problems(installed, tree.manifest, content=True) == []
+    (installed / "_internal" / "lib.so").unlink()
+    sweeping = Installer(settings(node, tree_check_interval=1e-6), tree=tree)
+    status = sweeping.status()
+    assert not status.ready
+    assert status.reason.endswith("_internal/lib.so is missing")
+    sweeping.install()
+    assert sweeping.status().ready
     assert trees.problems(installed, tree.manifest, content=True) == []
 
 
@@ -171,14 +181,23 @@ def test_the_installer_daemon_installs_plugin_tree_repairs_it_and_removes_it_on_
         "--kube-server", "https://127.0.0.1:6443", "--plugin-tree", str(tree.root),
         "--readiness-address", f"127.0.0.1:{port}", "--poll-interval", "0.2",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "MESHCTL_CNI_TREE_CHECK_INTERVAL": "0.2"}
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     link = node / "bin" / "meshctl-cni"
     installed = node / "bin" / TREES_DIR / tree.manifest.name
     try:
         eventually("tree installed", lambda: answers_version(link) or proc.poll() is not None, 30)
         assert proc.poll() is None
         (installed / "_internal" / "lib.so").write_bytes(b"short")  # damaged behind our back
-        eventually("tree repaired", lambda: (installed / "_internal" / "lib.so").stat().st_size > 5)
+        lib = installed / "_internal" / "lib.so"
+
+        def repaired() -> bool:
+            try:
+                return lib.stat().st_size > 5
+            except FileNotFoundError:  # the repaired copy is being renamed into place
+                return False
+
+        eventually("tree repaired", repaired)
         assert trees.problems(installed, tree.manifest, content=True) == []
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
