@@ -138,7 +138,10 @@ def inject(
     parsed = documents.load(text, source)
     objects, skipped = documents.inject_documents(parsed, source, settings, uninject=uninject)
     for item in skipped:
-        log.info("not injected: %s (%s)", item.where, item.reason)
+        if item.warning:
+            typer.echo(f"Warning: {item.where}: {item.reason}", err=True)
+        else:
+            log.info("not injected: %s (%s)", item.where, item.reason)
     result = documents.dump(objects)
     if diff:
         colour = color == "always" or (color == "auto" and output is None and sys.stdout.isatty())

@@ -15,11 +15,11 @@ import typer
 
 from meshctl import config
 from meshctl.core import certs as certs_mod
-from meshctl.core import channel
+from meshctl.core import channel, proxyconfig
 from meshctl.core.identity import IdentityError, SpiffeId, parse_workload_ref
-from meshctl.errors import ConfigError, UserError
+from meshctl.errors import ConfigError, MeshctlError, UserError
 
-from .settings import ZtunnelSettings, seconds
+from .settings import InjectedConfig, ZtunnelSettings, seconds
 
 app = typer.Typer(
     add_completion=False,
@@ -79,6 +79,15 @@ def run(
     from .sources import FileFeed
 
     file, file_name = config.file_section(ctx.meta, "ztunnel")
+    # The pod's ProxyConfig from the injector (Istio's PROXY_CONFIG): below flags and env.
+    injected = config.resolve(InjectedConfig)
+    try:
+        pod_config = proxyconfig.parse(injected.proxy_config, source=proxyconfig.ENV)
+    except ValueError as exc:
+        raise ConfigError(
+            str(exc), hint="the injector writes PROXY_CONFIG; re-inject the pod"
+        ) from exc
+    file = {**file, **pod_config.ztunnel_settings(os.cpu_count() or 1)}
     flags = {
         "mode": mode,
         "workload": workload,
@@ -155,6 +164,9 @@ def run(
             worker=worker,
             workers=settings.workers,
             metrics_dir=metrics_dir,
+            app_probers=settings.app_probers,
+            pod_ip=settings.instance_ip,
+            app_metrics=settings.app_metrics,
         )
 
     supervisor = Supervisor(
@@ -176,6 +188,36 @@ def run(
             sock.close()
         shutil.rmtree(metrics_dir, ignore_errors=True)
     raise typer.Exit(code)
+
+
+@app.command()
+def wait(
+    timeout: Annotated[str, typer.Option(help="How long to wait for readiness")] = "60s",
+    port: Annotated[int, typer.Option(help="The proxy's readiness port")] = 15021,
+) -> None:
+    """Wait until this pod's proxy is ready (a postStart hook: the app starts after it)."""
+    import http.client
+    import time
+
+    deadline = time.monotonic() + seconds(timeout, "--timeout")
+    last = "no answer"
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/healthz/ready")
+            status = conn.getresponse().status
+            conn.close()
+            if status == 200:
+                return
+            last = f"HTTP {status}"
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+        if time.monotonic() >= deadline:
+            raise MeshctlError(
+                f"the proxy was not ready within {timeout} ({last})",
+                hint=f"see the proxy's log (kubectl logs -c istio-proxy); readiness is :{port}",
+            )
+        time.sleep(0.5)
 
 
 @app.command()
