@@ -44,7 +44,7 @@ from meshctl.core.tree import parse as parse_manifest
 from meshctl.kube import pods, rest
 from meshctl.net import capture, netns
 from tests.harness import netns as harness
-from tests.harness.cni import PREV_RESULT, exec_plugin, install_launcher, network_config
+from tests.harness.cni import PREV_RESULT, exec_plugin, fake_node, install_launcher, network_config
 from tests.harness.kube import (
     SA_ISSUER,
     create_namespace,
@@ -56,7 +56,6 @@ from tests.harness.netns import Netns
 
 GOAL_MS = 60.0
 PORTMAP = Path("/usr/lib/cni/portmap")
-SEED = Path(__file__).resolve().parents[1] / "golden" / "cni" / "testdata" / "dbnet.conflist"
 
 
 def stats(name: str, samples: list[float]) -> str:
@@ -81,11 +80,8 @@ def timed(action: Callable[[Netns], object], runs: int) -> list[float]:
 
 def install_tree(tree: Path, node: Path) -> Path:
     """The fast form as the DaemonSet installs it: a verified copy of ``tree``, linked."""
-    (node / "net.d").mkdir(parents=True)
-    (node / "net.d" / "dbnet.conflist").write_bytes(SEED.read_bytes())
-    (node / "sa").mkdir()
-    (node / "sa" / "token").write_text("unused\n")
-    (node / "sa" / "ca.crt").write_text("unused\n")
+    node.mkdir(parents=True)
+    fake_node(node)
     settings = InstallSettings(
         cni_bin_dir=str(node / "bin"),
         cni_conf_dir=str(node / "net.d"),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from meshctl.core.identity import SpiffeId
+from tests.bench.bench_help import measure
 from tests.harness.netns import node_with_pods
 from tests.netns.ztunnel_harness import (
     TD,
@@ -43,16 +43,6 @@ def stats(name: str, samples: list[float]) -> str:
     ordered = sorted(samples)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     return f"{name:<44} p50 {statistics.median(ordered):7.1f} ms   p95 {p95:7.1f} ms"
-
-
-def exec_times(argv: list[str], runs: int) -> list[float]:
-    subprocess.run(argv, capture_output=True, check=True)  # warm the page cache
-    out = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        subprocess.run(argv, capture_output=True, check=True)
-        out.append((time.perf_counter() - started) * 1000)
-    return out
 
 
 def ready_times(car: Sidecar, runs: int) -> list[float]:
@@ -105,9 +95,7 @@ def main() -> int:
         else:
             print(f"({name}: {path} not found, run bash packaging/build.sh)")
     lines = [
-        stats(
-            "python -c pass (interpreter start)", exec_times([sys.executable, "-c", "pass"], runs)
-        )
+        stats("python -c pass (interpreter start)", measure([sys.executable, "-c", "pass"], runs))
     ]
     with tempfile.TemporaryDirectory() as tmp, node_with_pods(1) as node:
         work = Path(tmp)
@@ -118,7 +106,7 @@ def main() -> int:
         )
         for name, binary in forms.items():
             version = [*(binary or meshctl_argv()), "version"]
-            lines.append(stats(f"{name}: meshctl version", exec_times(version, runs)))
+            lines.append(stats(f"{name}: meshctl version", measure(version, runs)))
             car = Sidecar(
                 pod.ns, "bench/app/app", certs, config, log_path=work / "zt.log",
                 binary=binary[0] if binary else None, group=None,

@@ -9,7 +9,6 @@ frozen tree (``MESHCTL_FROZEN_TREE``) and execs it through the link as a runtime
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,12 +20,11 @@ from meshctl_plugins.cni.installer import TREES_DIR, Installer, InstallSettings,
 
 from meshctl import tree as trees
 from meshctl.core.tree import MANIFEST_NAME
-from tests.harness.cni import exec_plugin
+from tests.harness.cni import SEED_CONFLIST, exec_plugin, fake_node
 from tests.harness.frozen import frozen_tree
 from tests.harness.kube import free_port
 from tests.harness.wait import eventually
 
-SEED = Path(__file__).parents[1] / "golden" / "cni" / "testdata" / "dbnet.conflist"
 LAUNCHER = f"#!/bin/sh\nexec '{sys.executable}' -m meshctl cni-plugin \"$@\"\n"
 
 
@@ -43,12 +41,7 @@ def make_tree(where: Path, version: str, payload: bytes = b"") -> PluginTree:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Path:
-    (tmp_path / "net.d").mkdir()
-    shutil.copy(SEED, tmp_path / "net.d" / "dbnet.conflist")
-    (tmp_path / "sa").mkdir()
-    (tmp_path / "sa" / "token").write_text("token-1\n")
-    (tmp_path / "sa" / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
-    return tmp_path
+    return fake_node(tmp_path)
 
 
 def settings(node: Path, tree_check_interval: float = 30.0) -> InstallSettings:
@@ -166,7 +159,7 @@ def test_cleanup_leaves_a_newer_installers_plugin_and_uninstall_removes_all(node
     Installer(settings(node), binary=b"").cleanup(everything=True)  # meshctl cni uninstall
     assert not link.is_symlink()
     assert not (node / "bin" / TREES_DIR).exists()
-    assert (node / "net.d" / "dbnet.conflist").read_bytes() == SEED.read_bytes()
+    assert (node / "net.d" / "dbnet.conflist").read_bytes() == SEED_CONFLIST.read_bytes()
 
 
 def test_the_installer_daemon_installs_plugin_tree_repairs_it_and_removes_it_on_sigterm(
@@ -209,7 +202,7 @@ def test_the_installer_daemon_installs_plugin_tree_repairs_it_and_removes_it_on_
     assert "repaired (the plugin tree" in stderr
     assert not link.is_symlink()
     assert not (node / "bin" / TREES_DIR).exists()
-    assert (node / "net.d" / "dbnet.conflist").read_bytes() == SEED.read_bytes()
+    assert (node / "net.d" / "dbnet.conflist").read_bytes() == SEED_CONFLIST.read_bytes()
 
 
 @pytest.mark.parametrize(
