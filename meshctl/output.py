@@ -28,9 +28,26 @@ def render(data: Any, fmt: OutputFormat | str) -> str:
     if fmt is OutputFormat.YAML:
         import yaml  # deferred: only YAML output pays for the import
 
-        text: str = yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+        class _Plain(yaml.SafeDumper):
+            # An object used twice in the data (a shared selector, clientConfig) is written out
+            # twice: readers of our manifests should never meet &anchors and *aliases.
+            def ignore_aliases(self, data: Any) -> bool:
+                return True
+
+        text: str = yaml.dump(data, Dumper=_Plain, sort_keys=False, default_flow_style=False)
         return text
     return render_table(data)
+
+
+def render_objects(items: Sequence[Mapping[str, Any]], fmt: OutputFormat | str) -> str:
+    """Kubernetes objects as ``kubectl apply -f`` reads them: YAML documents separated by
+    ``---``, or one JSON ``v1`` List. There is no table of objects: ``ValueError``."""
+    fmt = OutputFormat(fmt)
+    if fmt is OutputFormat.JSON:
+        return render({"apiVersion": "v1", "kind": "List", "items": list(items)}, fmt)
+    if fmt is OutputFormat.TABLE:
+        raise ValueError("Kubernetes objects print as yaml or json")
+    return "---\n".join(render(item, fmt) for item in items)
 
 
 def render_table(data: Any) -> str:

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from meshctl import config
-from meshctl.output import OutputFormat, render
+from meshctl.output import OutputFormat, render_objects
 
 from .installer import Installer, InstallSettings
 
@@ -84,6 +84,26 @@ def install_cmd(
             "from) [MESHCTL_CNI_PLUGIN_TREE].",
         ),
     ] = None,
+    ambient: Annotated[
+        bool | None,
+        typer.Option(
+            "--ambient/--no-ambient",
+            help="Also run the ambient node agent (enroll pods for the node proxy) "
+            "[AMBIENT_ENABLED].",
+            show_default=False,
+        ),
+    ] = None,
+    node_name: Annotated[
+        str | None, typer.Option("--node-name", help="This node's name [NODE_NAME].")
+    ] = None,
+    ztunnel_socket: Annotated[
+        str | None,
+        typer.Option(
+            "--ztunnel-socket",
+            help="ZDS socket the node proxy connects to (/var/run/ztunnel/ztunnel.sock) "
+            "[ZTUNNEL_UDS_ADDRESS].",
+        ),
+    ] = None,
 ) -> None:
     """Install the plugin on this node, keep it installed, and remove it on SIGTERM."""
     import asyncio
@@ -92,8 +112,51 @@ def install_cmd(
 
     settings = _settings(ctx, {k: v for k, v in locals().items() if k != "ctx"})
     _ = settings.server  # an unusable API address is a usage error now, not a warning loop later
+    global_settings: config.GlobalSettings = ctx.obj
     installer = Installer(settings)  # so is an unusable --plugin-tree
-    raise typer.Exit(asyncio.run(daemon.run(settings, installer)))
+
+    async def main() -> int:
+        agent = _agent(settings, global_settings) if settings.ambient else None
+        return await daemon.run(settings, installer, agent=agent)
+
+    raise typer.Exit(asyncio.run(main()))
+
+
+def _agent(settings: InstallSettings, global_settings: config.GlobalSettings) -> Any:
+    """The ambient node agent, connected to the API (in-cluster, or ``--kubeconfig``)."""
+    from meshctl.errors import ConfigError
+    from meshctl.kube.client import KubeSettings, connect
+
+    from .ambient import AgentSettings, AmbientAgent
+
+    if not settings.node_name:
+        raise ConfigError(
+            "ambient mode needs this node's name",
+            hint="pass --node-name or set NODE_NAME (the DaemonSet sets it from spec.nodeName)",
+        )
+    if settings.ambient_dns_capture:
+        raise ConfigError(
+            "AMBIENT_DNS_CAPTURE=true: the node proxy has no DNS proxy on 15053 yet, so capturing "
+            "the pods' DNS would break their name resolution",
+            hint="unset AMBIENT_DNS_CAPTURE (pods resolve names directly)",
+        )
+    kube = connect(
+        KubeSettings(kubeconfig=global_settings.kubeconfig, context=global_settings.context)
+    )
+    return AmbientAgent(
+        AgentSettings(
+            node_name=settings.node_name,
+            run_dir=settings.run_dir,
+            zds_socket=settings.ztunnel_socket,
+            exclude_namespaces=settings.exclude_namespaces,
+            iptables_backend=settings.iptables_backend,
+            # The node's tables too: in-process, so an image without iptables binaries works.
+            host_backend=settings.iptables_backend,
+            dns_capture=settings.ambient_dns_capture,
+            ipv6=settings.ambient_ipv6,
+        ),
+        kube,
+    )
 
 
 @app.command("uninstall")
@@ -121,6 +184,13 @@ def manifest_cmd(
         str, typer.Option("--cni-conf-dir", help="Host path.")
     ] = "/etc/cni/net.d",
     output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.YAML,
+    ambient: Annotated[
+        bool, typer.Option("--ambient", help="With the ambient node agent (istio-cni's).")
+    ] = False,
+    netns_dir: Annotated[
+        str,
+        typer.Option("--netns-dir", help="Ambient: where the runtime pins pod netns (host path)."),
+    ] = "/var/run/netns",
 ) -> None:
     """Print the DaemonSet (and its RBAC) that runs 'meshctl cni install' on every node."""
     from .manifest import objects
@@ -130,10 +200,9 @@ def manifest_cmd(
         image=image,
         cni_bin_dir=cni_bin_dir,
         cni_conf_dir=cni_conf_dir,
+        ambient=ambient,
+        netns_dir=netns_dir,
     )
-    if output is OutputFormat.JSON:
-        typer.echo(render({"apiVersion": "v1", "kind": "List", "items": items}, output), nl=False)
-        return
     if output is OutputFormat.TABLE:
         raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
-    typer.echo("---\n".join(render(item, output) for item in items), nl=False)
+    typer.echo(render_objects(items, output), nl=False)

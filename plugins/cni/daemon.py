@@ -8,6 +8,9 @@ Invariants:
   ``/healthz`` answers 200 while the loop runs. Every read has a timeout.
 - SIGTERM or SIGINT: stop watching, then ``Installer.cleanup`` (the node's config as it was).
 - The CNI plugin's log records arriving on ``<run_dir>/log.sock`` are re-logged here.
+- Ambient mode (``--ambient``): the node agent runs beside the installer (``ambient.py``): the
+  plugin's events on ``<run_dir>/pluginevent.sock``, the ZDS server for the node proxy, the pod
+  and namespace watches; ``/readyz`` also waits for the watches' first sync.
 """
 
 from __future__ import annotations
@@ -22,11 +25,16 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from meshctl.core.cni.spec import LOG_SOCKET_NAME
+from meshctl.core.cni.spec import LOG_SOCKET_NAME, PLUGIN_EVENT_SOCKET_NAME
 from meshctl.errors import MeshctlError, UserError
 
 from .installer import Installer, InstallSettings, Status
+from .pluginserver import PluginServer
+
+if TYPE_CHECKING:
+    from .ambient import AmbientAgent
 
 log = logging.getLogger(__name__)
 plugin_log = logging.getLogger("meshctl.cni.plugin")
@@ -61,16 +69,39 @@ class RepairBudget:
 class _State:
     status: Status
     running: bool = True
+    agent: AmbientAgent | None = None
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.status.ready:
+            return False, self.status.reason
+        if self.agent is not None and not self.agent.synced.is_set():
+            return False, "ambient: waiting for the pod and namespace watches to sync"
+        return True, "ok"
 
 
-async def run(settings: InstallSettings, installer: Installer | None = None) -> int:
+async def _finish(task: asyncio.Future[None]) -> None:
+    """The agent stops with the stop event; wait for it (a crash shows in the log)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(task), 10)
+    except TimeoutError:
+        task.cancel()
+    except Exception:
+        log.exception("the ambient node agent failed")
+
+
+async def run(
+    settings: InstallSettings,
+    installer: Installer | None = None,
+    *,
+    agent: AmbientAgent | None = None,
+) -> int:
     """Serve until SIGTERM/SIGINT, then clean up; returns the exit code."""
     installer = installer or Installer(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    state = _State(Status(False, "starting"))
+    state = _State(Status(False, "starting"), agent=agent)
     async with contextlib.AsyncExitStack() as stack:
         if settings.readiness_address:
             server = await _readiness_server(settings.readiness_address, state)
@@ -80,6 +111,15 @@ async def run(settings: InstallSettings, installer: Installer | None = None) -> 
         if transport is not None:
             stack.callback(sink.unlink, missing_ok=True)
             stack.callback(transport.close)
+        if agent is not None:
+            events = PluginServer(
+                str(Path(settings.run_dir) / PLUGIN_EVENT_SOCKET_NAME),
+                {"/cmdadd": agent.cni_add, "/cmddel": agent.cni_del},
+            )
+            await events.start()
+            stack.push_async_callback(events.close)
+            serving = asyncio.ensure_future(agent.run(stop))
+            stack.push_async_callback(_finish, serving)
         try:
             await _watch(installer, settings, state, stop)
         finally:
@@ -143,7 +183,8 @@ async def _readiness_server(address: str, state: _State) -> asyncio.Server:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
             path = request.split(b" ", 2)[1].decode(errors="replace") if b" " in request else ""
             if path == "/readyz":
-                code, body = (200, "ok") if state.status.ready else (503, state.status.reason)
+                ok, reason = state.ready()
+                code, body = (200, "ok") if ok else (503, reason)
             elif path == "/healthz":
                 code, body = (200, "ok") if state.running else (503, "stopping")
             else:
