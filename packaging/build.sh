@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Freeze meshctl: dist/meshctl (one file) and dist/meshctl-tree/ (the same build unpacked, with its
 # manifest), from one PyInstaller analysis. Needs the project installed with the `build` extra.
-# PyInstaller's work dir lives outside the repo so a clean clone stays clean; it is shared by every
-# checkout on the machine, hence the lock.
+# PyInstaller's work dir lives outside the repo so a clean clone stays clean. It is one per checkout
+# (a build wipes it, and another checkout's build must not wipe it under this one: a module missing
+# half-way through the analysis), and locked against two builds of the same checkout.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-work="${MESHCTL_BUILD_CACHE:-$HOME/.cache/meshctl-build}/pyinstaller"
+checkout=$(printf '%s' "$root" | sha256sum | cut -c1-12)
+work="${MESHCTL_BUILD_CACHE:-$HOME/.cache/meshctl-build}/pyinstaller/$checkout"
 mkdir -p "$work"
 exec 9>"$work.lock"
 flock 9
