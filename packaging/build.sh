@@ -3,7 +3,9 @@
 # manifest), from one PyInstaller analysis. Needs the project installed with the `build` extra.
 # PyInstaller's work dir lives outside the repo so a clean clone stays clean. It is one per checkout
 # (a build wipes it, and another checkout's build must not wipe it under this one: a module missing
-# half-way through the analysis), and locked against two builds of the same checkout.
+# half-way through the analysis), and locked against two builds of the same checkout. A fixed path,
+# not a fresh temp dir per build: the site dir's path goes into the build, and two builds of one
+# checkout must give the same tree digest.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
