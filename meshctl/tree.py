@@ -168,11 +168,8 @@ def _mkdirs(directory: Path, made: set[Path]) -> None:
 
 
 def _hash(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as src:
-        while chunk := src.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(src, "sha256").hexdigest()
 
 
 def fsync_dir(directory: Path) -> None:

@@ -9,7 +9,8 @@ cache="${MESHCTL_BUILD_CACHE:-$HOME/.cache/meshctl-build}/pyinstaller"
 mkdir -p "$cache"
 # One directory per build: builds from several checkouts share the cache folder, and a fixed
 # site dir removed by one build mid-way through another's analysis froze a binary without
-# meshctl's modules. (--clean reuses nothing from a previous build anyway.)
+# meshctl's modules. (--clean reuses nothing from a previous build anyway; neither path ends up
+# in the output, so the tree's digest does not depend on it.)
 work="$(mktemp -d "$cache/build.XXXXXX")"
 trap 'rm -rf "$work"' EXIT
 start=$(date +%s)

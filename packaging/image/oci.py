@@ -34,7 +34,6 @@ MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 MEDIA_LAYER = "application/vnd.oci.image.layer.v1.tar"
 NAME_ANNOTATION = "io.containerd.image.name"  # containerd's (and Docker 25's) full image name
 REF_ANNOTATION = "org.opencontainers.image.ref.name"  # the OCI spec's: the tag
-CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,11 +124,8 @@ def canonical(body: Any) -> bytes:
 
 
 def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as src:
-        while chunk := src.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(src, "sha256").hexdigest()
 
 
 def complete(entries: Iterable[Entry]) -> list[Entry]:

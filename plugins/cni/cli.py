@@ -112,8 +112,8 @@ def install_cmd(
 
     settings = _settings(ctx, {k: v for k, v in locals().items() if k != "ctx"})
     _ = settings.server  # an unusable API address is a usage error now, not a warning loop later
-    installer = Installer(settings)  # so is an unusable --plugin-tree
     global_settings: config.GlobalSettings = ctx.obj
+    installer = Installer(settings)  # so is an unusable --plugin-tree
 
     async def main() -> int:
         agent = _agent(settings, global_settings) if settings.ambient else None

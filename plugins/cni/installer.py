@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import stat
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,11 @@ class InstallSettings:
     # A one-dir tree (its manifest beside the executable) to install as the plugin; empty: the
     # tree this binary runs from when it runs from one (the image), else the binary itself.
     plugin_tree: str = setting("", env="MESHCTL_CNI_PLUGIN_TREE", flag="--plugin-tree")
+    # Every poll checks the link and the tree's executable; every file of the tree (a few
+    # thousand lstat calls) only this often.
+    tree_check_interval: float = setting(
+        30.0, env="MESHCTL_CNI_TREE_CHECK_INTERVAL", parse=_positive, hint="give seconds, e.g. 30"
+    )
     # Ambient mode (Istio's istio-cni node agent): enroll this node's pods for the node proxy.
     ambient: bool = setting(False, env="AMBIENT_ENABLED", flag="--ambient")
     ztunnel_socket: str = setting(
@@ -213,6 +219,7 @@ class Installer:
         )
         self._tree = form if isinstance(form, PluginTree) else None
         self._binary = form if isinstance(form, bytes) else b""
+        self._swept = -math.inf  # when every file of the installed tree was last checked
 
     # --- install -----------------------------------------------------------------------------
 
@@ -250,7 +257,7 @@ class Installer:
     def _install_tree(self, tree: PluginTree) -> bool:
         """Place the verified tree, point ``meshctl-cni`` at it, then drop older trees."""
         link = self.settings.binary_path
-        if self._tree_problem(tree) is None:
+        if self._tree_problem(tree, every_file=True) is None:
             return False
         previous = self._linked_tree()
         try:
@@ -262,12 +269,14 @@ class Installer:
             trees.fsync_dir(link.parent)
         except OSError as exc:
             raise _bin_dir_error(link.parent, exc) from exc
+        self._swept = time.monotonic()  # place() has just checked every byte
         log.info("plugin tree %s in place (%d files)", tree.manifest.name, len(tree.manifest.files))
         self._prune_trees(keep={tree.manifest.name, *([previous] if previous else [])})
         return True
 
-    def _tree_problem(self, tree: PluginTree) -> str | None:
-        """Why the installed plugin is not this tree (cheap: the link, sizes and modes)."""
+    def _tree_problem(self, tree: PluginTree, *, every_file: bool) -> str | None:
+        """Why the installed plugin is not this tree: the link and the executable, and with
+        ``every_file`` each file's size and mode (no hashing: ``place`` hashed them)."""
         link = self.settings.binary_path
         try:
             target = str(link.readlink())
@@ -275,7 +284,14 @@ class Installer:
             return f"{link} is not the symlink to the plugin tree {tree.manifest.name}"
         if target != tree.link_target:
             return f"{link} points to {target}, not to the plugin tree {tree.manifest.name}"
-        found = trees.problems(self._trees_dir() / tree.manifest.name, tree.manifest, content=False)
+        installed = self._trees_dir() / tree.manifest.name
+        if every_file:
+            found = trees.problems(installed, tree.manifest, content=False)
+        else:
+            executable = [f for f in tree.manifest.files if f.path == tree.manifest.executable]
+            found = trees.problems(
+                installed, replace(tree.manifest, files=tuple(executable)), content=False
+            )
         return f"the plugin tree {tree.manifest.name} is damaged: {found[0]}" if found else None
 
     def _trees_dir(self) -> Path:
@@ -407,9 +423,13 @@ class Installer:
     def status(self) -> Status:  # noqa: PLR0911 (one exit per reason)
         """Ready when the binary, the kubeconfig and our entry in the runtime's config are there."""
         if self._tree is not None:
-            problem = self._tree_problem(self._tree)
+            now = time.monotonic()
+            every_file = now - self._swept >= self.settings.tree_check_interval
+            problem = self._tree_problem(self._tree, every_file=every_file)
             if problem is not None:
                 return Status(False, problem)
+            if every_file:
+                self._swept = now
         elif not os.access(self.settings.binary_path, os.X_OK):
             return Status(False, f"{self.settings.binary_path} is missing")
         try:

@@ -84,9 +84,10 @@ def objects(
         ),
         "volumeMounts": [
             *(_mount(n, inside) for n, _, inside in mounts),
-            # The one writable place under the read-only root: the one-file binary unpacks
-            # itself into /tmp before it runs (without it: "Could not create temporary
-            # directory!" and a crash loop, as seen on the real test node).
+            # The one writable place under the read-only root. Our image's one-dir tree needs
+            # none, but an image built on the one-file binary unpacks itself into /tmp before
+            # it runs (without it: "Could not create temporary directory!" and a crash loop, as
+            # seen on the real test node).
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
         ],
     }

@@ -9,7 +9,6 @@ frozen tree (``MESHCTL_FROZEN_TREE``) and execs it through the link as a runtime
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,12 +20,11 @@ from meshctl_plugins.cni.installer import TREES_DIR, Installer, InstallSettings,
 
 from meshctl import tree as trees
 from meshctl.core.tree import MANIFEST_NAME
-from tests.harness.cni import exec_plugin
+from tests.harness.cni import SEED_CONFLIST, exec_plugin, fake_node
 from tests.harness.frozen import frozen_tree
 from tests.harness.kube import free_port
 from tests.harness.wait import eventually
 
-SEED = Path(__file__).parents[1] / "golden" / "cni" / "testdata" / "dbnet.conflist"
 LAUNCHER = f"#!/bin/sh\nexec '{sys.executable}' -m meshctl cni-plugin \"$@\"\n"
 
 
@@ -43,21 +41,17 @@ def make_tree(where: Path, version: str, payload: bytes = b"") -> PluginTree:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Path:
-    (tmp_path / "net.d").mkdir()
-    shutil.copy(SEED, tmp_path / "net.d" / "dbnet.conflist")
-    (tmp_path / "sa").mkdir()
-    (tmp_path / "sa" / "token").write_text("token-1\n")
-    (tmp_path / "sa" / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
-    return tmp_path
+    return fake_node(tmp_path)
 
 
-def settings(node: Path) -> InstallSettings:
+def settings(node: Path, tree_check_interval: float = 30.0) -> InstallSettings:
     return InstallSettings(
         cni_bin_dir=str(node / "bin"),
         cni_conf_dir=str(node / "net.d"),
         run_dir=str(node / "run"),
         service_account_dir=str(node / "sa"),
         kube_server="https://127.0.0.1:6443",
+        tree_check_interval=tree_check_interval,
     )
 
 
@@ -127,11 +121,20 @@ def test_a_damaged_tree_is_reported_and_repaired(node, tmp_path):
     installer.install()
     installed = node / "bin" / TREES_DIR / tree.manifest.name
     (installed / "_internal" / "lib.so").unlink()
-    status = installer.status()
-    assert not status.ready
-    assert status.reason.endswith("_internal/lib.so is missing")
+    # Each poll checks the link and the executable; every file only each tree_check_interval.
+    assert installer.status().ready
+    (installed / "meshctl").unlink()
+    assert installer.status().reason.endswith("meshctl is missing")
     installer.install()
     assert installer.status().ready
+    assert trees.problems(installed, tree.manifest, content=True) == []
+    (installed / "_internal" / "lib.so").unlink()
+    sweeping = Installer(settings(node, tree_check_interval=1e-6), tree=tree)
+    status = sweeping.status()
+    assert not status.ready
+    assert status.reason.endswith("_internal/lib.so is missing")
+    sweeping.install()
+    assert sweeping.status().ready
     assert trees.problems(installed, tree.manifest, content=True) == []
 
 
@@ -156,7 +159,7 @@ def test_cleanup_leaves_a_newer_installers_plugin_and_uninstall_removes_all(node
     Installer(settings(node), binary=b"").cleanup(everything=True)  # meshctl cni uninstall
     assert not link.is_symlink()
     assert not (node / "bin" / TREES_DIR).exists()
-    assert (node / "net.d" / "dbnet.conflist").read_bytes() == SEED.read_bytes()
+    assert (node / "net.d" / "dbnet.conflist").read_bytes() == SEED_CONFLIST.read_bytes()
 
 
 def test_the_installer_daemon_installs_plugin_tree_repairs_it_and_removes_it_on_sigterm(
@@ -171,14 +174,23 @@ def test_the_installer_daemon_installs_plugin_tree_repairs_it_and_removes_it_on_
         "--kube-server", "https://127.0.0.1:6443", "--plugin-tree", str(tree.root),
         "--readiness-address", f"127.0.0.1:{port}", "--poll-interval", "0.2",
     ]  # fmt: skip
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "MESHCTL_CNI_TREE_CHECK_INTERVAL": "0.2"}
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
     link = node / "bin" / "meshctl-cni"
     installed = node / "bin" / TREES_DIR / tree.manifest.name
     try:
         eventually("tree installed", lambda: answers_version(link) or proc.poll() is not None, 30)
         assert proc.poll() is None
         (installed / "_internal" / "lib.so").write_bytes(b"short")  # damaged behind our back
-        eventually("tree repaired", lambda: (installed / "_internal" / "lib.so").stat().st_size > 5)
+        lib = installed / "_internal" / "lib.so"
+
+        def repaired() -> bool:
+            try:
+                return lib.stat().st_size > 5
+            except FileNotFoundError:  # the repaired copy is being renamed into place
+                return False
+
+        eventually("tree repaired", repaired)
         assert trees.problems(installed, tree.manifest, content=True) == []
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0
@@ -190,7 +202,7 @@ def test_the_installer_daemon_installs_plugin_tree_repairs_it_and_removes_it_on_
     assert "repaired (the plugin tree" in stderr
     assert not link.is_symlink()
     assert not (node / "bin" / TREES_DIR).exists()
-    assert (node / "net.d" / "dbnet.conflist").read_bytes() == SEED.read_bytes()
+    assert (node / "net.d" / "dbnet.conflist").read_bytes() == SEED_CONFLIST.read_bytes()
 
 
 @pytest.mark.parametrize(

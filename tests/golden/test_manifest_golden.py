@@ -53,14 +53,18 @@ def test_every_printed_manifest_runs_the_default_image_unless_told_otherwise(cap
     pod.write_text(POD)
     outputs = [
         printed(capsys, "cni", "manifest"),
+        printed(capsys, "cni", "manifest", "--ambient"),
+        printed(capsys, "controlplane", "manifest"),
+        printed(capsys, "ztunnel", "manifest"),
         printed(capsys, "inject", "-f", str(pod)),
         printed(capsys, "inject", "--cni", "-f", str(pod)),
     ]
     for text in outputs:
         assert images(list(yaml.safe_load_all(text))) == {default_image()}
     assert default_image() == f"localhost/meshctl:{__version__}"
-    overridden = printed(capsys, "cni", "manifest", "--image", "registry.example/m:2")
-    assert images(list(yaml.safe_load_all(overridden))) == {"registry.example/m:2"}
+    for command in ("cni", "controlplane", "ztunnel"):
+        overridden = printed(capsys, command, "manifest", "--image", "registry.example/m:2")
+        assert images(list(yaml.safe_load_all(overridden))) == {"registry.example/m:2"}
     injected = printed(capsys, "inject", "--image", "registry.example/m:2", "-f", str(pod))
     assert images(list(yaml.safe_load_all(injected))) == {"registry.example/m:2"}
 

@@ -349,6 +349,17 @@ func fail(format string, a ...any) int {
 	return 1
 }
 
+// newClient speaks HTTP/1.1, or with h2c HTTP/2 without TLS (prior knowledge, as gRPC does).
+func newClient(h2c bool, timeout time.Duration) *http.Client {
+	protocols := new(http.Protocols)
+	if h2c {
+		protocols.SetUnencryptedHTTP2(true)
+	} else {
+		protocols.SetHTTP1(true)
+	}
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{Protocols: protocols}}
+}
+
 func httpClient(args []string) int {
 	fs := flag.NewFlagSet("http", flag.ContinueOnError)
 	method := fs.String("X", "GET", "request method")
@@ -358,13 +369,7 @@ func httpClient(args []string) int {
 	h2c := fs.Bool("h2c", false, "HTTP/2 without TLS (prior knowledge) instead of HTTP/1.1")
 	timeout := fs.Duration("timeout", 5*time.Second, "whole-request timeout")
 	url := parse(fs, args, 1)[0]
-	protocols := new(http.Protocols)
-	if *h2c {
-		protocols.SetUnencryptedHTTP2(true)
-	} else {
-		protocols.SetHTTP1(true)
-	}
-	client := &http.Client{Timeout: *timeout, Transport: &http.Transport{Protocols: protocols}}
+	client := newClient(*h2c, *timeout)
 	var body io.Reader
 	if *data != "" {
 		body = strings.NewReader(*data)
@@ -428,9 +433,7 @@ func grpcHealthClient(args []string) int {
 	service := fs.String("service", "", "the service to ask about")
 	timeout := fs.Duration("timeout", 5*time.Second, "call timeout")
 	addr := parse(fs, args, 1)[0]
-	protocols := new(http.Protocols)
-	protocols.SetUnencryptedHTTP2(true)
-	client := &http.Client{Timeout: *timeout, Transport: &http.Transport{Protocols: protocols}}
+	client := newClient(true, *timeout)
 	request := []byte{}
 	if *service != "" {
 		request = append([]byte{0x0a}, binary.AppendUvarint(nil, uint64(len(*service)))...)
