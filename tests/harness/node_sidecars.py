@@ -26,6 +26,7 @@ from meshctl.core.inject.render import CERTS_PATH
 from meshctl.core.inject.settings import InjectSettings
 from tests.harness.cli import run_meshctl
 from tests.harness.inject_webhook import WebhookProcess, start_webhook, stop_webhook
+from tests.harness.kube import mutating_webhook_configuration
 
 INJECTION_LABEL = {"meshctl-injection": "enabled"}
 WORKLOADS_CONFIGMAP = "mesh-workloads"
@@ -52,13 +53,8 @@ def injecting(api: k8s.ApiClient, workdir: Path, image: str) -> Iterator[Webhook
                 *("--ca-bundle", str(webhook.ca_file), "-o", "json"),
             )
         )
-        admission = k8s.AdmissionregistrationV1Api(api)
-        admission.create_mutating_webhook_configuration(config)
-        try:
+        with mutating_webhook_configuration(api, config):
             yield webhook
-        finally:
-            with contextlib.suppress(ApiException):
-                admission.delete_mutating_webhook_configuration(config["metadata"]["name"])
     finally:
         stop_webhook(webhook)
 
