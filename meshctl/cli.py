@@ -9,7 +9,6 @@ Invariants:
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import logging
 import os
@@ -76,6 +75,8 @@ class PluginGroup(typer.core.TyperGroup):
         name = args[0] if args else ""
         if name and not name.startswith("-") and name not in self.plugins:
             known = self.list_commands(ctx)
+            import difflib  # only for a mistyped command: --help does not pay for it
+
             close = difflib.get_close_matches(name, known, n=1)
             guess = f"; did you mean {close[0]!r}?" if close else ""
             listing = ", ".join(known) or "none installed"

@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
-# Freeze meshctl into dist/meshctl (one file). Needs the project installed with the `build` extra.
-# PyInstaller's work dir lives outside the repo so a clean clone stays clean.
+# Freeze meshctl: dist/meshctl (one file) and dist/meshctl-tree/ (the same build unpacked, with its
+# manifest), from one PyInstaller analysis. Needs the project installed with the `build` extra.
+# PyInstaller's work dir lives outside the repo so a clean clone stays clean. It is one per checkout
+# (a build wipes it, and another checkout's build must not wipe it under this one: a module missing
+# half-way through the analysis), and locked against two builds of the same checkout.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-work="${MESHCTL_BUILD_CACHE:-$HOME/.cache/meshctl-build}/pyinstaller"
+checkout=$(printf '%s' "$root" | sha256sum | cut -c1-12)
+work="${MESHCTL_BUILD_CACHE:-$HOME/.cache/meshctl-build}/pyinstaller/$checkout"
 mkdir -p "$work"
+exec 9>"$work.lock"
+flock 9
 start=$(date +%s)
 site="$work/site"
-rm -rf "$site"
+rm -rf "$site" "$root/build"
+# setuptools stages the install in $root/build (git-ignored): a stale copy there would put modules
+# deleted since into the frozen build, so it goes before and after.
 python -m pip install --quiet --no-deps --no-build-isolation --target "$site" "$root"
+rm -rf "$root/build"
 export MESHCTL_FREEZE_SITE="$site"
+# Reproducible output (PyInstaller's advice): without a fixed hash seed the order of modules in
+# base_library.zip changes from build to build, and with it the tree's digest and the image's.
+export PYTHONHASHSEED=0
 python -m PyInstaller --noconfirm --clean --log-level WARN \
   --workpath "$work" --distpath "$root/dist" "$here/meshctl.spec"
 end=$(date +%s)
 size=$(stat -c %s "$root/dist/meshctl")
-echo "built dist/meshctl: $((size / 1024 / 1024)) MiB in $((end - start)) s"
+tree=$(du -sm "$root/dist/meshctl-tree" | cut -f1)
+echo "built dist/meshctl: $((size / 1024 / 1024)) MiB, dist/meshctl-tree: $tree MiB, in $((end - start)) s"

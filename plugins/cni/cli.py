@@ -76,6 +76,14 @@ def install_cmd(
     poll_interval: Annotated[
         str | None, typer.Option("--poll-interval", help="Seconds between checks (0.5).")
     ] = None,
+    plugin_tree: Annotated[
+        str | None,
+        typer.Option(
+            "--plugin-tree",
+            help="One-dir tree to install as the plugin (default: the one this binary runs "
+            "from) [MESHCTL_CNI_PLUGIN_TREE].",
+        ),
+    ] = None,
     ambient: Annotated[
         bool | None,
         typer.Option(
@@ -105,10 +113,11 @@ def install_cmd(
     settings = _settings(ctx, {k: v for k, v in locals().items() if k != "ctx"})
     _ = settings.server  # an unusable API address is a usage error now, not a warning loop later
     global_settings: config.GlobalSettings = ctx.obj
+    installer = Installer(settings)  # so is an unusable --plugin-tree
 
     async def main() -> int:
         agent = _agent(settings, global_settings) if settings.ambient else None
-        return await daemon.run(settings, agent=agent)
+        return await daemon.run(settings, installer, agent=agent)
 
     raise typer.Exit(asyncio.run(main()))
 
@@ -160,14 +169,16 @@ def uninstall_cmd(
     """Remove the plugin's entry, binary and kubeconfig: the node's config as it was."""
     settings = _settings(ctx, {k: v for k, v in locals().items() if k != "ctx"})
     # The binary to compare against is irrelevant for removal; skip building the launcher.
-    done = Installer(settings, binary=b"").cleanup()
+    done = Installer(settings, binary=b"").cleanup(everything=True)
     typer.echo(f"uninstalled: {', '.join(done) or 'nothing was installed'}", err=True)
 
 
 @app.command("manifest")
 def manifest_cmd(
     namespace: Annotated[str, typer.Option("--namespace", "-n")] = "meshctl-system",
-    image: Annotated[str | None, typer.Option("--image", help="meshctl image.")] = None,
+    image: Annotated[
+        str | None, typer.Option("--image", help="meshctl image (localhost/meshctl:<version>).")
+    ] = None,
     cni_bin_dir: Annotated[str, typer.Option("--cni-bin-dir", help="Host path.")] = "/opt/cni/bin",
     cni_conf_dir: Annotated[
         str, typer.Option("--cni-conf-dir", help="Host path.")
@@ -182,13 +193,11 @@ def manifest_cmd(
     ] = "/var/run/netns",
 ) -> None:
     """Print the DaemonSet (and its RBAC) that runs 'meshctl cni install' on every node."""
-    from meshctl.core.inject.settings import DEFAULT_IMAGE
-
     from .manifest import objects
 
     items = objects(
         namespace=namespace,
-        image=image or DEFAULT_IMAGE,
+        image=image,
         cni_bin_dir=cni_bin_dir,
         cni_conf_dir=cni_conf_dir,
         ambient=ambient,

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshctl.core.cni.spec import DEFAULT_RUN_DIR
-from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.image import default_image
 from meshctl.core.podspec import node_security_context
 
 NAME = "meshctl-cni-node"
@@ -24,7 +24,7 @@ READINESS_PORT = 8000
 def objects(
     *,
     namespace: str = "meshctl-system",
-    image: str = DEFAULT_IMAGE,
+    image: str | None = None,
     cni_bin_dir: str = "/opt/cni/bin",
     cni_conf_dir: str = "/etc/cni/net.d",
     run_dir: str = DEFAULT_RUN_DIR,
@@ -63,7 +63,7 @@ def objects(
         ]
     container = {
         "name": "install-cni",
-        "image": image,
+        "image": image or default_image(),
         "command": ["meshctl"],
         "args": ["--log-level", "info", "--log-format", "json", "cni", "install"],
         "env": env,
@@ -82,9 +82,10 @@ def objects(
         ),
         "volumeMounts": [
             *(_mount(n, inside) for n, _, inside in mounts),
-            # The one writable place under the read-only root: the one-file binary unpacks
-            # itself into /tmp before it runs (without it: "Could not create temporary
-            # directory!" and a crash loop, as seen on the real test node).
+            # The one writable place under the read-only root. Our image's one-dir tree needs
+            # none, but an image built on the one-file binary unpacks itself into /tmp before
+            # it runs (without it: "Could not create temporary directory!" and a crash loop, as
+            # seen on the real test node).
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
         ],
     }

@@ -139,7 +139,7 @@ def manifest_cmd(
     output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.YAML,
 ) -> None:
     """Print the control plane's objects (RBAC, Service, Deployment, webhook configuration)."""
-    from meshctl.core.inject.settings import DEFAULT_IMAGE
+    from meshctl.core.image import default_image
 
     from .manifest import ManifestSettings, objects
 
@@ -147,7 +147,10 @@ def manifest_cmd(
         raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
     items = objects(
         ManifestSettings(
-            namespace=namespace, image=image or DEFAULT_IMAGE, revision=revision, replicas=replicas
+            namespace=namespace,
+            image=image or default_image(),
+            revision=revision,
+            replicas=replicas,
         )
     )
     typer.echo(render_objects(items, output), nl=False)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.image import default_image
 from meshctl.core.inject.webhook_config import (
     WebhookTarget,
     configuration_name,
@@ -33,7 +33,7 @@ PROXY_UID = 1337
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ManifestSettings:
     namespace: str = "meshctl-system"
-    image: str = DEFAULT_IMAGE
+    image: str = default_image()
     revision: str = "default"
     replicas: int = 2
     trust_domain: str = "cluster.local"

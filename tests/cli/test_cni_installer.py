@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,11 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.harness.cli import run_meshctl
-from tests.harness.cni import exec_plugin, network_config
+from tests.harness.cni import exec_plugin, fake_node, network_config
 from tests.harness.kube import free_port
 from tests.harness.wait import eventually
-
-SEED = Path(__file__).parents[1] / "golden" / "cni" / "testdata" / "dbnet.conflist"
 
 
 def readyz(port: int) -> tuple[int, str]:
@@ -36,12 +33,7 @@ def readyz(port: int) -> tuple[int, str]:
 
 @pytest.fixture
 def node(tmp_path: Path) -> Path:
-    (tmp_path / "net.d").mkdir()
-    shutil.copy(SEED, tmp_path / "net.d" / "dbnet.conflist")
-    (tmp_path / "sa").mkdir()
-    (tmp_path / "sa" / "token").write_text("token-1\n")
-    (tmp_path / "sa" / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
-    return tmp_path
+    return fake_node(tmp_path)
 
 
 @contextlib.contextmanager

@@ -21,6 +21,22 @@ PREV_RESULT: dict[str, Any] = {
 }
 
 
+SEED_CONFLIST = (
+    Path(__file__).resolve().parents[1] / "golden" / "cni" / "testdata" / "dbnet.conflist"
+)
+
+
+def fake_node(root: Path) -> Path:
+    """A node's CNI files under ``root``: the seed ``dbnet`` conflist in ``net.d`` and a service
+    account dir (``sa``) with a token and CA, as the installer's DaemonSet pod sees them."""
+    (root / "net.d").mkdir()
+    (root / "net.d" / "dbnet.conflist").write_bytes(SEED_CONFLIST.read_bytes())
+    (root / "sa").mkdir()
+    (root / "sa" / "token").write_text("token-1\n")
+    (root / "sa" / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\n")
+    return root
+
+
 def install_launcher(bin_dir: Path) -> Path:
     """The plugin as ``meshctl cni install`` installs it here (unfrozen: a launcher script)."""
     bin_dir.mkdir(parents=True, exist_ok=True)

@@ -33,7 +33,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.harness import images, nodehost
+from tests.harness import nodehost
 from tests.harness import workloads as wl
 from tests.harness.kube import (
     BUILD_HINT,
@@ -183,7 +183,7 @@ def node_conflist() -> dict[str, Any]:
     }
 
 
-def containerd_config(workdir: Path, runc: Path) -> str:
+def containerd_config(workdir: Path, runc: Path, sandbox_image: str) -> str:
     """containerd 2.x (config version 3): private root/state/sockets, the node's CNI paths."""
     cd = workdir / "containerd"
     cri_runtime = "plugins.'io.containerd.cri.v1.runtime'"
@@ -212,7 +212,7 @@ disabled_plugins = [
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = 'overlayfs'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
-      sandbox = '{images.PAUSE_IMAGE}'
+      sandbox = '{sandbox_image}'
   [{cri_runtime}]
     # root here lacks CAP_SYS_RESOURCE: runc must not try to lower oom_score_adj.
     restrict_oom_score_adj = true
@@ -327,7 +327,7 @@ class NodeCluster:
     containerd_socket: Path
     kubectl: Path
     ctr: Path
-    images: Mapping[str, str]  # role -> tag (pause, busybox, meshctl when built)
+    images: Mapping[str, str]  # role -> tag (pause, busybox/testapp, meshctl when built)
     workdir: Path
     start_seconds: float
 
@@ -568,7 +568,8 @@ class _Start:
         socket = workdir / "containerd" / "containerd.sock"
         config = workdir / "containerd" / "config.toml"
         config.parent.mkdir()
-        config.write_text(containerd_config(workdir, self.binaries.runc))
+        sandbox = _archive_tags(image_archives["pause"])[0]
+        config.write_text(containerd_config(workdir, self.binaries.runc, sandbox))
         containerd = self.child(
             "containerd", [str(self.binaries.containerd("containerd")), "--config", str(config)]
         )
@@ -580,7 +581,12 @@ class _Start:
 
         _wait("containerd to serve its socket", serving, 60, self.children, containerd.name)
         tags: dict[str, str] = {}
+        imported: set[Path] = set()
         for role, archive in image_archives.items():
+            tags[role] = _archive_tags(archive)[0]
+            if archive in imported:  # two roles, one image
+                continue
+            imported.add(archive)
             proc = subprocess.run(
                 [*ctr, "-n", "k8s.io", "images", "import", str(archive)],
                 capture_output=True,
@@ -594,7 +600,6 @@ class _Start:
                     self.children,
                     containerd.name,
                 )
-            tags[role] = _archive_tags(archive)[0]
         return socket, tags
 
     def _controllers(self, workdir: Path, pki: Path, kubeconfigs: Mapping[str, Path]) -> None:
@@ -666,34 +671,45 @@ def _healthz(port: int) -> bool:
         conn.close()
 
 
-def node_images(frozen: Path | None) -> tuple[dict[str, Path], dict[str, str]]:
-    """The archives to import (role -> tarball) and, per missing image, why it is missing."""
-    cache = cache_root() / "images"
+# Node roles -> images of packaging/image/build.py (docs/packaging.md). "busybox" is the test
+# workload image: busybox-static's applets (sh, nc, httpd, wget...) and meshtest.
+IMAGE_OF_ROLE = {"pause": "pause", "busybox": "testapp", "testapp": "testapp", "meshctl": "meshctl"}
+
+
+def node_images() -> tuple[dict[str, Path], dict[str, str]]:
+    """The archives to import (role -> tarball) and, per missing image, why it is missing.
+
+    ``MESHCTL_IMAGE_DIR`` (set by .ci/run after it built them) holds the tarballs and their
+    images.json; otherwise packaging/image/build.py writes them into the test cache (each image
+    cached by its inputs, so a warm run only copies).
+    """
+    configured = os.environ.get("MESHCTL_IMAGE_DIR")
+    out = Path(configured) if configured else cache_root() / "images"
+    reasons: dict[str, str] = {}
+    if not configured:
+        tree = os.environ.get("MESHCTL_FROZEN_TREE") or str(REPO_ROOT / "dist" / "meshctl-tree")
+        for name in sorted(set(IMAGE_OF_ROLE.values())):
+            built = subprocess.run(
+                [sys.executable, str(REPO_ROOT / "packaging" / "image" / "build.py"),
+                 "--out", str(out), "--tree", tree, name],
+                capture_output=True, text=True, timeout=900, check=False,
+            )  # fmt: skip
+            if built.returncode != 0:
+                reasons[name] = built.stderr.strip() or f"build.py exited {built.returncode}"
+    try:
+        index = json.loads((out / "images.json").read_text())
+    except (OSError, ValueError):
+        index = {}
     archives: dict[str, Path] = {}
     missing: dict[str, str] = {}
-    from meshctl.core.inject.settings import DEFAULT_IMAGE
-
-    made = {
-        "pause": images.pause_image(cache),
-        "busybox": images.busybox_image(cache),
-        "meshctl": (
-            images.meshctl_image(cache, frozen, (images.MESHCTL_IMAGE, DEFAULT_IMAGE))
-            if frozen is not None
-            else "no frozen binary: set MESHCTL_FROZEN_BINARY or run bash packaging/build.sh"
-        ),
-    }
-    for role, result in made.items():
-        if isinstance(result, Path):
-            archives[role] = result
+    for role, name in IMAGE_OF_ROLE.items():
+        if name in reasons:
+            missing[role] = reasons[name]
+        elif name in index and (out / index[name]["file"]).is_file():
+            archives[role] = out / index[name]["file"]
         else:
-            missing[role] = result
+            missing[role] = f"{name} is not in {out / 'images.json'}: run packaging/image/build.py"
     return archives, missing
-
-
-def frozen_binary() -> Path | None:
-    configured = os.environ.get("MESHCTL_FROZEN_BINARY")
-    candidate = Path(configured) if configured else REPO_ROOT / "dist" / "meshctl"
-    return candidate if os.access(candidate, os.X_OK) else None
 
 
 class TestNode:
@@ -736,7 +752,7 @@ class TestNode:
     def start(self) -> NodeCluster:
         if self._cluster is not None:
             return self._cluster
-        self.archives, self.missing_images = node_images(frozen_binary())
+        self.archives, self.missing_images = node_images()
         for role in ("pause", "busybox"):
             if role in self.missing_images:
                 raise NodeStartError(f"test node image {role}: {self.missing_images[role]}")

@@ -1,8 +1,8 @@
 """The pytest plugin: privileged-test gating, the CI no-skip rule, and the netns fixtures.
 
-Rule: a test marked ``netns``, ``kube`` or ``node`` may skip on a developer's laptop (not root, no
-kube-apiserver build) with a reason, but when ``CI=true`` such a skip is reported as a failure,
-so a privileged suite can never pass by not running.
+Rule: a test marked ``netns``, ``kube``, ``node`` or ``packaging`` may skip on a developer's
+laptop (not root, no kube-apiserver build, no frozen build) with a reason, but when ``CI=true``
+such a skip is reported as a failure, so a privileged suite can never pass by not running.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 from tests.harness import netns as netns_mod
 
-PRIVILEGED_MARKERS = ("netns", "kube", "node")
+PRIVILEGED_MARKERS = ("netns", "kube", "node", "packaging")
 
 
 MARKERS = {
@@ -23,6 +23,8 @@ MARKERS = {
     "kube": "needs the real kube-apiserver + etcd harness (fails instead of skipping when CI=true)",
     "node": "needs the real single-node cluster (fails instead of skipping when CI=true)",
     "slow": "takes more than a few seconds (frozen-binary build, cold fixtures)",
+    "packaging": "needs packaging's outputs or tools: the frozen build (MESHCTL_FROZEN_BINARY, "
+    "MESHCTL_FROZEN_TREE), Go and gcc -static (fails instead of skipping when CI=true)",
 }
 
 

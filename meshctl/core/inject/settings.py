@@ -10,13 +10,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from meshctl import __version__
 from meshctl.config import setting
+from meshctl.core.image import default_image
 from meshctl.core.inject import annotations as ann
 from meshctl.core.inject.errors import InvalidAnnotationError
 from meshctl.errors import ConfigError
 
-DEFAULT_IMAGE = f"meshctl/meshctl:{__version__}"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # A label value (the revision lands in the `istio.io/rev` selector of the webhook configuration).
 _LABEL_VALUE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -27,7 +26,7 @@ _NETWORK = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a
 class InjectSettings:
     """Settings of one injection run (CLI) or of the webhook server."""
 
-    image: str = setting(DEFAULT_IMAGE, env="MESHCTL_INJECT_IMAGE", flag="--image")
+    image: str = setting(default_image(), env="MESHCTL_INJECT_IMAGE", flag="--image")
     image_pull_policy: str = setting(
         "IfNotPresent", env="MESHCTL_INJECT_IMAGE_PULL_POLICY", choices=PULL_POLICIES
     )
