@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # Freeze meshctl: dist/meshctl (one file) and dist/meshctl-tree/ (the same build unpacked, with its
 # manifest), from one PyInstaller analysis. Needs the project installed with the `build` extra.
-# PyInstaller's work dir lives outside the repo so a clean clone stays clean. It is one per checkout
-# (a build wipes it, and another checkout's build must not wipe it under this one: a module missing
-# half-way through the analysis), and locked against two builds of the same checkout.
+# PyInstaller's work dir lives outside the repo so a clean clone stays clean.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-checkout=$(printf '%s' "$root" | sha256sum | cut -c1-12)
-work="${MESHCTL_BUILD_CACHE:-$HOME/.cache/meshctl-build}/pyinstaller/$checkout"
-mkdir -p "$work"
-exec 9>"$work.lock"
-flock 9
+cache="${MESHCTL_BUILD_CACHE:-$HOME/.cache/meshctl-build}/pyinstaller"
+mkdir -p "$cache"
+# One directory per build: builds from several checkouts share the cache folder, and a fixed
+# site dir removed by one build mid-way through another's analysis froze a binary without
+# meshctl's modules. (--clean reuses nothing from a previous build anyway; neither path ends up
+# in the output, so the tree's digest does not depend on it.)
+work="$(mktemp -d "$cache/build.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
 site="$work/site"
-rm -rf "$site" "$root/build"
+rm -rf "$root/build"
 # setuptools stages the install in $root/build (git-ignored): a stale copy there would put modules
 # deleted since into the frozen build, so it goes before and after.
 python -m pip install --quiet --no-deps --no-build-isolation --target "$site" "$root"

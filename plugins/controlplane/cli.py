@@ -9,6 +9,7 @@ revision following the control plane's own unless set there.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -127,6 +128,49 @@ def run_cmd(
     finally:
         kube.api.close()
     raise typer.Exit(code)
+
+
+@app.command("ca")
+def ca_cmd(
+    ctx: typer.Context,
+    ca_dir: Annotated[
+        Path,
+        typer.Option(
+            "--ca-dir",
+            help="ca-cert.pem + ca-key.pem (+ cert-chain.pem, root-cert.pem); minted if empty.",
+        ),
+    ],
+    tokens: Annotated[
+        Path,
+        typer.Option(
+            "--tokens",
+            help="Callers: token,system:serviceaccount:NS:SA,uid lines (--token-auth-file CSV).",
+        ),
+    ],
+    trust_domain: Annotated[
+        str | None, typer.Option("--trust-domain", help="SPIFFE trust domain [TRUST_DOMAIN].")
+    ] = None,
+    grpc_address: Annotated[
+        str | None, typer.Option("--grpc-address", help="CA, TLS (:15012).")
+    ] = None,
+    serving_names: Annotated[
+        str | None,
+        typer.Option("--serving-names", help="DNS names/IPs proxies dial (comma list)."),
+    ] = None,
+    max_workload_cert_ttl: Annotated[
+        str | None,
+        typer.Option("--max-workload-cert-ttl", help="Longest workload certificate (90d)."),
+    ] = None,
+) -> None:
+    """Run only the CA, without Kubernetes: Istio's CreateCertificate on 15012, callers
+    authenticated by a static token file (a laptop, a VM, 'meshctl demo')."""
+    flags = {k: v for k, v in locals().items() if k not in ("ctx", "ca_dir", "tokens")}
+    import asyncio
+
+    from .standalone import serve
+
+    settings = _settings(ctx, flags)
+    raise typer.Exit(asyncio.run(serve(settings, ca_dir, tokens)))
 
 
 @app.command("manifest")

@@ -1,6 +1,6 @@
 """Benchmark: ``meshctl ztunnel run`` from exec to ready, per form of meshctl, beside baselines.
 
-Run (root): python tests/bench/bench_ztunnel_start.py [--runs N] [--binary dist/meshctl]
+Run (root): python -m tests.bench.bench_ztunnel_start [--runs N] [--binary dist/meshctl]
             [--tree dist/meshctl-tree] [--smoke]
 In a pod namespace of a throwaway node, starts the supervisor (one data-plane worker, real
 certificates, a local config with the pod) and times exec -> ``/healthz/ready`` answering 200 on
@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from meshctl.core.identity import SpiffeId
 from tests.bench.bench_help import measure
+from tests.bench.smoke import figures_produced
 from tests.harness.netns import node_with_pods
 from tests.netns.ztunnel_harness import (
     TD,
@@ -39,8 +40,12 @@ from tests.netns.ztunnel_harness import (
 GOAL_MS = 500.0
 
 
+FIGURES: dict[str, float] = {}  # name -> p50 ms, for the smoke check
+
+
 def stats(name: str, samples: list[float]) -> str:
     ordered = sorted(samples)
+    FIGURES[name] = statistics.median(ordered)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     return f"{name:<44} p50 {statistics.median(ordered):7.1f} ms   p95 {p95:7.1f} ms"
 
@@ -116,7 +121,7 @@ def main() -> int:
     for line in lines:
         print(line)
     print(f"goal: p50 <= {GOAL_MS:.0f} ms (the forms that run in pods: the one-dir tree)")
-    return 0
+    return figures_produced(FIGURES) if args.smoke else 0
 
 
 if __name__ == "__main__":
