@@ -135,6 +135,7 @@ def pod_workload(pod: Any) -> dict[str, Any]:
         "serviceAccount": pod.spec.service_account_name,
         "workloadIps": [pod.status.pod_ip],
         "protocol": "HBONE",
+        "services": {},  # backs no Service (the local config asks for the field)
     }
 
 
