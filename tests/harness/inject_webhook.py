@@ -58,7 +58,9 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float)
     raise TimeoutError(f"webhook not listening on 127.0.0.1:{port} after {timeout}s")
 
 
-def start_webhook(workdir: Path, *extra: str, timeout: float = 30.0) -> WebhookProcess:
+def start_webhook(
+    workdir: Path, *extra: str, timeout: float = 30.0, image: str = TEST_IMAGE
+) -> WebhookProcess:
     """Starts the webhook with a fresh CA and serving certificate kept in ``workdir``."""
     ca = CertificateAuthority("meshctl-test-inject-ca")
     ca_file = workdir / "ca.crt"
@@ -67,7 +69,7 @@ def start_webhook(workdir: Path, *extra: str, timeout: float = 30.0) -> WebhookP
     port = free_port()
     argv = [sys.executable, "-c", "from meshctl.cli import run; run()", "inject", "webhook"]
     argv += ["--address", "127.0.0.1", "--port", str(port), "--tls-cert", str(cert)]
-    argv += ["--tls-key", str(key), "--image", TEST_IMAGE, *extra]
+    argv += ["--tls-key", str(key), "--image", image, *extra]
     # stderr is read only if the start fails; the server logs warnings and errors only.
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -776,14 +776,20 @@ def register_mutating_webhook(
         "metadata": {"name": config_name},
         "webhooks": [webhook],
     }
-    with cluster.api_client() as api:
-        admission = k8s.AdmissionregistrationV1Api(api)
-        admission.create_mutating_webhook_configuration(body)
-        try:
-            yield config_name
-        finally:
-            with contextlib.suppress(ApiException):
-                admission.delete_mutating_webhook_configuration(config_name)
+    with cluster.api_client() as api, mutating_webhook_configuration(api, body):
+        yield config_name
+
+
+@contextlib.contextmanager
+def mutating_webhook_configuration(api: k8s.ApiClient, body: Mapping[str, Any]) -> Iterator[None]:
+    """``body`` (a MutatingWebhookConfiguration) created, and deleted on exit."""
+    admission = k8s.AdmissionregistrationV1Api(api)
+    admission.create_mutating_webhook_configuration(body)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ApiException):
+            admission.delete_mutating_webhook_configuration(body["metadata"]["name"])
 
 
 def wait_webhook_active(

@@ -508,6 +508,7 @@ def sidecars(*cars: Sidecar) -> Iterator[None]:
 # -- a packet capture on one interface ---------------------------------------------------------
 
 ETH_P_ALL = 0x0003
+SOL_PACKET, PACKET_ADD_MEMBERSHIP, PACKET_MR_PROMISC = 263, 1, 1  # <linux/if_packet.h>
 
 
 @dataclass(frozen=True)
@@ -526,11 +527,17 @@ class Sniffer:
     burst is not dropped before the reader thread takes it.
     """
 
-    def __init__(self, ns: Netns, ifname: str) -> None:
-        with ns.entered():
+    def __init__(self, ns: Netns | None, ifname: str, *, promiscuous: bool = False) -> None:
+        with ns.entered() if ns is not None else contextlib.nullcontext():
             self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
         self.sock.bind((ifname, ETH_P_ALL))
+        if promiscuous:
+            # A bridge hands its own taps only the frames for the host unless it is promiscuous;
+            # the membership (packet(7)) ends with the socket, leaving the device as it was.
+            index = socket.if_nametoindex(ifname)
+            mreq = struct.pack("iHH8s", index, PACKET_MR_PROMISC, 0, b"")
+            self.sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
         self.sock.settimeout(0.1)
         self.frames: list[bytes] = []
         self._stop = threading.Event()

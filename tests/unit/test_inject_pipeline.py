@@ -498,3 +498,27 @@ def test_a_multus_networks_value_that_is_not_json_is_refused():
     settings = InjectSettings(image="x", cni=True, multus_network="default/meshctl-cni")
     with pytest.raises(InvalidAnnotationError, match="k8s"):
         inject(pod(**{"k8s.v1.cni.cncf.io/networks": "[oops]"}), settings)
+
+
+def test_a_user_mount_at_the_cert_dir_replaces_the_injected_one():
+    # Certificates from a Secret (`meshctl ztunnel certs`) at the proxy's cert dir: two mounts at
+    # one path would make the API server refuse the pod, so the user's wins; uninject restores.
+    certs_dir = "/var/run/secrets/workload-spiffe-credentials"
+    original = pod(
+        **{
+            ann.USER_VOLUME: '{"mesh-certs":{"secret":{"secretName":"web-certs"}}}',
+            ann.USER_VOLUME_MOUNT: json.dumps(
+                {"mesh-certs": {"mountPath": certs_dir + "/", "readOnly": True}}
+            ),
+        }
+    )
+    injected = inject(copy.deepcopy(original))
+    proxy = injected["spec"]["initContainers"][1]
+    at_dir = [m for m in proxy["volumeMounts"] if m["mountPath"].rstrip("/") == certs_dir]
+    assert at_dir == [{"name": "mesh-certs", "mountPath": certs_dir + "/", "readOnly": True}]
+    paths = [m["mountPath"] for m in proxy["volumeMounts"]]
+    assert len(paths) == len(set(paths))
+    assert "/tmp" in paths  # the other injected mounts stay
+    volumes = {v["name"]: v for v in injected["spec"]["volumes"]}
+    assert volumes["mesh-certs"] == {"name": "mesh-certs", "secret": {"secretName": "web-certs"}}
+    assert uninject_pod(injected) == original

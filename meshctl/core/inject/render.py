@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 
@@ -334,14 +335,7 @@ def proxy_container(
             "runAsNonRoot": True,
             "runAsUser": settings.proxy_uid,
         },
-        "volumeMounts": [
-            {"name": CERTS_VOLUME, "mountPath": CERTS_PATH},
-            {"name": TMP_VOLUME, "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
-            {"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": True},
-            {"name": ROOT_CA_VOLUME, "mountPath": ROOT_CA_PATH, "readOnly": True},
-            # sidecar.istio.io/userVolumeMount, as Istio's template adds them.
-            *({"name": name, **mount} for name, mount in options.user_mounts.items()),
-        ],
+        "volumeMounts": _proxy_mounts(options),
     }
     if options.gateway:
         # Istio's gateway template: the ids only (it binds low ports, with the pod's sysctl),
@@ -352,6 +346,24 @@ def proxy_container(
             "runAsGroup": settings.gid,
         }
     return container
+
+
+def _proxy_mounts(options: PodOptions) -> list[dict[str, Any]]:
+    """The proxy's mounts, then the user's (``sidecar.istio.io/userVolumeMount``, as Istio's
+    template adds them). A user mount at one of our paths replaces ours: that is how
+    certificates from a Secret reach the proxy's cert dir, and two mounts at one path would make
+    the API server refuse the pod."""
+    user: list[dict[str, Any]] = [
+        {"name": name, **mount} for name, mount in options.user_mounts.items()
+    ]
+    taken = {posixpath.normpath(str(mount.get("mountPath", ""))) for mount in user}
+    ours: list[dict[str, Any]] = [
+        {"name": CERTS_VOLUME, "mountPath": CERTS_PATH},
+        {"name": TMP_VOLUME, "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
+        {"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": True},
+        {"name": ROOT_CA_VOLUME, "mountPath": ROOT_CA_PATH, "readOnly": True},
+    ]
+    return [mount for mount in ours if mount["mountPath"] not in taken] + user
 
 
 # A gateway pod's proxy may bind ports below 1024 without a capability (Istio's template).
