@@ -517,6 +517,13 @@ class _Start:
 
     def _prepare_host(self, workdir: Path) -> None:
         workdir.mkdir(parents=True)
+        # A real node's / is a shared mount (systemd makes it so); this machine's may be private,
+        # and a pod's HostToContainer mount (the ambient agent's netns dir) needs a shared or
+        # slave source. So the node's tree is its own shared mount (undone by nodehost.cleanup,
+        # which unmounts everything under it).
+        for argv in (["mount", "--bind", str(workdir), str(workdir)],
+                     ["mount", "--make-rshared", str(workdir)]):  # fmt: skip
+            subprocess.run(argv, check=True, capture_output=True, timeout=30)
         # The host's resolvers stay out of pods: names outside the cluster are not resolved.
         (workdir / "resolv.conf").write_text("")
         for hierarchy in nodehost.hierarchies():
