@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from meshctl import values
 from meshctl.errors import ConfigError
 
 T = TypeVar("T")
@@ -54,8 +55,9 @@ class GlobalSettings:
     """Options every subcommand shares; built once by the root command."""
 
     debug: bool = setting(False, env="MESHCTL_DEBUG", flag="--debug")
-    log_level: str = setting(
-        "warning", env="MESHCTL_LOG_LEVEL", flag="--log-level", choices=LOG_LEVELS
+    # None: the command's own default (warning; info for daemons, see meshctl.logs).
+    log_level: str | None = setting(
+        None, env="MESHCTL_LOG_LEVEL", flag="--log-level", choices=LOG_LEVELS
     )
     log_format: str = setting(
         "text", env="MESHCTL_LOG_FORMAT", flag="--log-format", choices=LOG_FORMATS
@@ -63,6 +65,14 @@ class GlobalSettings:
     kubeconfig: str | None = setting(None, env="KUBECONFIG", flag="--kubeconfig")
     context: str | None = setting(None, env="MESHCTL_CONTEXT", flag="--context")
     config_file: str | None = setting(None, env=CONFIG_ENV, flag="--config")
+    # kubectl's --request-timeout: one API request's limit in seconds; 0 waits forever.
+    request_timeout: float = setting(
+        30.0,
+        env="MESHCTL_REQUEST_TIMEOUT",
+        flag="--request-timeout",
+        parse=values.Duration(),
+        hint=f"give a duration, {values.DURATION_EXAMPLES}, or 0 for no limit",
+    )
 
 
 def resolve(
@@ -78,7 +88,7 @@ def resolve(
     env = os.environ if env is None else env
     file = file or {}
     hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
+    resolved: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         meta = f.metadata
         flag_name = meta.get("flag") or "--" + f.name.replace("_", "-")
@@ -96,7 +106,7 @@ def resolve(
             raw, source = file[key], f"{file_name} key {key!r}"
         else:
             continue
-        values[f.name] = _coerce(
+        resolved[f.name] = _coerce(
             raw, hints[f.name], meta.get("choices"), source, meta.get("parse"), meta.get("hint")
         )
     unknown = sorted(
@@ -112,7 +122,7 @@ def resolve(
             f"{file_name}: unknown key(s) {', '.join(unknown)}",
             hint="check the spelling against 'meshctl --help'",
         )
-    return cls(**values)
+    return cls(**resolved)
 
 
 def load_file(

@@ -125,7 +125,7 @@ def run(
             "--channel-fd",
             str(channel_fd),
             "--log-level",
-            global_settings.log_level if not global_settings.debug else "debug",
+            "debug" if global_settings.debug else global_settings.log_level or "warning",
             "--log-format",
             global_settings.log_format,
         )
