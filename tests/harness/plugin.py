@@ -1,6 +1,6 @@
 """The pytest plugin: privileged-test gating, the CI no-skip rule, and the netns fixtures.
 
-Rule: a test marked ``netns`` or ``kube`` may skip on a developer's laptop (not root, no
+Rule: a test marked ``netns``, ``kube`` or ``shells`` may skip on a developer's laptop (not root, no
 kube-apiserver build) with a reason, but when ``CI=true`` such a skip is reported as a failure,
 so a privileged suite can never pass by not running.
 """
@@ -15,12 +15,13 @@ import pytest
 
 from tests.harness import netns as netns_mod
 
-PRIVILEGED_MARKERS = ("netns", "kube")
+PRIVILEGED_MARKERS = ("netns", "kube", "shells")
 
 
 MARKERS = {
     "netns": "needs root and real network namespaces (fails instead of skipping when CI=true)",
     "kube": "needs the real kube-apiserver + etcd harness (fails instead of skipping when CI=true)",
+    "shells": "runs real zsh and fish (.ci/run installs them; fails instead of skipping in CI)",
     "slow": "takes more than a few seconds (frozen-binary build, cold fixtures)",
 }
 
@@ -64,6 +65,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = netns_unavailable_reason()
         if reason:
             pytest.skip(reason)
+    if item.get_closest_marker("shells"):
+        missing = [shell for shell in ("zsh", "fish") if shutil.which(shell) is None]
+        if missing:
+            pytest.skip(f"needs {' and '.join(missing)} (apt-get install {' '.join(missing)})")
 
 
 @pytest.fixture
