@@ -23,12 +23,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshctl import logs
 from meshctl.core.cni.spec import LOG_SOCKET_NAME
-from meshctl.errors import MeshctlError, UserError
+from meshctl.errors import MeshctlError
+from meshctl.net.sockets import address_text
 
 from .installer import Installer, InstallSettings, Status
 
 log = logging.getLogger(__name__)
+WHAT = "CNI node agent"  # how the listening and ready lines name this daemon
 plugin_log = logging.getLogger("meshctl.cni.plugin")
 
 CONFLICT_WINDOW = 60.0  # seconds
@@ -61,6 +64,7 @@ class RepairBudget:
 class _State:
     status: Status
     running: bool = True
+    announced: bool = False  # the ready line was logged
 
 
 async def run(settings: InstallSettings, installer: Installer | None = None) -> int:
@@ -72,14 +76,18 @@ async def run(settings: InstallSettings, installer: Installer | None = None) -> 
         loop.add_signal_handler(sig, stop.set)
     state = _State(Status(False, "starting"))
     async with contextlib.AsyncExitStack() as stack:
+        addresses = []
         if settings.readiness_address:
             server = await _readiness_server(settings.readiness_address, state)
             stack.push_async_callback(_close_server, server)
+            addresses += [f"http://{address_text(s)} (/readyz, /healthz)" for s in server.sockets]
         sink = Path(settings.run_dir) / LOG_SOCKET_NAME
         transport = await _log_sink(sink)
         if transport is not None:
             stack.callback(sink.unlink, missing_ok=True)
             stack.callback(transport.close)
+            addresses.append(f"unix:{sink} (the plugin's log records)")
+        logs.listening(log, WHAT, addresses or ["nothing (readiness off, no log socket)"])
         try:
             await _watch(installer, settings, state, stop)
         finally:
@@ -126,17 +134,17 @@ async def _watch(
             if exc.message != last_problem:  # say it once, not every poll
                 log.warning("%s%s", exc.message, f" Hint: {exc.hint}" if exc.hint else "")
                 last_problem = exc.message
+        if status.ready and not state.announced:
+            state.announced = True
+            logs.ready(log, WHAT, status.reason)
         state.status = status
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), settings.poll_interval)
 
 
 async def _readiness_server(address: str, state: _State) -> asyncio.Server:
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        raise UserError(
-            f"--readiness-address: invalid value {address!r}", hint="give HOST:PORT, e.g. :8000"
-        )
+    host, _, port = address.rpartition(":")  # validated HOST:PORT (InstallSettings)
+    host = host.strip("[]")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

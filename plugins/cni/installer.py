@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshctl import values
 from meshctl.config import setting
 from meshctl.core.cni import netconf
 from meshctl.core.cni.spec import (
@@ -36,13 +37,6 @@ log = logging.getLogger(__name__)
 
 BACKUP_NAME = "conf-backup.json"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-def _positive(raw: Any) -> float:
-    value = float(raw)
-    if value <= 0:
-        raise ValueError("must be positive")
-    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,13 +72,24 @@ class InstallSettings:
         choices=("auto", "nft", "legacy", "iptc"),
     )
     pod_lookup_timeout: float = setting(
-        5.0, env="MESHCTL_CNI_POD_LOOKUP_TIMEOUT", parse=_positive, hint="give seconds, e.g. 5"
+        5.0,
+        env="MESHCTL_CNI_POD_LOOKUP_TIMEOUT",
+        parse=values.Duration(positive=True, maximum=60),
+        hint="give a duration, e.g. 5s",
     )
     readiness_address: str = setting(
-        "0.0.0.0:8000", env="MESHCTL_CNI_READINESS_ADDRESS", flag="--readiness-address"
+        "0.0.0.0:8000",
+        env="MESHCTL_CNI_READINESS_ADDRESS",
+        flag="--readiness-address",
+        parse=values.ListenAddress(empty_ok=True),
+        hint="give HOST:PORT, e.g. :8000 or 0.0.0.0:8000 ('' turns readiness off)",
     )
     poll_interval: float = setting(
-        0.5, env="MESHCTL_CNI_POLL_INTERVAL", flag="--poll-interval", parse=_positive
+        0.5,
+        env="MESHCTL_CNI_POLL_INTERVAL",
+        flag="--poll-interval",
+        parse=values.Duration(positive=True, maximum=3600),
+        hint=f"give a duration, {values.DURATION_EXAMPLES}",
     )
 
     @property

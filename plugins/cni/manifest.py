@@ -25,7 +25,8 @@ def objects(
     run_dir: str = DEFAULT_RUN_DIR,
     exclude_namespaces: tuple[str, ...] = ("kube-system", "meshctl-system"),
 ) -> list[dict[str, Any]]:
-    """ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply order."""
+    """Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply
+    order (the namespace first, so ``kubectl apply -f`` of the output works on a new cluster)."""
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "meshctl"}
     meta = {"name": NAME, "namespace": namespace, "labels": labels}
     env = [
@@ -93,6 +94,11 @@ def objects(
         },
     }
     return [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {"app.kubernetes.io/part-of": "meshctl"}},
+        },
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -26,19 +26,26 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
+from hypercorn.logging import Logger
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, Scope
 
+from meshctl import logs
 from meshctl.core.inject.admission import MAX_BODY_BYTES, Answer, Request, handle
 from meshctl.core.inject.settings import InjectSettings
 from meshctl.errors import MeshctlError
+from meshctl.net.sockets import address_text, listener
 
 log = logging.getLogger(__name__)
+
+WHAT = "injection webhook"  # how the listening and ready lines name this daemon
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,14 +139,28 @@ class _ReloadableConfig(Config):
         return context
 
 
-def config_for(options: ServeOptions) -> _ReloadableConfig:
-    """The hypercorn configuration: TLS with ALPN h2 then http/1.1, no access log."""
+class _ReadyLog(Logger):
+    """hypercorn's log, whose "Running on ..." (sockets served, TLS on) becomes our one ready
+    line; the listening line was logged when we bound the socket."""
+
+    async def info(self, message: str, *args: Any, **kwargs: Any) -> None:
+        if message.startswith("Running on"):
+            logs.ready(log, WHAT, "serving /inject over HTTP/2 and HTTP/1.1")
+            return
+        await super().info(message, *args, **kwargs)
+
+
+def config_for(options: ServeOptions, sock: socket.socket | None = None) -> _ReloadableConfig:
+    """The hypercorn configuration: TLS with ALPN h2 then http/1.1, no access log; serving
+    ``sock`` (already listening) when given, else binding ``options.address``."""
     check_tls_files(options.tls_cert, options.tls_key)
     config = _ReloadableConfig()
-    host = options.address
-    if ":" in host:  # an IPv6 literal needs brackets in hypercorn's bind syntax
-        host = f"[{ipaddress.ip_address(host)}]"
-    config.bind = [f"{host}:{options.port}"]
+    if sock is not None:
+        # hypercorn wraps the descriptor in its own socket object and closes it at shutdown.
+        config.bind = [f"fd://{sock.detach()}"]
+        config.logger_class = _ReadyLog
+    else:
+        config.bind = [_bind_name(options.address, options.port)]
     config.certfile = str(options.tls_cert)
     config.keyfile = str(options.tls_key)
     config.alpn_protocols = ["h2", "http/1.1"]
@@ -153,14 +174,15 @@ def config_for(options: ServeOptions) -> _ReloadableConfig:
 
 def check_tls_files(cert: Path, key: Path) -> None:
     """Fails with a one-line error unless ``cert`` and ``key`` load as a matching pair."""
+    for what, path in (("certificate", cert), ("key", key)):
+        if not path.is_file():  # ssl's own error names no file ("None")
+            raise MeshctlError(
+                f"TLS {what} file {path} does not exist",
+                hint="pass the webhook's serving certificate and key with --tls-cert and --tls-key",
+            )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(str(cert), str(key))
-    except FileNotFoundError as exc:
-        raise MeshctlError(
-            f"TLS file {exc.filename} does not exist",
-            hint="pass the webhook's serving certificate and key with --tls-cert and --tls-key",
-        ) from exc
     except (OSError, ssl.SSLError) as exc:
         raise MeshctlError(
             f"cannot load the TLS certificate {cert} with key {key}: {exc.strerror or exc}",
@@ -201,17 +223,27 @@ async def _reload_certificates(config: _ReloadableConfig, options: ServeOptions)
         log.info("serving certificate reloaded from %s", options.tls_cert)
 
 
+def _bind_name(host: str, port: int) -> str:
+    if ":" in host:  # an IPv6 literal needs brackets in hypercorn's bind syntax
+        host = f"[{ipaddress.ip_address(host)}]"
+    return f"{host}:{port}"
+
+
 def serve(settings: InjectSettings, options: ServeOptions) -> None:
     """Serves until SIGTERM or SIGINT, then drains for at most ``options.graceful_seconds``;
-    a rotated certificate is picked up within ``options.reload_seconds``."""
-    config = config_for(options)
+    a rotated certificate is picked up within ``options.reload_seconds``. Logs one line once
+    listening and one once serving (at info, the daemons' default level)."""
+    check_tls_files(options.tls_cert, options.tls_key)  # before the port is taken
+    sock = listener(
+        options.address, options.port, what=WHAT, in_use_hint="stop what uses it, or give --port"
+    )
+    where = address_text(sock)
+    logs.listening(log, WHAT, [f"https://{where}/inject"])
+    config = config_for(options, sock)
     try:
         asyncio.run(_serve(WebhookApp(settings), config, options))
     except OSError as exc:
-        raise MeshctlError(
-            f"cannot listen on {options.address}:{options.port}: {exc.strerror or exc}",
-            hint="choose a free port with --port, or stop what is using it",
-        ) from exc
+        raise MeshctlError(f"the {WHAT} on {where} failed: {exc.strerror or exc}") from exc
 
 
 async def _serve(app: WebhookApp, config: _ReloadableConfig, options: ServeOptions) -> None:
@@ -219,7 +251,6 @@ async def _serve(app: WebhookApp, config: _ReloadableConfig, options: ServeOptio
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("injection webhook serving on https://%s/inject", config.bind[0])
     # Everything imported so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise show up as the slowest requests (the p99 tail).
     gc.freeze()
@@ -240,4 +271,4 @@ async def _serve(app: WebhookApp, config: _ReloadableConfig, options: ServeOptio
     if not done:
         log.warning("drain deadline passed: closing the remaining connections")
         serving.cancel()
-    log.info("injection webhook stopped")
+    log.info("%s stopped", WHAT)

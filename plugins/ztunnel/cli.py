@@ -9,17 +9,19 @@ import shutil
 import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from meshctl import config
+from meshctl import config, logs, options
 from meshctl.core import certs as certs_mod
 from meshctl.core import channel
-from meshctl.core.identity import IdentityError, SpiffeId, parse_workload_ref
-from meshctl.errors import ConfigError, UserError
+from meshctl.core.identity import IdentityError, SpiffeId, is_trust_domain, parse_workload_ref
+from meshctl.errors import MeshctlError, UserError
+from meshctl.net.sockets import address_text
+from meshctl.values import format_duration
 
-from .settings import ZtunnelSettings, seconds
+from .settings import MAX_WORKERS, ZtunnelSettings
 
 app = typer.Typer(
     add_completion=False,
@@ -30,46 +32,46 @@ app = typer.Typer(
 log = logging.getLogger(__name__)
 
 DATAPLANE_COMMAND = "ztunnel-dataplane"
-_MAX_WORKERS = 64
+CA_TTL = timedelta(days=3650)  # the development CA's lifetime
+
+
+def _setting(field: str, help: str, metavar: str | None = None) -> Any:  # noqa: A002
+    """``meshctl ztunnel run``'s option for ``ZtunnelSettings.<field>`` (env var from the field)."""
+    return options.from_setting(ZtunnelSettings, field, help=help, metavar=metavar)
 
 
 @app.command()
 def run(
     ctx: typer.Context,
     mode: Annotated[
-        str | None, typer.Option(help="sidecar (dedicated: one workload) [env PROXY_MODE]")
+        str | None, _setting("mode", "sidecar (one workload; dedicated is the same for now).")
     ] = None,
     workload: Annotated[
-        str | None,
-        typer.Option(metavar="NS/NAME/SA", help="The workload served [env PROXY_WORKLOAD_INFO]"),
+        str | None, _setting("workload", "The workload served.", metavar="NS/NAME/SA")
     ] = None,
     local_config: Annotated[
-        str | None,
-        typer.Option(metavar="FILE", help="ztunnel local config YAML [env LOCAL_XDS_PATH]"),
+        str | None, _setting("local_config", "ztunnel local config YAML.", metavar="FILE")
     ] = None,
     cert_dir: Annotated[
         str | None,
-        typer.Option(
-            metavar="DIR", help="cert-chain.pem, key.pem, root-cert.pem [env MESHCTL_CERT_DIR]"
-        ),
+        _setting("cert_dir", "cert-chain.pem, key.pem, root-cert.pem live here.", metavar="DIR"),
     ] = None,
-    trust_domain: Annotated[str | None, typer.Option(help="[env TRUST_DOMAIN]")] = None,
+    trust_domain: Annotated[
+        str | None,
+        _setting("trust_domain", "SPIFFE trust domain (cluster.local).", metavar="DOMAIN"),
+    ] = None,
     drain_deadline: Annotated[
-        str | None, typer.Option(help="How long open connections may finish on SIGTERM (5s)")
+        float | None, _setting("drain_deadline", "How long open connections may finish (5s).")
     ] = None,
     handshake_timeout: Annotated[
-        str | None,
-        typer.Option(
-            help="How long a peer may take to complete a TLS handshake (5s) "
-            "[env MESHCTL_HANDSHAKE_TIMEOUT]"
-        ),
+        float | None,
+        _setting("handshake_timeout", "How long a peer may take for the TLS handshake (5s)."),
     ] = None,
     mark: Annotated[
-        int | None, typer.Option(help="SO_MARK for connections the proxy makes [env PACKET_MARK]")
+        int | None, _setting("mark", "SO_MARK for connections the proxy makes (0: none).")
     ] = None,
     workers: Annotated[
-        int | None,
-        typer.Option(help="Data-plane worker processes (1) [env ZTUNNEL_WORKER_THREADS]"),
+        int | None, _setting("workers", f"Data-plane worker processes, 1-{MAX_WORKERS} (1).")
     ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
@@ -78,6 +80,7 @@ def run(
     from .listeners import bind_all
     from .sources import FileFeed
 
+    options.daemon_logging(ctx)
     file, file_name = config.file_section(ctx.meta, "ztunnel")
     flags = {
         "mode": mode,
@@ -94,28 +97,24 @@ def run(
     ref = settings.workload_ref()
     try:
         ns, _name, sa = parse_workload_ref(ref)
-        identity = SpiffeId(settings.trust_domain, ns, sa)
     except IdentityError as exc:
         raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
-    deadline = seconds(settings.drain_deadline, "drain deadline")
-    handshake = seconds(settings.handshake_timeout, "handshake timeout")
-    if handshake <= 0:
-        raise ConfigError(
-            f"handshake timeout must be positive, not {settings.handshake_timeout!r}",
-            hint="e.g. --handshake-timeout 5s",
-        )
-    if not 1 <= settings.workers <= _MAX_WORKERS:
-        raise ConfigError(
-            f"workers must be between 1 and {_MAX_WORKERS}, not {settings.workers}",
-            hint="one per core the proxy may use, e.g. --workers 2",
-        )
+    identity = _identity(settings.trust_domain, ns, sa)
     feed = FileFeed(
         cert_dir=Path(settings.cert_dir),
         local_config=Path(settings.local_config) if settings.local_config else None,
         identity=identity,
     )
     listeners = bind_all(settings)
+    logs.listening(
+        log,
+        "ztunnel",
+        [f"{role} {address_text(sock)}" for role, sock in listeners.items()],
+    )
     global_settings: config.GlobalSettings = ctx.obj
+    # The data plane logs every connection at info (ztunnel's access log): it runs at the
+    # level the user chose, and at warning when none was (the supervisor's own default is info).
+    dataplane_level = "debug" if global_settings.debug else global_settings.log_level or "warning"
 
     def argv(channel_fd: int) -> list[str]:
         # The command name first: the data plane is a raw plugin and must not go through the
@@ -125,7 +124,7 @@ def run(
             "--channel-fd",
             str(channel_fd),
             "--log-level",
-            "debug" if global_settings.debug else global_settings.log_level or "warning",
+            dataplane_level,
             "--log-format",
             global_settings.log_format,
         )
@@ -148,9 +147,9 @@ def run(
             cluster_id=settings.cluster_id,
             trust_domain=settings.trust_domain,
             pool_max_streams=settings.pool_max_streams,
-            pool_idle_timeout=seconds(settings.pool_idle_timeout, "pool idle timeout"),
-            drain_deadline=deadline,
-            handshake_timeout=handshake,
+            pool_idle_timeout=settings.pool_idle_timeout,
+            drain_deadline=settings.drain_deadline,
+            handshake_timeout=settings.handshake_timeout,
             mark=settings.mark,
             worker=worker,
             workers=settings.workers,
@@ -162,13 +161,13 @@ def run(
         config=proxy_config,
         listeners=listeners,
         feed=feed,
-        drain_deadline=deadline,
+        drain_deadline=settings.drain_deadline,
         workers=settings.workers,
         extra_env={"PROMETHEUS_MULTIPROC_DIR": metrics_dir},
         on_exit=worker_exited,
-        poll_interval=seconds(settings.reload_interval, "reload interval"),
+        poll_interval=settings.reload_interval,
+        ready_line=("ztunnel", f"serving {ref} as {identity} (supervisor pid {os.getpid()})"),
     )
-    log.info("serving %s as %s (pid %d)", ref, identity, os.getpid())
     try:
         code = asyncio.run(supervisor.run())
     finally:
@@ -178,29 +177,58 @@ def run(
     raise typer.Exit(code)
 
 
+def _identity(trust_domain: str, namespace: str, service_account: str) -> SpiffeId:
+    try:
+        return SpiffeId(trust_domain, namespace, service_account)
+    except IdentityError as exc:
+        if not is_trust_domain(trust_domain):
+            raise UserError(
+                f"--trust-domain: invalid value {trust_domain!r}",
+                hint="a trust domain is lower-case letters, digits, '.', '-' and '_', "
+                "e.g. cluster.local",
+            ) from exc
+        raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
+
+
 @app.command()
 def certs(
-    out: Annotated[Path, typer.Option(metavar="DIR", help="Where the workload's files go")],
+    out: Annotated[
+        Path, options.output_directory("--out", help="Where the workload's files go (created).")
+    ],
     workload: Annotated[
-        str, typer.Option(metavar="NS/NAME/SA", help="Whose identity the certificate carries")
+        str,
+        typer.Option(metavar="NS/NAME/SA", help="Whose identity the certificate carries."),
     ],
     ca_dir: Annotated[
         Path | None,
-        typer.Option(metavar="DIR", help="CA files (ca-cert.pem, ca-key.pem); minted if absent"),
+        options.output_directory(
+            "--ca-dir",
+            help="CA files (ca-cert.pem, ca-key.pem), minted there if absent "
+            "[default: ca beside --out, i.e. OUT/../ca]",
+            show_default=False,
+        ),
     ] = None,
-    trust_domain: Annotated[str, typer.Option(help="SPIFFE trust domain")] = "cluster.local",
-    ttl: Annotated[str, typer.Option(help="Workload certificate lifetime")] = "24h",
+    trust_domain: Annotated[
+        str, typer.Option(metavar="DOMAIN", help="SPIFFE trust domain.")
+    ] = "cluster.local",
+    ttl: Annotated[
+        float,
+        options.duration(
+            "--ttl",
+            positive=True,
+            maximum=CA_TTL.total_seconds(),
+            help="Workload certificate lifetime (e.g. 24h, 90m, 30d).",
+        ),
+    ] = 86400.0,
 ) -> None:
     """Mint a development CA (once) and a SPIFFE workload certificate signed by it."""
-    from .settings import seconds as to_seconds
-
     try:
         ns, _name, sa = parse_workload_ref(workload)
-        identity = SpiffeId(trust_domain, ns, sa)
     except IdentityError as exc:
         raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
+    identity = _identity(trust_domain, ns, sa)
     now = datetime.now(UTC)
-    ca_dir = ca_dir or out.parent / "ca"
+    ca_dir = (ca_dir or out.parent / "ca").resolve()
     ca_cert, ca_key = ca_dir / certs_mod.CA_CERT_FILE, ca_dir / certs_mod.CA_KEY_FILE
     if ca_cert.exists() and ca_key.exists():
         ca = certs_mod.KeyPair(cert_pem=ca_cert.read_bytes(), key_pem=ca_key.read_bytes())
@@ -210,14 +238,22 @@ def certs(
                 f"the CA in {ca_dir} is not for trust domain {trust_domain!r}",
                 hint="use another --ca-dir for another trust domain",
             )
+        if now + timedelta(seconds=ttl) > ca_facts.not_after:
+            raise UserError(
+                f"--ttl {format_duration(ttl)}: the certificate would outlive the CA in {ca_dir} "
+                f"(it expires {ca_facts.not_after:%Y-%m-%d %H:%M} UTC)",
+                hint="give a shorter --ttl, or a new CA with another --ca-dir",
+            )
     else:
-        ca = certs_mod.mint_root(trust_domain=trust_domain, now=now, ttl=timedelta(days=3650))
+        ca = certs_mod.mint_root(trust_domain=trust_domain, now=now, ttl=CA_TTL)
         _write(ca_dir, certs_mod.CA_CERT_FILE, ca.cert_pem, 0o644)
         _write(ca_dir, certs_mod.CA_KEY_FILE, ca.key_pem, 0o600)
-        typer.echo(f"minted development CA in {ca_dir}", err=True)
-    leaf = certs_mod.mint_workload(
-        ca, identity, now=now, ttl=timedelta(seconds=to_seconds(ttl, "--ttl"))
-    )
+        typer.echo(
+            f"minted a development CA for {trust_domain} in {ca_dir} (valid "
+            f"{CA_TTL.days // 365} years; --ca-dir reuses it for other workloads)",
+            err=True,
+        )
+    leaf = certs_mod.mint_workload(ca, identity, now=now, ttl=timedelta(seconds=ttl))
     # Writes go to temporary names first and are renamed: a running proxy polling the directory
     # never reads a half-written key pair.
     _write(out, certs_mod.KEY_FILE, leaf.key_pem, 0o600)
@@ -227,9 +263,16 @@ def certs(
 
 
 def _write(folder: Path, name: str, data: bytes, mode: int) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{name}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    tmp.replace(folder / name)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        tmp.replace(folder / name)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise MeshctlError(
+            f"cannot write {folder / name}: {exc.strerror or exc}",
+            hint="check that the directory (and every folder above it) is writable",
+        ) from exc

@@ -156,12 +156,14 @@ def test_manifest_is_a_daemonset_with_host_mounts_and_node_critical_priority():
     assert result.returncode == 0, result.stderr
     items = json.loads(result.stdout)["items"]
     assert [i["kind"] for i in items] == [
+        "Namespace",
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
         "DaemonSet",
     ]
-    spec = items[3]["spec"]["template"]["spec"]
+    assert items[0]["metadata"]["name"] == "meshctl-system"
+    spec = items[4]["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
     paths = {v["hostPath"]["path"] for v in spec["volumes"]}
     assert paths == {"/opt/cni/bin", "/etc/cni/net.d", "/var/run/meshctl-cni"}
@@ -169,7 +171,7 @@ def test_manifest_is_a_daemonset_with_host_mounts_and_node_critical_priority():
     assert container["image"] == "registry.example/m:1"
     assert container["args"][-2:] == ["cni", "install"]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert items[1]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert items[2]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
 
 
 def test_the_plugins_log_reaches_the_node_agents_log(node: Path, tmp_path: Path):

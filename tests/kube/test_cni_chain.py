@@ -49,7 +49,8 @@ SA_NAME = "meshctl-cni-node"
 @contextlib.contextmanager
 def plugin_rbac(api: k8s.ApiClient, namespace: str) -> Iterator[None]:
     """The manifest's ClusterRole/Binding for the installer's SA (unique names: cluster scope)."""
-    _, role, binding, _ = objects(namespace=namespace)
+    by_kind = {o["kind"]: o for o in objects(namespace=namespace)}
+    role, binding = by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]
     name = f"{SA_NAME}-{secrets.token_hex(3)}"
     role["metadata"]["name"] = binding["metadata"]["name"] = binding["roleRef"]["name"] = name
     rbac = k8s.RbacAuthorizationV1Api(api)

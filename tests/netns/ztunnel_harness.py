@@ -139,14 +139,15 @@ class Sidecar:
     # A frozen meshctl to run instead of this interpreter (its data plane is then the frozen
     # binary re-executing itself).
     binary: str | None = None
+    # --log-level for the supervisor (ZT_LOG overrides "info"); None: its own default.
+    log_level: str | None = field(default_factory=lambda: os.environ.get("ZT_LOG", "info"))
     proc: subprocess.Popen[bytes] | None = None
     _log: object = field(default=None, repr=False)
 
     def start(self, wait_ready: bool = True) -> Sidecar:
         command = (lambda *args: [self.binary, *args]) if self.binary else meshctl_argv
         argv = command(
-            "--log-level",
-            os.environ.get("ZT_LOG", "info"),
+            *(("--log-level", self.log_level) if self.log_level else ()),
             "ztunnel",
             "run",
             "--workload",
