@@ -55,6 +55,9 @@ class ProxyConfig:
     worker: int = 0  # this child's index; worker 0 alone gets the HTTP listeners
     workers: int = 1
     metrics_dir: str = ""  # prometheus-client multiprocess directory shared by all workers
+    app_probers: str = ""  # ISTIO_KUBE_APP_PROBERS as the injector wrote it (validated)
+    pod_ip: str = ""  # where app probes go (the pod's INSTANCE_IP); "" = 127.0.0.1
+    app_metrics: str = ""  # ISTIO_PROMETHEUS_ANNOTATIONS: the app's metrics to merge
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

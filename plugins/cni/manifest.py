@@ -66,7 +66,13 @@ def objects(
             "readOnlyRootFilesystem": True,
             "capabilities": {"drop": ["ALL"]},
         },
-        "volumeMounts": [{"name": n, "mountPath": inside} for n, _, inside in mounts],
+        "volumeMounts": [
+            *({"name": n, "mountPath": inside} for n, _, inside in mounts),
+            # The one writable place under the read-only root: the one-file binary unpacks
+            # itself into /tmp before it runs (without it: "Could not create temporary
+            # directory!" and a crash loop, as seen on the real test node).
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
+        ],
     }
     daemonset = {
         "apiVersion": "apps/v1",
@@ -86,8 +92,11 @@ def objects(
                     "nodeSelector": {"kubernetes.io/os": "linux"},
                     "containers": [container],
                     "volumes": [
-                        {"name": n, "hostPath": {"path": host, "type": "DirectoryOrCreate"}}
-                        for n, host, _ in mounts
+                        *(
+                            {"name": n, "hostPath": {"path": host, "type": "DirectoryOrCreate"}}
+                            for n, host, _ in mounts
+                        ),
+                        {"name": "tmp", "emptyDir": {}},
                     ],
                 },
             },

@@ -2,7 +2,8 @@
 
 Owns a minimal HTTP/1.1 responder (one request per connection, ``Connection: close``, a read
 deadline, bodies up to 64 KiB) and the routes: ``/healthz/ready``; ``/metrics`` and
-``/stats/prometheus``; ``/config_dump``, ``/logging`` (GET shows, POST ``?level=`` sets),
+``/stats/prometheus``, and the app probes under ``/app-health/`` (app_probes.py);
+``/config_dump``, ``/logging`` (GET shows, POST ``?level=`` sets),
 ``/quitquitquit`` (POST: drain and exit). Invariant: no key material is ever rendered; the
 admin port is bound by the supervisor to loopback only.
 """
@@ -21,6 +22,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from meshctl import __version__
+from meshctl.core.appprobes import is_probe_path
 from meshctl.core.channel import Certs
 
 if TYPE_CHECKING:
@@ -31,7 +33,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Response = tuple[int, str, bytes]
-Handler = Callable[[str, str, dict[str, list[str]]], Awaitable[Response]]
+# (method, path, query, headers with lower-case names) -> response
+Handler = Callable[[str, str, dict[str, list[str]], dict[str, str]], Awaitable[Response]]
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -51,15 +54,15 @@ async def serve(sock: socket.socket, handler: Handler) -> asyncio.Server:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_DEADLINE)
             request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
             method, target, _ = request_line.split(" ", 2)
-            length = 0
+            headers: dict[str, str] = {}
             for line in head.split(b"\r\n")[1:]:
                 name, _, value = line.decode("latin-1").partition(":")
-                if name.strip().lower() == "content-length":
-                    length = min(int(value.strip() or 0), _MAX_BODY)
+                headers[name.strip().lower()] = value.strip()
+            length = min(int(headers.get("content-length") or 0), _MAX_BODY)
             if length:
                 await asyncio.wait_for(reader.readexactly(length), _READ_DEADLINE)
             url = urlsplit(target)
-            status, ctype, body = await handler(method, url.path, parse_qs(url.query))
+            status, ctype, body = await handler(method, url.path, parse_qs(url.query), headers)
         except (ValueError, asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             status, ctype, body = 400, "text/plain", b"bad request\n"
         try:
@@ -88,19 +91,30 @@ class Endpoints:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 
-    async def readiness(self, method: str, path: str, query: dict[str, list[str]]) -> Response:
+    async def readiness(
+        self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str]
+    ) -> Response:
         if path != "/healthz/ready":
             return text(404, "not found\n")
         if self.rt.ready and not self.rt.draining:
             return text(200, "ready\n")
         return text(503, f"not ready: {self.rt.not_ready_reason()}\n")
 
-    async def metrics(self, method: str, path: str, query: dict[str, list[str]]) -> Response:
+    async def metrics(
+        self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str]
+    ) -> Response:
+        if is_probe_path(path):  # the kubelet's probes, rewritten to this port by the injector
+            return await self.rt.app_probes.handle(method, path, headers)
         if path not in ("/metrics", "/stats/prometheus"):
             return text(404, "not found\n")
-        return 200, CONTENT_TYPE_LATEST, self.rt.telemetry.render()
+        ours = self.rt.telemetry.render()
+        if path == "/stats/prometheus":  # Istio's merged endpoint: the app's metrics follow
+            ours += await self.rt.app_probes.app_metrics_text()
+        return 200, CONTENT_TYPE_LATEST, ours
 
-    async def admin(self, method: str, path: str, query: dict[str, list[str]]) -> Response:
+    async def admin(
+        self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str]
+    ) -> Response:
         if path == "/config_dump":
             dump = await self.config_dump()
             return 200, "application/json", json.dumps(dump, indent=2).encode()

@@ -20,12 +20,14 @@ from typing import Any
 
 from meshctl.core import channel
 from meshctl.core.addresses import ip as parse_ip
+from meshctl.core.appprobes import parse_probers, parse_scrape
 from meshctl.core.hbone import TunnelSettings
 from meshctl.core.hbone.headers import format_baggage
 from meshctl.core.identity import SpiffeId, parse_workload_ref
 from meshctl.core.workloads import LocalConfigError, Store, Workload, parse_local_config
 
 from . import admin, tls
+from .app_probes import AppProbes
 from .inbound import Inbound
 from .inbound_plaintext import InboundPlaintext
 from .metrics import PUBLISH_INTERVAL, Telemetry
@@ -68,6 +70,7 @@ class Runtime:
             handshake_timeout=5,
             new_socket=self.upstream_socket,
         )
+        self.app_probes = AppProbes({}, pod_ip="", new_socket=self.upstream_socket)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._listeners: list[socket.socket] = []
         self._accepting: list[asyncio.Task[None]] = []
@@ -303,6 +306,14 @@ class Runtime:
             connect_timeout=cfg.connect_timeout,
             handshake_timeout=cfg.handshake_timeout,
             new_socket=self.upstream_socket,
+        )
+        probers, scrape = {}, None
+        try:
+            probers, scrape = parse_probers(cfg.app_probers), parse_scrape(cfg.app_metrics)
+        except ValueError as exc:  # the supervisor validated it: only a version skew gets here
+            log.error("app probers refused: %s", exc)  # noqa: TRY400 (no traceback needed)
+        self.app_probes = AppProbes(
+            probers, pod_ip=cfg.pod_ip, new_socket=self.upstream_socket, app_metrics=scrape
         )
         ports: set[int] = set()
         paths = {

@@ -143,7 +143,10 @@ def inject(
                 parsed, source.name, settings, uninject=uninject, tick=progress.advance
             )
             for item in skipped:
-                log.info("not injected: %s (%s)", item.where, item.reason)
+                if item.warning:
+                    typer.echo(f"Warning: {item.where}: {item.reason}", err=True)
+                else:
+                    log.info("not injected: %s (%s)", item.where, item.reason)
             originals.extend(d.data for d in parsed)
             results.extend(objects)
         if not results:

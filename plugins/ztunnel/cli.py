@@ -15,13 +15,13 @@ import typer
 
 from meshctl import config, logs, options
 from meshctl.core import certs as certs_mod
-from meshctl.core import channel
+from meshctl.core import channel, proxyconfig
 from meshctl.core.identity import IdentityError, SpiffeId, is_trust_domain, parse_workload_ref
-from meshctl.errors import MeshctlError, UserError
+from meshctl.errors import ConfigError, MeshctlError, UserError
 from meshctl.net.sockets import address_text
 from meshctl.values import format_duration
 
-from .settings import MAX_WORKERS, ZtunnelSettings
+from .settings import MAX_WORKERS, InjectedConfig, ZtunnelSettings
 
 app = typer.Typer(
     add_completion=False,
@@ -82,6 +82,15 @@ def run(
 
     options.daemon_logging(ctx)
     file, file_name = config.file_section(ctx.meta, "ztunnel")
+    # The pod's ProxyConfig from the injector (Istio's PROXY_CONFIG): below flags and env.
+    injected = config.resolve(InjectedConfig)
+    try:
+        pod_config = proxyconfig.parse(injected.proxy_config, source=proxyconfig.ENV)
+    except ValueError as exc:
+        raise ConfigError(
+            str(exc), hint="the injector writes PROXY_CONFIG; re-inject the pod"
+        ) from exc
+    file = {**file, **pod_config.ztunnel_settings(os.cpu_count() or 1)}
     flags = {
         "mode": mode,
         "workload": workload,
@@ -154,6 +163,9 @@ def run(
             worker=worker,
             workers=settings.workers,
             metrics_dir=metrics_dir,
+            app_probers=settings.app_probers,
+            pod_ip=settings.instance_ip,
+            app_metrics=settings.app_metrics,
         )
 
     supervisor = Supervisor(
@@ -188,6 +200,38 @@ def _identity(trust_domain: str, namespace: str, service_account: str) -> Spiffe
                 "e.g. cluster.local",
             ) from exc
         raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
+
+
+@app.command()
+def wait(
+    timeout: Annotated[
+        float, options.duration("--timeout", positive=True, help="How long to wait for readiness.")
+    ] = 60.0,
+    port: Annotated[int, options.port("--port", help="The proxy's readiness port.")] = 15021,
+) -> None:
+    """Wait until this pod's proxy is ready (a postStart hook: the app starts after it)."""
+    import http.client
+    import time
+
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    while True:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            conn.request("GET", "/healthz/ready")
+            status = conn.getresponse().status
+            conn.close()
+            if status == 200:
+                return
+            last = f"HTTP {status}"
+        except OSError as exc:
+            last = exc.strerror or str(exc)
+        if time.monotonic() >= deadline:
+            raise MeshctlError(
+                f"the proxy was not ready within {format_duration(timeout)} ({last})",
+                hint=f"see the proxy's log (kubectl logs -c istio-proxy); readiness is :{port}",
+            )
+        time.sleep(0.5)
 
 
 @app.command()

@@ -6,10 +6,29 @@ from dataclasses import dataclass
 
 from meshctl import values
 from meshctl.config import setting
+from meshctl.core.appprobes import PROBERS_ENV, parse_probers, parse_scrape
 from meshctl.errors import ConfigError
 
 _DURATION_HINT = f"write a duration, {values.DURATION_EXAMPLES}"
 MAX_WORKERS = 64
+
+
+def _probers(text: str) -> str:
+    """The injector's prober document, checked here so a bad one stops the proxy at start."""
+    parse_probers(text)
+    return text
+
+
+def _scrape(text: str) -> str:
+    parse_scrape(text)
+    return text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InjectedConfig:
+    """What the injector hands the proxy besides its settings: the pod's ProxyConfig."""
+
+    proxy_config: str = setting("", env="PROXY_CONFIG")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,6 +39,21 @@ class ZtunnelSettings:
     pod_name: str | None = setting(None, env="POD_NAME")
     pod_namespace: str | None = setting(None, env="POD_NAMESPACE")
     service_account: str | None = setting(None, env="SERVICE_ACCOUNT")
+    instance_ip: str = setting("", env="INSTANCE_IP")  # the pod's IP: where app probes go
+    # The kubelet's probes the injector moved to :15020/app-health/... (Istio's variable).
+    app_probers: str = setting(
+        "",
+        env=PROBERS_ENV,
+        parse=_probers,
+        hint="the injector writes this variable; re-inject the pod (meshctl inject)",
+    )
+    # The app's prometheus.io/* scrape settings, merged into /stats/prometheus (Istio's name).
+    app_metrics: str = setting(
+        "",
+        env="ISTIO_PROMETHEUS_ANNOTATIONS",
+        parse=_scrape,
+        hint="the injector writes this variable; re-inject the pod (meshctl inject)",
+    )
     trust_domain: str = setting("cluster.local", env="TRUST_DOMAIN")
     cluster_id: str = setting("Kubernetes", env="ISTIO_META_CLUSTER_ID")
     local_config: str | None = setting(None, env="LOCAL_XDS_PATH")

@@ -165,9 +165,13 @@ def test_manifest_is_a_daemonset_with_host_mounts_and_node_critical_priority():
     assert items[0]["metadata"]["name"] == "meshctl-system"
     spec = items[4]["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
-    paths = {v["hostPath"]["path"] for v in spec["volumes"]}
+    paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert paths == {"/opt/cni/bin", "/etc/cni/net.d", "/var/run/meshctl-cni"}
     container = spec["containers"][0]
+    # A read-only root, but the one-file binary needs a writable /tmp to unpack itself.
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {}} in spec["volumes"]
     assert container["image"] == "registry.example/m:1"
     assert container["args"][-2:] == ["cni", "install"]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}

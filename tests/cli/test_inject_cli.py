@@ -131,6 +131,24 @@ BAD_INPUTS = {
         ),
         r"label 'sidecar\.istio\.io/inject' has a bool value, not a string",
     ),
+    # A status annotation copied onto a pod nobody injected: stripping would remove the app.
+    "status-names-the-app": (
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations:\n"
+            '    sidecar.istio.io/status: \'{"containers": ["app"]}\'\n'
+            "spec: {containers: [{name: app, image: a}]}\n"
+        ),
+        r"Pod p: annotation 'sidecar\.istio\.io/status' lists container 'app', which injection",
+    ),
+    "status-names-a-user-volume": (
+        (
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations:\n"
+            '    sidecar.istio.io/status: \'{"volumes": ["data"]}\'\n'
+            "spec:\n  containers: [{name: app, volumeMounts: [{name: data, mountPath: /d}]}]\n"
+            "  volumes: [{name: data, emptyDir: {}}]\n"
+        ),
+        r"lists volume 'data', which container 'app' mounts",
+    ),
 }
 
 
@@ -141,7 +159,10 @@ def test_bad_input_exits_1_and_writes_nothing(case, tmp_path):
     bad.write_text(text)
     target = tmp_path / "out.yaml"
     target.write_text("previous content\n")
-    for args in (["-f", "bad.yaml"], ["-f", "bad.yaml", "-O", "out.yaml"]):
+    runs = [["-f", "bad.yaml"], ["-f", "bad.yaml", "-O", "out.yaml"]]
+    if case.startswith("status-"):
+        runs.append(["--uninject", "-f", "bad.yaml", "-O", "out.yaml"])
+    for args in runs:
         result = subprocess.run(
             [sys.executable, "-c", "from meshctl.cli import run; run()", "inject", *args],
             capture_output=True,
@@ -276,3 +297,19 @@ def test_webhook_rejects_a_bad_listen_flag_before_loading_anything(
     assert says in err
     assert flag in err
     assert "Traceback" not in err
+
+
+def test_an_annotation_without_effect_is_a_warning_on_stderr(tmp_path, capsys):
+    source = tmp_path / "p.yaml"
+    source.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  annotations:\n"
+        "    sidecar.istio.io/bootstrapOverride: custom\n"
+        "spec: {containers: [{name: a, image: a}]}\n"
+    )
+    code, out, err = run(capsys, "inject", "-f", str(source))
+    assert code == 0
+    assert "istio-proxy" in out
+    assert err == (
+        f"Warning: {source}:1: Pod p: annotation 'sidecar.istio.io/bootstrapOverride' is not "
+        "supported by meshctl and has no effect\n"
+    )

@@ -77,3 +77,41 @@ def test_run_refuses_a_handshake_timeout_that_is_not_a_positive_duration(tmp_pat
     assert result.returncode == 2, result.stderr
     assert "env MESHCTL_HANDSHAKE_TIMEOUT: invalid value '0s'" in result.stderr
     assert "(more than 0s, at most 5m)" in result.stderr
+
+
+def test_wait_returns_once_the_proxy_is_ready_and_fails_cleanly_when_it_never_is():
+    import http.server
+    import threading
+
+    class Ready(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/healthz/ready" else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Ready)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = str(server.server_address[1])
+        assert meshctl("ztunnel", "wait", "--port", port, "--timeout", "5s").returncode == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    result = meshctl("ztunnel", "wait", "--port", port, "--timeout", "1s")
+    assert result.returncode == 1
+    assert result.stderr.startswith("Error: the proxy was not ready within 1s")
+
+
+def test_run_refuses_bad_injected_env_before_starting(tmp_path):
+    for name, value, message in (
+        ("ISTIO_KUBE_APP_PROBERS", "{", "ISTIO_KUBE_APP_PROBERS is not JSON"),
+        ("PROXY_CONFIG", '{"concurrency": -1}', "PROXY_CONFIG: concurrency"),
+        ("ISTIO_PROMETHEUS_ANNOTATIONS", '{"port": "x"}', "is not a port number"),
+    ):
+        env = {"PROXY_WORKLOAD_INFO": "ns/a/sa", name: value}
+        result = meshctl("ztunnel", "run", "--cert-dir", str(tmp_path), env=env)
+        assert result.returncode == 2, result.stderr
+        assert message in result.stderr.splitlines()[0]

@@ -52,7 +52,7 @@ from tests.harness import netns as netns_mod
 from tests.harness.netns import Netns, NetnsFactory
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-WRAPPER_GO_MOD = REPO_ROOT / "tests" / "kube" / "apiserver" / "go.mod"
+WRAPPER_GO_MOD = REPO_ROOT / "tests" / "kube" / "kubernetes" / "go.mod"
 BUILD_HINT = "run bash tests/kube/build.sh"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"  # never routed: nothing serves ClusterIPs here
 SA_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -308,8 +308,12 @@ class KubeCluster:
         return ctx
 
 
-def _kubeconfig(server: str, ca: bytes, admin: CertKey) -> dict[str, Any]:
-    # Embedded *-data fields: read alike by kubectl and the Python client, no side files.
+def client_kubeconfig(
+    server: str, ca: bytes, identity: CertKey, user: str = "admin"
+) -> dict[str, Any]:
+    """A kubeconfig for one client-certificate identity, credentials embedded (``*-data``
+    fields: read alike by kubectl and the Python client, no side files)."""
+
     def b64(data: bytes) -> str:
         return base64.b64encode(data).decode()
 
@@ -324,15 +328,15 @@ def _kubeconfig(server: str, ca: bytes, admin: CertKey) -> dict[str, Any]:
         ],
         "users": [
             {
-                "name": "admin",
+                "name": user,
                 "user": {
-                    "client-certificate-data": b64(admin.cert_pem),
-                    "client-key-data": b64(admin.key_pem),
+                    "client-certificate-data": b64(identity.cert_pem),
+                    "client-key-data": b64(identity.key_pem),
                 },
             }
         ],
         "contexts": [
-            {"name": "meshctl-test", "context": {"cluster": "meshctl-test", "user": "admin"}}
+            {"name": "meshctl-test", "context": {"cluster": "meshctl-test", "user": user}}
         ],
         "current-context": "meshctl-test",
     }
@@ -353,22 +357,40 @@ def _http_ok(host: str, port: int, path: str, ctx: ssl.SSLContext | None = None)
         conn.close()
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlPlaneOptions:
+    """Where the apiserver listens and what it serves; the defaults are the API-only fixture's."""
+
+    address: str = "127.0.0.1"  # bind, advertise, kubeconfig server
+    service_cluster_ip_range: str = SERVICE_CLUSTER_IP_RANGE
+    # "none": nothing consumes the kubernetes Service; "lease": pods reach it (the real node).
+    endpoint_reconciler: str = "none"
+    extra_apiserver_args: tuple[str, ...] = ()
+    server_ca: CertificateAuthority | None = None  # given: the caller issues more certs from it
+    client_ca: CertificateAuthority | None = None
+
+
 def _start_control_plane(
-    binaries: KubeBinaries, workdir: Path, children: list[_Child], ready_timeout: float
+    binaries: KubeBinaries,
+    workdir: Path,
+    children: list[_Child],
+    ready_timeout: float,
+    options: ControlPlaneOptions = ControlPlaneOptions(),  # frozen: a shared default is safe
 ) -> KubeCluster:
     # Appends each process to `children` as it starts, so the caller stops whatever started.
     started = time.monotonic()
     try:
         pki = workdir / "pki"
         pki.mkdir()
-        server_ca = CertificateAuthority("meshctl-test-server-ca")
-        client_ca = CertificateAuthority("meshctl-test-client-ca")
+        server_ca = options.server_ca or CertificateAuthority("meshctl-test-server-ca")
+        client_ca = options.client_ca or CertificateAuthority("meshctl-test-client-ca")
         (pki / "server-ca.crt").write_bytes(server_ca.cert_pem)
         (pki / "client-ca.crt").write_bytes(client_ca.cert_pem)
+        service_ip = str(ipaddress.ip_network(options.service_cluster_ip_range)[1])
         serving = server_ca.issue(
             "kube-apiserver",
             server=True,
-            ip_sans=["127.0.0.1", "10.0.0.1"],
+            ip_sans=sorted({"127.0.0.1", options.address, service_ip}),
             dns_sans=[
                 "localhost",
                 "kubernetes",
@@ -415,14 +437,14 @@ def _start_control_plane(
 
         _wait_until("etcd /health", etcd_ready, ready_timeout)
 
-        server = f"https://127.0.0.1:{api_port}"
+        server = f"https://{options.address}:{api_port}"
         apiserver = _Child(
             "kube-apiserver",
             [
                 str(binaries.kube_apiserver),
                 f"--etcd-servers={etcd_url}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={options.address}",
+                f"--advertise-address={options.address}",
                 f"--secure-port={api_port}",
                 f"--cert-dir={pki}",
                 f"--tls-cert-file={serving_crt}",
@@ -431,13 +453,14 @@ def _start_control_plane(
                 f"--service-account-issuer={SA_ISSUER}",
                 f"--service-account-signing-key-file={pki / 'sa.key'}",
                 f"--service-account-key-file={pki / 'sa.pub'}",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                f"--service-cluster-ip-range={options.service_cluster_ip_range}",
                 "--authorization-mode=Node,RBAC",
                 "--allow-privileged=true",
-                # No kube-proxy or endpoints consumer: do not publish 127.0.0.1 as the kubernetes
-                # Service's endpoint.
-                "--endpoint-reconciler-type=none",
+                # API-only: no kube-proxy or endpoints consumer, so do not publish 127.0.0.1 as
+                # the kubernetes Service's endpoint. The real node publishes its bridge address.
+                f"--endpoint-reconciler-type={options.endpoint_reconciler}",
                 "--profiling=false",
+                *options.extra_apiserver_args,
             ],
             workdir / "kube-apiserver.log",
         )
@@ -448,13 +471,13 @@ def _start_control_plane(
 
         def apiserver_ready() -> bool:
             apiserver.check_alive()
-            return _http_ok("127.0.0.1", api_port, "/readyz", probe)
+            return _http_ok(options.address, api_port, "/readyz", probe)
 
         _wait_until("kube-apiserver /readyz", apiserver_ready, ready_timeout, interval=0.2)
 
         kubeconfig = workdir / "admin.kubeconfig"
         kubeconfig.touch(mode=0o600)
-        kubeconfig.write_text(yaml.safe_dump(_kubeconfig(server, server_ca.cert_pem, admin)))
+        kubeconfig.write_text(yaml.safe_dump(client_kubeconfig(server, server_ca.cert_pem, admin)))
         return KubeCluster(
             version=binaries.version,
             server=server,
@@ -474,17 +497,21 @@ def _start_control_plane(
 
 @contextlib.contextmanager
 def running_cluster(
-    binaries: KubeBinaries, *, ready_timeout: float = 120.0
+    binaries: KubeBinaries,
+    *,
+    ready_timeout: float = 120.0,
+    options: ControlPlaneOptions = ControlPlaneOptions(),  # frozen: a shared default is safe
+    workdir: Path | None = None,
 ) -> Iterator[KubeCluster]:
     """Starts etcd + kube-apiserver on 127.0.0.1, yields once /readyz is ok, then removes all.
 
     Teardown runs on any exit, KeyboardInterrupt included; a SIGKILLed test process still takes
     the control plane with it (PR_SET_PDEATHSIG), though its temp dir then stays behind.
     """
-    workdir = Path(tempfile.mkdtemp(prefix="meshctl-kube-"))
+    workdir = workdir or Path(tempfile.mkdtemp(prefix="meshctl-kube-"))
     children: list[_Child] = []
     try:
-        yield _start_control_plane(binaries, workdir, children, ready_timeout)
+        yield _start_control_plane(binaries, workdir, children, ready_timeout, options)
     finally:
         # Reverse order: the apiserver goes before the etcd it writes to.
         for child in reversed(children):

@@ -1,8 +1,8 @@
 """The pytest plugin: privileged-test gating, the CI no-skip rule, and the netns fixtures.
 
-Rule: a test marked ``netns``, ``kube`` or ``shells`` may skip on a developer's laptop (not root, no
-kube-apiserver build) with a reason, but when ``CI=true`` such a skip is reported as a failure,
-so a privileged suite can never pass by not running.
+Rule: a test marked ``netns``, ``kube``, ``node`` or ``shells`` may skip on a developer's laptop
+(not root, no kube-apiserver build, no zsh) with a reason, but when ``CI=true`` such a skip is
+reported as a failure, so a privileged suite can never pass by not running.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import pytest
 
 from tests.harness import netns as netns_mod
 
-PRIVILEGED_MARKERS = ("netns", "kube", "shells")
+PRIVILEGED_MARKERS = ("netns", "kube", "node", "shells")
 
 
 MARKERS = {
     "netns": "needs root and real network namespaces (fails instead of skipping when CI=true)",
     "kube": "needs the real kube-apiserver + etcd harness (fails instead of skipping when CI=true)",
+    "node": "needs the real single-node cluster (fails instead of skipping when CI=true)",
     "shells": "runs real zsh and fish (.ci/run installs them; fails instead of skipping in CI)",
     "slow": "takes more than a few seconds (frozen-binary build, cold fixtures)",
 }

@@ -301,3 +301,16 @@ def templates(obj: Any) -> list[dict[str, Any]]:
     for part in path:
         obj = obj[part]
     return [obj]
+
+
+def test_an_annotation_without_effect_reaches_the_client_as_an_api_warning(
+    injecting: WebhookProcess, kube_api: k8s.ApiClient, namespace_factory: Any
+):
+    ns = namespace_factory({"meshctl-injection": "enabled"})
+    body = pod_body("warned", None, **{"sidecar.istio.io/bootstrapOverride": "custom"})
+    pod, _, headers = k8s.CoreV1Api(kube_api).create_namespaced_pod_with_http_info(ns, body)
+    assert "istio-proxy" in container_names(pod)
+    # RFC 7234 warn-code 299, as the API server relays admission warnings (kubectl prints them).
+    assert "annotation 'sidecar.istio.io/bootstrapOverride' is not supported by meshctl" in (
+        headers.get("Warning") or ""
+    )

@@ -133,6 +133,7 @@ class Sidecar:
     local_config: Path
     extra: tuple[str, ...] = ()
     log_path: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # e.g. the injector's proxy env
     # The proxy runs as the group the capture rules exempt (``--gid-owner``): uid 1337 cannot
     # run the test interpreter, which lives under /root (trap 9 of the performance notes).
     group: int | None = PROXY_GID
@@ -160,7 +161,7 @@ class Sidecar:
         )
         log = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
         self._log = log
-        env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms"}
+        env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms", **self.env}
         ids = {} if self.group is None else {"group": self.group, "extra_groups": []}
         self.proc = self.ns.popen(argv, stdout=log, stderr=log, env=env, **ids)
         if wait_ready:

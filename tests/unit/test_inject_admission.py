@@ -171,3 +171,17 @@ def test_a_bug_is_a_500_not_a_crash(monkeypatch):
 
     monkeypatch.setattr(admission, "inject_pod", broken)
     assert post(review()).status == 500
+
+
+def test_an_annotation_without_effect_comes_back_as_an_admission_warning():
+    pod = {
+        "metadata": {"name": "web", "annotations": {"proxy.istio.io/overrides": "{}"}},
+        "spec": {"containers": [{"name": "web", "image": "web:1"}]},
+    }
+    assert "warnings" not in response_of(post(review(pod)))
+    pod["metadata"]["annotations"] = {"sidecar.istio.io/componentLogLevel": "misc:error"}
+    response = response_of(post(review(pod)))
+    assert response["allowed"] is True
+    assert response["patchType"] == "JSONPatch"
+    warning = "annotation 'sidecar.istio.io/componentLogLevel' is not supported by meshctl"
+    assert response["warnings"] == [warning + " and has no effect"]

@@ -87,7 +87,8 @@ def test_cni_mode_has_no_privileged_init_container_only_the_unprivileged_validat
     assert not context["privileged"]
     annotations = result["metadata"]["annotations"]
     assert annotations[ann.INTERCEPTION_MODE] == "REDIRECT"
-    assert annotations[ann.EXCLUDE_INBOUND_PORTS] == "15090,15021,15020"
+    # Istio's spelling: the status port (the plugin excludes the proxy's other ports itself).
+    assert annotations[ann.EXCLUDE_INBOUND_PORTS] == "15020"
     status = json.loads(annotations[ann.STATUS])
     assert status["initContainers"] == ["istio-validation", "istio-proxy"]
 
@@ -146,19 +147,29 @@ def test_token_volume_has_the_mesh_audience():
     assert volumes["istiod-ca-cert"]["configMap"]["name"] == "istio-ca-root-cert"
 
 
-def test_resources_come_from_annotations():
+def test_resource_annotations_replace_the_defaults_as_istio_does():
     proxy = inject(pod(**{ann.PROXY_CPU: "300m", ann.PROXY_MEMORY_LIMIT: "2Gi"}))["spec"][
         "initContainers"
     ][1]
+    assert proxy["resources"] == {"requests": {"cpu": "300m"}, "limits": {"memory": "2Gi"}}
+
+
+def test_a_cpu_request_alone_sets_only_the_request_whatever_the_default_limit():
+    init, proxy = inject(pod(**{ann.PROXY_CPU: "4000m"}))["spec"]["initContainers"]
+    assert proxy["resources"] == init["resources"] == {"requests": {"cpu": "4000m"}}
+
+
+def test_without_resource_annotations_the_settings_apply():
+    proxy = inject(pod())["spec"]["initContainers"][1]
     assert proxy["resources"] == {
-        "requests": {"cpu": "300m", "memory": "128Mi"},
-        "limits": {"cpu": "2000m", "memory": "2Gi"},
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"cpu": "2000m", "memory": "1Gi"},
     }
 
 
 def test_a_request_above_its_limit_names_the_annotation():
     with pytest.raises(InvalidAnnotationError, match=r"sidecar\.istio\.io/proxyCPU'"):
-        inject(pod(**{ann.PROXY_CPU: "3"}))
+        inject(pod(**{ann.PROXY_CPU: "3", ann.PROXY_CPU_LIMIT: "2"}))
 
 
 @pytest.mark.parametrize(
@@ -227,7 +238,6 @@ def test_system_namespaces_are_never_injected():
         (lambda p: p.pop("spec"), "has no spec"),
         (lambda p: p["spec"]["containers"].append({"image": "x"}), "has no name"),
         (lambda p: p["spec"]["containers"].append({"name": "web"}), "used twice"),
-        (lambda p: p["spec"]["containers"].append({"name": "istio-proxy"}), "reserved"),
         (lambda p: p["spec"].update(volumes=[{"name": "istio-token"}]), "reserved"),
         (lambda p: p["metadata"]["annotations"].update({ann.INJECT: False}), "not a string"),
         (lambda p: p["metadata"].update(labels=["a"]), "not a mapping"),
@@ -380,3 +390,111 @@ def test_template_paths_by_group_and_kind(obj, path):
 )
 def test_workload_name_of_a_pod(metadata, name):
     assert kinds.workload_name_of_pod({"metadata": metadata}) == name
+
+
+def test_a_users_tls_mode_label_stays():
+    p = pod()
+    p["metadata"]["labels"][ann.TLS_MODE_LABEL] = "disabled"
+    assert inject(p)["metadata"]["labels"][ann.TLS_MODE_LABEL] == "disabled"
+    assert uninject_pod(inject(p)) == p
+
+
+def test_the_revision_is_recorded_as_istio_does():
+    result = inject(pod(), InjectSettings(image="x", revision="canary"))
+    assert result["metadata"]["annotations"][ann.REVISION_LABEL] == "canary"
+
+
+@pytest.mark.parametrize(
+    ("status", "message"),
+    [
+        ('{"containers": ["web"]}', "lists container 'web', which injection never adds"),
+        ('{"initContainers": ["istio-init"]}', "lists initContainer 'istio-init', which the pod"),
+        ('{"volumes": ["gone"]}', "lists volume 'gone', which the pod lacks"),
+    ],
+)
+def test_a_status_annotation_the_pod_does_not_bear_out_is_refused(status, message):
+    p = pod(**{ann.STATUS: status})
+    for transform in (inject, uninject_pod):
+        with pytest.raises(ManifestError, match=message):
+            transform(p)
+
+
+def test_unsupported_istio_annotations_are_warnings_not_silence():
+    outcome = inject_pod(
+        pod(**{"sidecar.istio.io/logLevel": "debug", "example.com/x": "y"}),
+        SETTINGS,
+        workload_name="web",
+    )
+    assert outcome.warnings == (
+        "annotation 'sidecar.istio.io/logLevel' is not supported by meshctl and has no effect",
+    )
+
+
+def test_a_users_istio_proxy_overrides_fields_and_comes_back_on_uninject():
+    p = pod()
+    user_proxy = {
+        "name": "istio-proxy",
+        "image": "auto",
+        "resources": {"requests": {"cpu": "123m"}},
+        "env": [{"name": "EXTRA", "value": "1"}],
+        "securityContext": {"runAsUser": 1234, "runAsGroup": 1234},
+    }
+    p["spec"]["containers"].append(copy.deepcopy(user_proxy))
+    result = inject(p)
+    init, proxy = result["spec"]["initContainers"]
+    assert names(result["spec"]["containers"]) == ["web"]
+    assert proxy["image"] == "registry.example/meshctl:test"  # "auto": the injected image
+    assert proxy["resources"]["requests"] == {"cpu": "123m", "memory": "128Mi"}
+    assert {"name": "EXTRA", "value": "1"} in proxy["env"]
+    assert proxy["securityContext"]["runAsUser"] == 1234
+    # The capture exempts the uid and gid the proxy now runs as.
+    args = init["args"]
+    assert (args[args.index("-u") + 1], args[args.index("-g") + 1]) == ("1234", "1234")
+    assert json.loads(result["metadata"]["annotations"]["proxy.istio.io/overrides"])
+    assert uninject_pod(result) == p
+    assert inject(result) == result
+
+
+def test_the_gateway_template_makes_the_proxy_the_main_container_without_capture():
+    p = {
+        "metadata": {"annotations": {ann.TEMPLATES: "gateway"}},
+        "spec": {"containers": [{"name": "istio-proxy", "image": "auto"}]},
+    }
+    result = inject(p)
+    assert "initContainers" not in result["spec"]
+    (proxy,) = result["spec"]["containers"]
+    assert "restartPolicy" not in proxy
+    assert "startupProbe" not in proxy
+    assert ann.TLS_MODE_LABEL not in result["metadata"]["labels"]
+    assert result["spec"]["securityContext"]["sysctls"] == [
+        {"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}
+    ]
+    assert uninject_pod(result) == p
+
+
+def test_an_unknown_template_is_refused():
+    with pytest.raises(InvalidAnnotationError, match=r"inject\.istio\.io/templates"):
+        inject(pod(**{ann.TEMPLATES: "grpc-agent"}))
+
+
+@pytest.mark.parametrize(
+    ("existing", "expected"),
+    [
+        (None, "default/meshctl-cni"),
+        ("alt", "alt, default/meshctl-cni"),
+        ("alt, default/meshctl-cni", "alt, default/meshctl-cni"),
+        ('[{"name": "alt"}]', '[{"name": "alt"}, {"name": "meshctl-cni", "namespace": "default"}]'),
+    ],
+)
+def test_multus_networks_get_the_mesh_cni_in_either_spelling(existing, expected):
+    settings = InjectSettings(image="x", cni=True, multus_network="default/meshctl-cni")
+    p = pod() if existing is None else pod(**{"k8s.v1.cni.cncf.io/networks": existing})
+    result = inject(p, settings)
+    assert result["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == expected
+    assert uninject_pod(result) == p
+
+
+def test_a_multus_networks_value_that_is_not_json_is_refused():
+    settings = InjectSettings(image="x", cni=True, multus_network="default/meshctl-cni")
+    with pytest.raises(InvalidAnnotationError, match="k8s"):
+        inject(pod(**{"k8s.v1.cni.cncf.io/networks": "[oops]"}), settings)

@@ -1,8 +1,12 @@
-"""Properties of injection over generated pod specs: idempotence and an exact uninject.
+"""Properties of injection over generated pod specs: idempotence, an exact uninject, and no
+container of the input ever missing from an output.
 
 Pods are generated with the features injection touches: labels and annotations it reads or
-writes (with and without prior values), HTTP and other probes, init containers, volumes,
-absent, empty and null fields. Equality is checked on JSON text, so key order counts too.
+writes (with and without prior values: tlsMode, Prometheus scrape settings, resources, the
+proxy's config, user volumes, a status port), HTTP, TCP, gRPC and exec probes on numbered and
+named ports, lifecycle hooks, init containers and native sidecars, a user's own istio-proxy
+override, volumes, absent, empty and null fields. Equality is checked on JSON text, so key
+order counts too.
 """
 
 from __future__ import annotations
@@ -49,6 +53,15 @@ ANNOTATIONS = st.dictionaries(
             ann.REWRITE_PROBES,
             ann.DEFAULT_CONTAINER,
             "other.example/note",
+            "prometheus.io/port",
+            "prometheus.io/path",
+            "prometheus.io/scrape",
+            ann.PROXY_CPU,
+            ann.PROXY_MEMORY_LIMIT,
+            "proxy.istio.io/config",
+            ann.USER_VOLUME,
+            ann.STATUS_PORT,
+            "sidecar.istio.io/logLevel",
         ]
     ),
     st.just(""),
@@ -73,6 +86,20 @@ def _annotation_value(key: str) -> st.SearchStrategy[str]:
         ann.INTERCEPTION_MODE: st.sampled_from(["REDIRECT", "TPROXY", "NONE"]),
         ann.NATIVE_SIDECAR: st.sampled_from(["true", "false"]),
         ann.REWRITE_PROBES: st.sampled_from(["true", "false"]),
+        "prometheus.io/port": st.sampled_from(["8080", "9090"]),
+        "prometheus.io/path": st.sampled_from(["/metrics", "/m"]),
+        "prometheus.io/scrape": st.sampled_from(["true", "false"]),
+        ann.PROXY_CPU: st.sampled_from(["50m", "4000m"]),
+        ann.PROXY_MEMORY_LIMIT: st.sampled_from(["2Gi"]),
+        "proxy.istio.io/config": st.sampled_from(
+            [
+                "holdApplicationUntilProxyStarts: true",
+                '{"proxyMetadata": {"A": "b"}, "concurrency": 2}',
+                "terminationDrainDuration: 9s",
+            ]
+        ),
+        ann.USER_VOLUME: st.just('{"uv":{"emptyDir":{}}}'),
+        ann.STATUS_PORT: st.sampled_from(["15020", "15120", "0"]),
     }.get(key, VALUES)
 
 
@@ -92,14 +119,32 @@ LABELS = st.dictionaries(
     max_size=4,
 )
 
+PROBE_PORT = st.integers(1, 65535).filter(lambda p: p != 15020)
 HTTP_GET = st.fixed_dictionaries(
-    {"path": st.just("/").map(str) | st.sampled_from(["/healthz", "/ready"]), "port": PORT},
+    {"path": st.just("/").map(str) | st.sampled_from(["/healthz", "/ready"]), "port": PROBE_PORT},
     optional={"scheme": st.sampled_from(["HTTP", "HTTPS"]), "host": st.just("127.0.0.1")},
 )
+NAMED_GET = st.fixed_dictionaries({"path": st.just("/n"), "port": st.just("http")})
 PROBE = st.one_of(
-    st.fixed_dictionaries({"httpGet": HTTP_GET}, optional={"timeoutSeconds": st.integers(1, 5)}),
+    st.fixed_dictionaries(
+        {"httpGet": HTTP_GET | NAMED_GET}, optional={"timeoutSeconds": st.integers(1, 5)}
+    ),
     st.just({"exec": {"command": ["true"]}}),
-    st.just({"tcpSocket": {"port": 80}}),
+    st.builds(lambda p: {"tcpSocket": {"port": p}}, st.sampled_from([80, "http"])),
+    st.builds(lambda p: {"grpc": {"port": p}, "periodSeconds": 3}, PROBE_PORT),
+)
+HOOK = st.one_of(
+    st.builds(lambda p: {"httpGet": {"path": "/stop", "port": p}}, st.sampled_from([80, "http"])),
+    st.just({"tcpSocket": {"port": 81}}),
+    st.just({"exec": {"command": ["stop"]}}),
+)
+OVERRIDE = st.fixed_dictionaries(
+    {"name": st.just("istio-proxy"), "image": st.sampled_from(["auto", "my/proxy:1"])},
+    optional={
+        "resources": st.just({"requests": {"cpu": "123m"}}),
+        "env": st.just([{"name": "EXTRA", "value": "1"}]),
+        "securityContext": st.just({"runAsUser": 1234}),
+    },
 )
 
 
@@ -112,14 +157,24 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
     def container(name: str, probes: bool) -> dict[str, Any]:
         c: dict[str, Any] = {"name": name, "image": f"registry.example/{name}:1"}
         if probes:
+            c["ports"] = [{"name": "http", "containerPort": 8080}]
             for field in ("livenessProbe", "readinessProbe", "startupProbe"):
                 if draw(st.booleans()):
                     c[field] = draw(PROBE)
+            if draw(st.booleans()):
+                c["lifecycle"] = {"preStop": draw(HOOK)}
         return c
 
     spec: dict[str, Any] = {"containers": [container(n, probes=True) for n in app_names]}
     if init_names or draw(st.booleans()):
-        spec["initContainers"] = [container(n, probes=False) for n in init_names]
+        # Some init containers are native sidecars (restartable), with probes of their own.
+        natives = [draw(st.booleans()) for _ in init_names]
+        spec["initContainers"] = [
+            {**container(n, probes=native), **({"restartPolicy": "Always"} if native else {})}
+            for n, native in zip(init_names, natives, strict=True)
+        ]
+    if draw(st.integers(0, 3)) == 0:
+        spec["containers"].append(draw(OVERRIDE))
     choice = draw(st.sampled_from(["absent", "null", "empty", "some"]))
     if choice != "absent":
         spec["volumes"] = {"null": None, "empty": [], "some": [{"name": "data", "emptyDir": {}}]}[
@@ -162,6 +217,19 @@ def injected(pod: dict[str, Any], settings_: InjectSettings) -> dict[str, Any]:
     return inject_pod(pod, settings_, workload_name="wl").pod
 
 
+def container_names(pod: dict[str, Any]) -> set[str]:
+    spec = pod["spec"]
+    return {c["name"] for field in ("initContainers", "containers") for c in spec.get(field) or ()}
+
+
+@settings(max_examples=300, deadline=None)
+@given(pod=pods(), settings_=SETTINGS)
+def test_no_container_of_the_input_is_ever_missing_from_an_output(pod, settings_):
+    once = injected(pod, settings_)
+    for output in (once, injected(once, settings_), uninject_pod(once)):
+        assert container_names(pod) <= container_names(output)
+
+
 @settings(max_examples=300, deadline=None)
 @given(pod=pods(), settings_=SETTINGS)
 def test_inject_is_idempotent(pod, settings_):
@@ -184,7 +252,8 @@ def test_reinjecting_with_other_settings_equals_injecting_once(pod, first, secon
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pod=pods(), settings_=SETTINGS)
 def test_the_webhook_patch_gives_the_same_pod(pod, settings_):
-    obj = {"apiVersion": "v1", "kind": "Pod", **pod}
+    # Through JSON, as the API server sends it (generated pods may share one probe object).
+    obj = json.loads(json.dumps({"apiVersion": "v1", "kind": "Pod", **pod}))
     review = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",

@@ -158,6 +158,9 @@ def admit(
         return {"uid": uid, "allowed": False, "status": {"code": 400, "message": message}}
     if outcome.skipped is not None:
         return allowed
+    if outcome.warnings:
+        # Shown by kubectl as "Warning: ..." lines (admission.k8s.io/v1 AdmissionResponse).
+        allowed["warnings"] = list(outcome.warnings)
     patch = jsonpatch.make_patch(pod, outcome.pod).patch
     if not patch:
         return allowed

@@ -8,6 +8,7 @@ with the message ``invalid value '<v>' for annotation '<k>'``; an absent annotat
 
 from __future__ import annotations
 
+import json
 import re
 from decimal import Decimal
 
@@ -35,9 +36,25 @@ PROXY_MEMORY_LIMIT = "sidecar.istio.io/proxyMemoryLimit"
 PROXY_IMAGE = "sidecar.istio.io/proxyImage"
 NATIVE_SIDECAR = "sidecar.istio.io/nativeSidecar"
 REWRITE_PROBES = "sidecar.istio.io/rewriteAppHTTPProbers"
+USER_VOLUME = "sidecar.istio.io/userVolume"  # JSON: name -> volume source
+USER_VOLUME_MOUNT = "sidecar.istio.io/userVolumeMount"  # JSON: volume name -> mount
+STATUS_PORT = "status.sidecar.istio.io/port"
+TEMPLATES = "inject.istio.io/templates"  # "sidecar" (default) or "gateway"
 READINESS_INITIAL_DELAY = "readiness.status.sidecar.istio.io/initialDelaySeconds"
 READINESS_PERIOD = "readiness.status.sidecar.istio.io/periodSeconds"
 READINESS_FAILURE_THRESHOLD = "readiness.status.sidecar.istio.io/failureThreshold"
+
+# Istio's annotation families: a key under one of these that meshctl does not read is reported
+# (a warning), never ignored silently.
+ISTIO_PREFIXES = (
+    "sidecar.istio.io/",
+    "proxy.istio.io/",
+    "traffic.sidecar.istio.io/",
+    "status.sidecar.istio.io/",
+    "readiness.status.sidecar.istio.io/",
+    "inject.istio.io/",
+    "prometheus.istio.io/",
+)
 
 # --- written: what injection leaves on the pod ----------------------------------------------------
 STATUS = "sidecar.istio.io/status"  # Istio's JSON shape; marks a pod as injected
@@ -50,6 +67,48 @@ CANONICAL_REVISION_LABEL = "service.istio.io/canonical-revision"
 REVISION_LABEL = "istio.io/rev"
 
 INTERCEPTION_MODES = ("REDIRECT", "TPROXY", "NONE")
+
+READ = frozenset(
+    {
+        INJECT,
+        INTERCEPTION_MODE,
+        INCLUDE_OUTBOUND_IP_RANGES,
+        EXCLUDE_OUTBOUND_IP_RANGES,
+        INCLUDE_INBOUND_PORTS,
+        EXCLUDE_INBOUND_PORTS,
+        INCLUDE_OUTBOUND_PORTS,
+        EXCLUDE_OUTBOUND_PORTS,
+        EXCLUDE_INTERFACES,
+        KUBEVIRT_INTERFACES,
+        PROXY_CPU,
+        PROXY_MEMORY,
+        PROXY_CPU_LIMIT,
+        PROXY_MEMORY_LIMIT,
+        PROXY_IMAGE,
+        NATIVE_SIDECAR,
+        REWRITE_PROBES,
+        READINESS_INITIAL_DELAY,
+        READINESS_PERIOD,
+        READINESS_FAILURE_THRESHOLD,
+        "prometheus.istio.io/merge-metrics",
+        USER_VOLUME,
+        USER_VOLUME_MOUNT,
+        STATUS_PORT,
+        "proxy.istio.io/config",
+        TEMPLATES,
+    }
+)
+WRITTEN = frozenset({"sidecar.istio.io/status", "proxy.istio.io/overrides"})
+
+
+def unsupported(annotations: dict[str, str]) -> list[str]:
+    """One warning per Istio annotation on the pod that meshctl does not act on."""
+    return [
+        f"annotation {key!r} is not supported by meshctl and has no effect"
+        for key in annotations
+        if key.startswith(ISTIO_PREFIXES) and key not in READ and key not in WRITTEN
+    ]
+
 
 _TRUE = frozenset({"true", "yes", "y", "on", "1"})
 _FALSE = frozenset({"false", "no", "n", "off", "0"})
@@ -137,6 +196,14 @@ def parse_quantity(key: str, value: str) -> str:
     return value
 
 
+def parse_port(key: str, value: str) -> int:
+    """A port number 1-65535, or 0 (the feature behind it turned off)."""
+    text = value.strip()
+    if not text.isdigit() or int(text) > 65535:
+        raise InvalidAnnotationError(key, value, expected="a port number 1-65535, or 0 for none")
+    return int(text)
+
+
 def parse_seconds(key: str, value: str, *, minimum: int) -> int:
     """A whole number of seconds (or a count) no smaller than ``minimum``."""
     text = value.strip()
@@ -150,6 +217,19 @@ def parse_image(key: str, value: str) -> str:
     if not _IMAGE.match(value):
         raise InvalidAnnotationError(key, value, expected="a container image reference")
     return value
+
+
+def parse_json_objects(key: str, value: str, *, what: str) -> dict[str, dict[str, object]]:
+    """A JSON object of name -> object (``userVolume``, ``userVolumeMount``)."""
+    try:
+        data = json.loads(value)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and k and isinstance(v, dict) for k, v in data.items()
+    ):
+        raise InvalidAnnotationError(key, value, expected=f"a JSON object of name -> {what}")
+    return data
 
 
 def quantity(text: str) -> Decimal:

@@ -57,10 +57,12 @@ class Document:
 
 @dataclass(frozen=True, slots=True)
 class Skipped:
-    """A workload left uninjected, and why (for the CLI to report)."""
+    """A workload left uninjected, and why, or (``warning``) injected with something the user
+    should know, such as an annotation without effect (for the CLI to report)."""
 
     where: str
     reason: str
+    warning: bool = False
 
 
 def load(text: str, source: str, tick: Tick | None = None) -> list[Document]:
@@ -178,14 +180,18 @@ def _object(
         )
     metadata = obj.get("metadata")
     namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
+    # A Pod that names its controller (generateName and a controlling owner) belongs to that
+    # workload, as for the webhook; any other object is its own workload.
+    name = kinds.object_name(obj)
+    if not path and isinstance(metadata, dict) and metadata.get("generateName"):
+        name = kinds.workload_name_of_pod(obj)
     try:
-        outcome = pod_transform(
-            template, kinds.object_name(obj), namespace if isinstance(namespace, str) else None
-        )
+        outcome = pod_transform(template, name, namespace if isinstance(namespace, str) else None)
     except InjectError as exc:
         raise ManifestError(f"{where}: {what}: {exc.message}", hint=exc.hint) from exc
     if outcome.skipped is not None:
         skipped.append(Skipped(f"{where}: {what}", outcome.skipped))
+    skipped.extend(Skipped(f"{where}: {what}", w, warning=True) for w in outcome.warnings)
     return _replace(obj, path, outcome.pod)
 
 

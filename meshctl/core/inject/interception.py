@@ -24,8 +24,15 @@ READINESS_PORT = 15021
 PROMETHEUS_PORT = 15090  # Istio's Envoy metrics port; excluded so Istio's scrapers keep working
 PROXY_UID = 1337
 
-# Never captured inbound: kubelet and Prometheus must reach the proxy itself.
+# Never captured inbound: kubelet and Prometheus must reach the proxy itself (the status port
+# is the pod's status.sidecar.istio.io/port when set; 0 means none).
 ALWAYS_EXCLUDED_INBOUND_PORTS = (PROMETHEUS_PORT, READINESS_PORT, STATUS_PORT)
+
+
+def status_port(annotations: Mapping[str, str]) -> int:
+    """The proxy's status port (probes, merged metrics): the annotation's, else 15020."""
+    value = annotations.get(ann.STATUS_PORT)
+    return STATUS_PORT if value is None else ann.parse_port(ann.STATUS_PORT, str(value))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,6 +48,7 @@ class Interception:
     exclude_outbound_ports: str = ""
     exclude_interfaces: str = ""
     kubevirt_interfaces: str = ""
+    status_port: int = STATUS_PORT  # 0: none (not excluded)
 
 
 def interception_of(annotations: Mapping[str, str]) -> Interception:
@@ -66,7 +74,8 @@ def interception_of(annotations: Mapping[str, str]) -> Interception:
         values["include_inbound_ports"] = ann.parse_ports(
             ann.INCLUDE_INBOUND_PORTS, v, wildcard=True
         )
-    excluded = list(map(str, ALWAYS_EXCLUDED_INBOUND_PORTS))
+    port = status_port(annotations)
+    excluded = [str(PROMETHEUS_PORT), str(READINESS_PORT), *([str(port)] if port else [])]
     if (v := get(ann.EXCLUDE_INBOUND_PORTS)) is not None:
         parsed = ann.parse_ports(ann.EXCLUDE_INBOUND_PORTS, v)
         excluded += [p for p in parsed.split(",") if p and p not in excluded]
@@ -84,7 +93,7 @@ def interception_of(annotations: Mapping[str, str]) -> Interception:
         virt_key, virt = ann.KUBEVIRT_INTERFACES, get(ann.KUBEVIRT_INTERFACES)
     if virt is not None:
         values["kubevirt_interfaces"] = ann.parse_interfaces(virt_key, virt)
-    return Interception(**values)
+    return Interception(**values, status_port=port)
 
 
 def iptables_args(
@@ -136,13 +145,20 @@ def capture_args(
 def cni_annotations(interception: Interception) -> dict[str, str]:
     """The annotations a CNI-mode pod carries so the CNI plugin applies the same rules.
 
-    ``interception_of`` of the result is ``interception`` again. The two settings whose default
-    is "*" are always written (an empty value means "capture none" there); the rest only when set.
+    ``interception_of`` of the result is ``interception`` again (with the pod's status port
+    annotation, which stays on the pod). The two settings whose default is "*" are always
+    written (an empty value means "capture none" there); the rest only when set.
     """
+    # As Istio writes it: the user's ports, then the status port; the other ports of the proxy
+    # are excluded by the plugin whatever the annotation says (interception_of adds them back).
+    own = {str(PROMETHEUS_PORT), str(READINESS_PORT), str(interception.status_port)}
+    excluded = [p for p in interception.exclude_inbound_ports.split(",") if p and p not in own]
+    if interception.status_port:
+        excluded.append(str(interception.status_port))
     pairs = (
         (ann.INTERCEPTION_MODE, interception.mode, True),
         (ann.INCLUDE_INBOUND_PORTS, interception.include_inbound_ports, True),
-        (ann.EXCLUDE_INBOUND_PORTS, interception.exclude_inbound_ports, True),
+        (ann.EXCLUDE_INBOUND_PORTS, ",".join(excluded), True),
         (ann.INCLUDE_OUTBOUND_IP_RANGES, interception.include_outbound_ip_ranges, True),
         (ann.EXCLUDE_OUTBOUND_IP_RANGES, interception.exclude_outbound_ip_ranges, False),
         (ann.INCLUDE_OUTBOUND_PORTS, interception.include_outbound_ports, False),

@@ -7,10 +7,12 @@ mappings out; the caller decides where they go (pipeline.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.core import proxyconfig
 from meshctl.core.inject import annotations as ann
 from meshctl.core.inject.errors import InvalidAnnotationError
 from meshctl.core.inject.interception import (
@@ -22,6 +24,7 @@ from meshctl.core.inject.interception import (
     Interception,
     interception_of,
     iptables_args,
+    status_port,
 )
 from meshctl.core.inject.probes import PROBERS_ENV
 from meshctl.core.inject.settings import InjectSettings
@@ -58,6 +61,11 @@ class PodOptions:
     readiness_initial_delay: int
     readiness_period: int
     readiness_failure_threshold: int
+    status_port: int  # probes and merged metrics (status.sidecar.istio.io/port); 0: none
+    proxy_config: proxyconfig.ProxyConfig  # proxy.istio.io/config
+    gateway: bool = False  # inject.istio.io/templates: gateway (no capture, a plain container)
+    user_volumes: dict[str, dict[str, Any]]  # name -> volume source (userVolume)
+    user_mounts: dict[str, dict[str, Any]]  # volume name -> mount (userVolumeMount)
 
 
 def pod_options(annotations: dict[str, str], settings: InjectSettings) -> PodOptions:
@@ -77,28 +85,89 @@ def pod_options(annotations: dict[str, str], settings: InjectSettings) -> PodOpt
         native_sidecar=flag(ann.NATIVE_SIDECAR, settings.native_sidecar),
         rewrite_probes=flag(ann.REWRITE_PROBES, True),
         interception=interception_of(annotations),
-        resources=_resources(annotations, settings),
+        # Istio's gateway template has no default resources: only the annotations' values.
+        resources=_resources(annotations, settings, defaults=_template(annotations) == "sidecar"),
         readiness_initial_delay=seconds(ann.READINESS_INITIAL_DELAY, 0, 0),
         readiness_period=seconds(ann.READINESS_PERIOD, 15, 1),
         readiness_failure_threshold=seconds(ann.READINESS_FAILURE_THRESHOLD, 4, 1),
+        status_port=status_port(annotations),
+        proxy_config=_proxy_config(annotations),
+        gateway=_template(annotations) == "gateway",
+        user_volumes=_objects(annotations, ann.USER_VOLUME, "volume source"),
+        user_mounts=_objects(annotations, ann.USER_VOLUME_MOUNT, "volume mount"),
     )
 
 
-def _resources(annotations: dict[str, str], settings: InjectSettings) -> dict[str, dict[str, str]]:
-    chosen: dict[str, dict[str, str]] = {"requests": {}, "limits": {}}
+TEMPLATE_NAMES = ("sidecar", "gateway")
+
+
+def _template(annotations: dict[str, str]) -> str:
+    """The injection template a pod asks for: Istio's ``sidecar`` (default) or ``gateway``."""
+    value = annotations.get(ann.TEMPLATES)
+    if value is None:
+        return "sidecar"
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    # The same template more than once is the same injection (each pass is idempotent).
+    if len(set(names)) != 1 or names[0] not in TEMPLATE_NAMES:
+        raise InvalidAnnotationError(
+            ann.TEMPLATES, value, expected="one template: " + " or ".join(TEMPLATE_NAMES)
+        )
+    return names[0]
+
+
+def _proxy_config(annotations: dict[str, str]) -> proxyconfig.ProxyConfig:
+    value = annotations.get(proxyconfig.ANNOTATION)
+    if value is None:
+        return proxyconfig.ProxyConfig()
+    try:
+        return proxyconfig.parse(value)
+    except ValueError as exc:
+        raise InvalidAnnotationError(
+            proxyconfig.ANNOTATION, value, expected=f"ProxyConfig fields ({exc})"
+        ) from None
+
+
+def hold_application(options: PodOptions, container: dict[str, Any]) -> None:
+    """holdApplicationUntilProxyStarts for a classic sidecar: the app containers start only
+    once the proxy's postStart hook has seen it ready (a native sidecar's startup probe does
+    that by itself)."""
+    container["lifecycle"] = {"postStart": {"exec": {"command": [MESHCTL, "ztunnel", "wait"]}}}
+
+
+def _objects(annotations: dict[str, str], key: str, what: str) -> dict[str, dict[str, Any]]:
+    value = annotations.get(key)
+    return {} if value is None else ann.parse_json_objects(key, value, what=what)
+
+
+def _resources(
+    annotations: dict[str, str], settings: InjectSettings, *, defaults: bool = True
+) -> dict[str, dict[str, str]]:
+    """Istio's rule: with any of the four resource annotations set, the proxy gets exactly what
+    they say (requests from proxyCPU/proxyMemory, limits only from the *Limit ones); with none,
+    the settings' requests and limits."""
     keys = (
         ("requests", "cpu", ann.PROXY_CPU, settings.proxy_cpu),
         ("requests", "memory", ann.PROXY_MEMORY, settings.proxy_memory),
         ("limits", "cpu", ann.PROXY_CPU_LIMIT, settings.proxy_cpu_limit),
         ("limits", "memory", ann.PROXY_MEMORY_LIMIT, settings.proxy_memory_limit),
     )
+    given = any(key in annotations for _, _, key, _ in keys)
+    chosen: dict[str, dict[str, str]] = {}
     for section, resource, key, default in keys:
         value = annotations.get(key)
-        chosen[section][resource] = default if value is None else ann.parse_quantity(key, value)
+        if value is not None:
+            chosen.setdefault(section, {})[resource] = ann.parse_quantity(key, value)
+        elif defaults and not given:
+            chosen.setdefault(section, {})[resource] = default
     # The API server refuses a pod whose request exceeds its limit; say which annotation did it.
     for resource, key in (("cpu", ann.PROXY_CPU), ("memory", ann.PROXY_MEMORY)):
-        request, limit = chosen["requests"][resource], chosen["limits"][resource]
-        if ann.quantity(request) > ann.quantity(limit):
+        request = chosen.get("requests", {}).get(resource)
+        limit = chosen.get("limits", {}).get(resource)
+        if (
+            request is not None
+            and limit is not None
+            and ann.quantity(request) > ann.quantity(limit)
+        ):
             blamed = key if key in annotations else key + "Limit"
             raise InvalidAnnotationError(
                 blamed,
@@ -158,12 +227,14 @@ def _capture_container(
 ) -> dict[str, Any]:
     """``meshctl iptables <verb>`` with the pod's capture arguments, as an init container."""
     args = iptables_args(options.interception, proxy_uid=settings.proxy_uid, proxy_gid=settings.gid)
+    metadata = _metadata_env(options)
     return {
         "name": name,
         "image": options.image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": [MESHCTL],
         "args": ["iptables", verb, *args],
+        **({"env": metadata} if metadata else {}),
         "resources": _copy_resources(options.resources),
         "securityContext": security,
     }
@@ -177,6 +248,7 @@ def proxy_container(
     app_containers: list[str],
     probers: dict[str, Any],
     extra_env: tuple[tuple[str, str], ...] = (),
+    prometheus_env: str | None = None,
 ) -> dict[str, Any]:
     """The proxy (``meshctl ztunnel run --mode sidecar``), a native sidecar unless told not to."""
 
@@ -203,8 +275,17 @@ def proxy_container(
         {"name": "ISTIO_META_WORKLOAD_NAME", "value": workload_name},
         {"name": "ISTIO_META_APP_CONTAINERS", "value": ",".join(app_containers)},
     ]
+    config = _effective_config(options)
+    if config.to_env() != "{}":
+        env.append({"name": proxyconfig.ENV, "value": config.to_env()})
+    # proxyMetadata: env of the proxy (and of the capture's init container), as in Istio.
+    env += _metadata_env(options)
+    if prometheus_env is not None:  # the app's scrape settings, for the proxy's merged metrics
+        env.append({"name": "ISTIO_PROMETHEUS_ANNOTATIONS", "value": prometheus_env})
     if probers:
-        env.append({"name": PROBERS_ENV, "value": json.dumps(probers, separators=(",", ":"))})
+        # Sorted by path, as Istio's injector writes the map.
+        text = json.dumps(dict(sorted(probers.items())), separators=(",", ":"))
+        env.append({"name": PROBERS_ENV, "value": text})
     # Env from the webhook's URL path (see admission.py) overrides the settings' values.
     by_name = {e["name"]: e for e in env}
     for name, value in extra_env:
@@ -219,7 +300,6 @@ def proxy_container(
     if options.interception.mode == "TPROXY":
         # TPROXY mode binds to foreign addresses (IP_TRANSPARENT), which needs NET_ADMIN.
         capabilities = {"add": ["NET_ADMIN"], "drop": ["ALL"]}
-    ready = {"path": "/healthz/ready", "port": READINESS_PORT}
     container: dict[str, Any] = {
         "name": PROXY_CONTAINER,
         "image": options.image,
@@ -234,9 +314,58 @@ def proxy_container(
             _port("mesh-outbound", OUTBOUND_CAPTURE_PORT),
             _port("mesh-inbound", INBOUND_CAPTURE_PORT),
             _port("mesh-hbone", HBONE_PORT),
-            _port("mesh-metrics", STATUS_PORT),
+            _port("mesh-metrics", options.status_port or STATUS_PORT),
             _port("mesh-health", READINESS_PORT),
         ],
+        # Status port 0: no probes of the proxy either (Istio's template does the same).
+        **({} if options.status_port == 0 else _proxy_probes(options)),
+        "resources": _copy_resources(options.resources),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": capabilities,
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
+            "runAsGroup": settings.gid,
+            "runAsNonRoot": True,
+            "runAsUser": settings.proxy_uid,
+        },
+        "volumeMounts": [
+            {"name": CERTS_VOLUME, "mountPath": CERTS_PATH},
+            {"name": TMP_VOLUME, "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
+            {"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": True},
+            {"name": ROOT_CA_VOLUME, "mountPath": ROOT_CA_PATH, "readOnly": True},
+            # sidecar.istio.io/userVolumeMount, as Istio's template adds them.
+            *({"name": name, **mount} for name, mount in options.user_mounts.items()),
+        ],
+    }
+    if options.gateway:
+        # Istio's gateway template: the ids only (it binds low ports, with the pod's sysctl),
+        # and no startup probe (nothing waits for a gateway's proxy).
+        container.pop("startupProbe", None)
+        container["securityContext"] = {
+            "runAsUser": settings.proxy_uid,
+            "runAsGroup": settings.gid,
+        }
+    return container
+
+
+# A gateway pod's proxy may bind ports below 1024 without a capability (Istio's template).
+GATEWAY_SYSCTL = {"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}
+
+
+def _effective_config(options: PodOptions) -> proxyconfig.ProxyConfig:
+    """The pod's ProxyConfig with the status port the injector uses (the annotation's)."""
+    port = options.status_port if options.status_port != STATUS_PORT else None
+    return dataclasses.replace(options.proxy_config, status_port=port, unsupported=())
+
+
+def _metadata_env(options: PodOptions) -> list[dict[str, Any]]:
+    return [{"name": k, "value": v} for k, v in options.proxy_config.metadata.items()]
+
+
+def _proxy_probes(options: PodOptions) -> dict[str, Any]:
+    ready = {"path": "/healthz/ready", "port": READINESS_PORT}
+    return {
         "readinessProbe": {
             "httpGet": dict(ready),
             "initialDelaySeconds": options.readiness_initial_delay,
@@ -253,28 +382,12 @@ def proxy_container(
             "timeoutSeconds": 3,
             "failureThreshold": 600,
         },
-        "resources": _copy_resources(options.resources),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": capabilities,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "runAsGroup": settings.gid,
-            "runAsNonRoot": True,
-            "runAsUser": settings.proxy_uid,
-        },
-        "volumeMounts": [
-            {"name": CERTS_VOLUME, "mountPath": CERTS_PATH},
-            {"name": TMP_VOLUME, "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
-            {"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": True},
-            {"name": ROOT_CA_VOLUME, "mountPath": ROOT_CA_PATH, "readOnly": True},
-        ],
     }
-    return container
 
 
-def volumes(settings: InjectSettings) -> list[dict[str, Any]]:
-    """The pod volumes the proxy mounts, in the order of ``VOLUMES``."""
+def volumes(settings: InjectSettings, options: PodOptions) -> list[dict[str, Any]]:
+    """The pod volumes the proxy mounts, in the order of ``VOLUMES``, then the user's
+    ``sidecar.istio.io/userVolume`` ones."""
     return [
         {"name": CERTS_VOLUME, "emptyDir": {}},
         {"name": TMP_VOLUME, "emptyDir": {}},
@@ -293,6 +406,7 @@ def volumes(settings: InjectSettings) -> list[dict[str, Any]]:
             },
         },
         {"name": ROOT_CA_VOLUME, "configMap": {"name": settings.root_ca_configmap}},
+        *({"name": name, **source} for name, source in options.user_volumes.items()),
     ]
 
 

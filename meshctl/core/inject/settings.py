@@ -22,6 +22,7 @@ PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 PROXY_ID = values.Integer(1, 2**31 - 1, what="a non-root uid/gid", metavar="ID")
 # A label value (the revision lands in the `istio.io/rev` selector of the webhook configuration).
 _LABEL_VALUE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_NETWORK = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +44,9 @@ class InjectSettings:
         True, env="MESHCTL_INJECT_NATIVE_SIDECAR", flag="--native-sidecar"
     )
     cni: bool = setting(False, env="MESHCTL_INJECT_CNI", flag="--cni")
+    # With Multus as the cluster's CNI: the NetworkAttachmentDefinition (ns/name) of the mesh's
+    # CNI plugin, added to each CNI-mode pod's k8s.v1.cni.cncf.io/networks ("" = chained CNI).
+    multus_network: str = setting("", env="MESHCTL_INJECT_MULTUS_NETWORK")
     # Mesh settings the proxy needs to find the CA and name itself.
     trust_domain: str = setting("cluster.local", env="MESHCTL_TRUST_DOMAIN")
     cluster_id: str = setting("Kubernetes", env="MESHCTL_CLUSTER_ID")
@@ -94,6 +98,11 @@ class InjectSettings:
                     f"{limit}",
                     hint="the API server refuses a container whose request exceeds its limit",
                 )
+        if self.multus_network and not _NETWORK.match(self.multus_network):
+            raise ConfigError(
+                f"inject setting multus-network: invalid value {self.multus_network!r}",
+                hint="name a NetworkAttachmentDefinition as NAMESPACE/NAME, e.g. default/istio-cni",
+            )
         for name in ("trust_domain", "cluster_id", "ca_address", "token_audience"):
             if not getattr(self, name):
                 raise ConfigError(

@@ -18,11 +18,7 @@ mode we exempt the tunnel port in mangle too; a chain nothing jumps to is not cr
 from __future__ import annotations
 
 import ipaddress
-import json
-import os
 import re
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,8 +29,8 @@ from meshctl.core.capture.plan import plan
 from meshctl.core.capture.render import rule_text
 from meshctl.core.capture.rules import Family, RuleSet
 from meshctl.core.capture.settings import settings_from_args
+from tests.harness.istio import istio_module_dir
 
-ISTIO_MODULE = "istio.io/istio@v0.0.0-20260827124520-eed52ebb66ad"
 GOLDENS = "tools/istio-iptables/pkg/capture/testdata"
 
 # Istio's test configuration (capture/run_test.go: constructTestConfig) as our flags: nothing
@@ -103,26 +99,7 @@ _BUILTIN = {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"}
 @pytest.fixture(scope="module")
 def goldens() -> Path:
     """Istio's golden directory, downloaded by the go command if this machine lacks it."""
-    why = _download_problem()
-    if why is None:
-        done = subprocess.run(
-            ["go", "mod", "download", "-json", ISTIO_MODULE],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=False,
-            cwd="/",  # outside any module: only the named module is fetched
-        )
-        if done.returncode == 0:
-            return Path(json.loads(done.stdout)["Dir"]) / GOLDENS
-        why = f"go mod download {ISTIO_MODULE} failed: {(done.stdout + done.stderr)[-400:]}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"Istio's reference goldens are required in CI: {why}")
-    pytest.skip(why)
-
-
-def _download_problem() -> str | None:
-    return None if shutil.which("go") else "the go command is not installed"
+    return istio_module_dir() / GOLDENS
 
 
 def test_every_istio_configuration_has_a_case(goldens: Path):

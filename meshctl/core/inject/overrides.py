@@ -1,0 +1,116 @@
+"""A user's own ``istio-proxy`` / ``istio-init`` container: Istio's way to override fields of the
+injected one (https://istio.io/latest/docs/setup/additional-setup/sidecar-injection/).
+
+Owns taking such containers out of the pod (where they were, for the undo record), merging each
+over the container injection renders with the API server's strategic-merge rules for a
+container (mappings merge key by key; ``env``, ``ports``, ``volumeMounts`` and ``volumeDevices``
+merge by their keys; other lists and scalars are replaced; ``image: auto`` keeps the injected
+image), and Istio's ``proxy.istio.io/overrides`` annotation. Pure: copies in, copies out.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from typing import Any
+
+ANNOTATION = "proxy.istio.io/overrides"
+AUTO_IMAGE = "auto"
+NAMES = ("istio-proxy", "istio-init", "istio-validation")
+# Lists merged element by element, by this key (the container's patchMergeKey fields).
+_MERGE_KEYS = {
+    "env": "name",
+    "ports": "containerPort",
+    "volumeMounts": "mountPath",
+    "volumeDevices": "devicePath",
+}
+
+
+def take(spec: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
+    """Removes the user's ``istio-*`` containers from ``spec`` (in place): (field, index, it)."""
+    taken = []
+    for field in ("initContainers", "containers"):
+        items = spec.get(field)
+        if not isinstance(items, list):
+            continue
+        for index, item in enumerate(items):
+            if item.get("name") in NAMES:
+                taken.append((field, index, item))
+        spec[field] = [i for i in items if i.get("name") not in NAMES]
+    return taken
+
+
+def put_back(spec: dict[str, Any], taken: list[Any]) -> None:
+    """Puts containers ``take`` removed back where they were (in place)."""
+    for field, index, item in sorted(taken, key=lambda t: (t[0], t[1])):
+        items = spec.setdefault(field, [])
+        if not isinstance(items, list):
+            continue
+        items.insert(min(int(index), len(items)), item)
+
+
+def merge(injected: dict[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+    """``injected`` with the user's fields merged over it."""
+    out = copy.deepcopy(injected)
+    for key, value in user.items():
+        if key == "name" or (key == "image" and value in (AUTO_IMAGE, "", None)):
+            continue
+        out[key] = _merged(key, out.get(key), value)
+    return out
+
+
+def _merged(key: str, base: Any, patch: Any) -> Any:
+    if isinstance(patch, dict) and isinstance(base, dict):
+        merged = dict(base)
+        for k, v in patch.items():
+            merged[k] = _merged(k, base.get(k), v)
+        return merged
+    merge_key = _MERGE_KEYS.get(key)
+    if merge_key and isinstance(patch, list) and isinstance(base, list):
+        result: list[Any] = [dict(b) if isinstance(b, dict) else b for b in base]
+        for item in patch:
+            found = next(
+                (
+                    i
+                    for i, b in enumerate(result)
+                    if isinstance(b, dict)
+                    and isinstance(item, dict)
+                    and b.get(merge_key) == item.get(merge_key)
+                ),
+                None,
+            )
+            if found is None:
+                result.append(copy.deepcopy(item))
+            else:
+                result[found] = _merged("", result[found], item)
+        return result
+    return copy.deepcopy(patch)
+
+
+def annotation(taken: list[tuple[str, int, dict[str, Any]]], injected_names: set[str]) -> str:
+    """Istio's record of the overrides applied, so a re-injection can apply them again."""
+    record: dict[str, list[dict[str, Any]]] = {}
+    for field, _, item in taken:
+        if item.get("name") not in injected_names:
+            continue
+        shown = {k: v for k, v in item.items() if not (k == "image" and v == AUTO_IMAGE)}
+        record.setdefault("containers" if field == "containers" else "initContainers", [])
+        record["containers" if field == "containers" else "initContainers"].append(shown)
+    return json.dumps(record, separators=(",", ":"))
+
+
+def from_annotation(text: str) -> list[tuple[str, int, dict[str, Any]]]:
+    """The overrides an Istio-injected pod recorded, to put back at the end of their lists."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(record, dict):
+        return []
+    out = []
+    for field in ("initContainers", "containers"):
+        for item in record.get(field) or ():
+            if isinstance(item, dict) and item.get("name") in NAMES:
+                out.append((field, 1 << 30, item))
+    return out

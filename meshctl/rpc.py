@@ -1,0 +1,211 @@
+"""The gRPC adapter: TLS servers and channels the way Istio's control plane and proxies use them.
+
+Owns grpcio (``grpc.aio``): a server whose TLS certificate can be swapped while it runs
+(``Server``), a client channel to a control plane with its trust roots, alternate server name and
+the per-call ``authorization: Bearer <token>`` / ``clusterid`` headers Istio's proxies send
+(``connect``), and the translation of a failed call into a one-line ``RpcError``. Invariants: every
+listener is TLS-only (a plaintext client fails the handshake); messages above the configured limit
+are refused with RESOURCE_EXHAUSTED by grpcio before any handler runs; a token file is read on every
+call, so a rotated projected token is used as soon as the kubelet writes it; no token, key or PEM is
+ever logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# As in meshctl/proto/__init__.py: grpc's C core would log next to our one-line errors (a failed
+# bind, a refused handshake) unless asked to (GRPC_VERBOSITY). Must run before grpc loads.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+import grpc
+import grpc.aio
+
+from meshctl.errors import MeshctlError
+
+log = logging.getLogger(__name__)
+
+# Istio's limits and keepalives (ztunnel: 200 MiB decoded messages, ping every 30 s, 10 s timeout).
+DEFAULT_MAX_MESSAGE = 200 * 1024 * 1024
+KEEPALIVE_MS = 30_000
+KEEPALIVE_TIMEOUT_MS = 10_000
+
+
+class RpcError(MeshctlError):
+    """A gRPC call failed; ``code`` is the gRPC status name (``UNAVAILABLE``, ...)."""
+
+    def __init__(self, message: str, *, code: str, hint: str | None = None) -> None:
+        super().__init__(message, hint=hint)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class KeyPair:
+    """A PEM certificate chain (leaf first) and its PEM private key."""
+
+    cert_chain_pem: bytes
+    key_pem: bytes
+
+
+def _server_config(pair: KeyPair) -> Any:
+    return grpc.ssl_server_certificate_configuration([(pair.key_pem, pair.cert_chain_pem)])
+
+
+class Server:
+    """A ``grpc.aio`` server on TLS listeners whose serving pair can change at run time.
+
+    ``add`` registers generated servicers (``add_XServicer_to_server``); ``set_key_pair`` makes
+    new handshakes use another certificate (open connections keep theirs).
+    """
+
+    def __init__(
+        self,
+        key_pair: KeyPair,
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self._lock = threading.Lock()
+        self._pending: KeyPair | None = None
+        self._server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", max_message_bytes),
+                ("grpc.max_send_message_length", DEFAULT_MAX_MESSAGE),
+                # Proxies ping every 30 s; accept that without a "too_many_pings" GOAWAY.
+                ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.so_reuseport", 0),
+                *options,
+            ]
+        )
+        self._credentials = grpc.dynamic_ssl_server_credentials(
+            _server_config(key_pair), self._fetch_config, require_client_authentication=False
+        )
+
+    def _fetch_config(self) -> Any:
+        # Called by grpc's core on a handshake; returning None keeps the current configuration.
+        with self._lock:
+            pair, self._pending = self._pending, None
+        return None if pair is None else _server_config(pair)
+
+    def set_key_pair(self, key_pair: KeyPair) -> None:
+        with self._lock:
+            self._pending = key_pair
+
+    def add(self, register: Callable[[Any, grpc.aio.Server], None], servicer: Any) -> None:
+        register(servicer, self._server)
+
+    def listen(self, address: str) -> int:
+        """Bind a TLS listener (``host:port``; port 0 picks one); returns the bound port."""
+        try:
+            port = self._server.add_secure_port(address, self._credentials)
+        except RuntimeError:  # grpcio's only signal for a failed bind
+            port = 0
+        if port == 0:
+            raise RpcError(
+                f"cannot listen on {address}",
+                code="UNAVAILABLE",
+                hint="choose a free port, or an address of this host",
+            )
+        return port
+
+    async def start(self) -> None:
+        await self._server.start()
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Stop accepting, let in-flight calls finish for up to ``grace_seconds``, then cancel.
+
+        grpcio sends every client a GOAWAY, so proxies reconnect elsewhere.
+        """
+        await self._server.stop(grace_seconds)
+
+    async def wait(self) -> None:
+        await self._server.wait_for_termination()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CallAuth:
+    """What a proxy sends with each call: a bearer token (file read per call), a cluster id."""
+
+    token_file: Path | None = None
+    token: str | None = None
+    cluster_id: str = "Kubernetes"
+
+    def headers(self) -> tuple[tuple[str, str], ...]:
+        token = self.token
+        if self.token_file is not None:
+            try:
+                token = self.token_file.read_text().strip()
+            except OSError as exc:
+                raise RpcError(
+                    f"cannot read the service-account token {self.token_file}: {exc.strerror}",
+                    code="UNAUTHENTICATED",
+                    hint="mount a projected token there (audience istio-ca) or pass another path",
+                ) from exc
+        if not token:
+            return ()
+        return (("authorization", f"Bearer {token}"), ("clusterid", self.cluster_id))
+
+
+class _AuthPlugin(grpc.AuthMetadataPlugin):
+    def __init__(self, auth: CallAuth) -> None:
+        self._auth = auth
+
+    def __call__(
+        self, context: grpc.AuthMetadataContext, callback: grpc.AuthMetadataPluginCallback
+    ) -> None:
+        try:
+            callback(self._auth.headers(), None)
+        except RpcError as exc:
+            callback((), exc)
+
+
+def connect(
+    address: str,
+    *,
+    root_pem: bytes,
+    auth: CallAuth | None = None,
+    server_name: str | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE,
+) -> grpc.aio.Channel:
+    """A TLS channel to ``host:port`` trusting ``root_pem``; ``server_name`` is the SAN to check.
+
+    Istio's proxies send no client certificate: the caller is authenticated by its token.
+    """
+    credentials = grpc.ssl_channel_credentials(root_certificates=root_pem)
+    if auth is not None:
+        credentials = grpc.composite_channel_credentials(
+            credentials, grpc.metadata_call_credentials(_AuthPlugin(auth))
+        )
+    options: list[tuple[str, Any]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", KEEPALIVE_MS),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        # One connection per channel, never shared with another channel in this process.
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+    if server_name:
+        options.append(("grpc.ssl_target_name_override", server_name))
+    return grpc.aio.secure_channel(address, credentials, options=options)
+
+
+def translate(exc: grpc.aio.AioRpcError, *, what: str, address: str) -> RpcError:
+    """One line for a failed call: what was asked, where, the status and the peer's message."""
+    code = exc.code().name
+    detail = exc.details() or ""
+    hints = {
+        "UNAVAILABLE": f"is the control plane running and reachable at {address}?",
+        "UNAUTHENTICATED": "check the service-account token (audience istio-ca) and its path",
+        "PERMISSION_DENIED": "the control plane refused this identity; see its message",
+        "DEADLINE_EXCEEDED": f"the control plane at {address} did not answer in time",
+    }
+    return RpcError(
+        f"{what} at {address} failed: {code}: {detail}", code=code, hint=hints.get(code)
+    )
