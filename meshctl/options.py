@@ -16,9 +16,8 @@ import dataclasses
 import functools
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from typer import _click as click
@@ -30,9 +29,11 @@ from typer.core import TyperGroup
 from meshctl import logs, values
 from meshctl.config import GlobalSettings
 from meshctl.errors import MeshctlError, UserError
-from meshctl.kube.client import KubeSettings
 from meshctl.output import FORMATS, OutputFormat
 from meshctl.terminal import COLOR_CHOICES
+
+if TYPE_CHECKING:
+    from meshctl.kube.client import KubeSettings
 
 # What -f reads from a directory (kubectl's extensions).
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
@@ -118,11 +119,11 @@ def choice(
     return option(*names, help=help, parse=values.Choice(tuple(choices)), env=env, **kw)
 
 
-@dataclass(frozen=True, slots=True)
 class ExistingFile:
     """A path that must name a readable file (certificates, CA bundles, configs)."""
 
-    metavar: str = "FILE"
+    __slots__ = ()
+    metavar = "FILE"
 
     def __call__(self, raw: Any) -> Path:
         path = Path(raw).expanduser()
@@ -133,11 +134,11 @@ class ExistingFile:
         return path
 
 
-@dataclass(frozen=True, slots=True)
 class OutputDirectory:
     """A directory to write into: it may be missing (it is created), but not a file."""
 
-    metavar: str = "DIR"
+    __slots__ = ()
+    metavar = "DIR"
 
     def __call__(self, raw: Any) -> Path:
         path = Path(raw).expanduser()
@@ -146,11 +147,11 @@ class OutputDirectory:
         return path
 
 
-@dataclass(frozen=True, slots=True)
 class OutputFile:
     """A file to (re)write: its directory must exist, and it must not be a directory itself."""
 
-    metavar: str = "FILE"
+    __slots__ = ()
+    metavar = "FILE"
 
     def __call__(self, raw: Any) -> Path:
         path = Path(raw).expanduser()
@@ -273,12 +274,13 @@ ColorOption = Annotated[
 # --- reading -f ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
 class Source:
     """One input of ``-f``: a name for messages (``<stdin>`` or the path) and its text."""
 
-    name: str
-    text: str
+    __slots__ = ("name", "text")
+
+    def __init__(self, name: str, text: str) -> None:
+        self.name, self.text = name, text
 
 
 def read_sources(filenames: Iterable[str], *, recursive: bool = False) -> list[Source]:
@@ -444,6 +446,8 @@ def _flag(param: click.Parameter) -> str:
 
 def kube_settings(ctx: typer.Context) -> KubeSettings:
     """Where the cluster is, from the root's --kubeconfig, --context and --request-timeout."""
+    from meshctl.kube.client import KubeSettings  # deferred: only cluster commands need it
+
     settings: GlobalSettings = ctx.find_root().obj
     return KubeSettings(
         kubeconfig=settings.kubeconfig,

@@ -1,10 +1,12 @@
 """The values users type into flags, env vars and settings files: parsed and range-checked.
 
-Each parser is a small frozen value that knows its help metavar (``PORT``, ``DURATION``, ``N``)
+Each parser is a small value that knows its help metavar (``PORT``, ``DURATION``, ``N``)
 and, called on the raw value, returns the parsed one or raises ``ValueError`` with a one-line
 reason that states the allowed range, e.g. ``'70000' is not a port (1-65535)``. Parsers accept
 an already-parsed value too (a YAML number from a settings file, a group's option handed down to
-a subcommand), so running one twice changes nothing. Pure: no I/O.
+a subcommand), so running one twice changes nothing. Pure: no I/O. Plain classes, not
+dataclasses: this module is on every command's start-up path (the root's --request-timeout), and
+generating a dataclass's methods costs more than the rest of the module.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-from dataclasses import dataclass
 from typing import Any
 
 # Go's time.ParseDuration units (what Istio, ztunnel and kubectl accept), plus days for TTLs.
@@ -39,14 +40,20 @@ def _text(raw: Any) -> str:
     return str(raw).strip()
 
 
-@dataclass(frozen=True, slots=True)
 class Integer:
     """A whole number in ``minimum..maximum`` (either bound may be open)."""
 
-    minimum: int | None = None
-    maximum: int | None = None
-    what: str = "a whole number"
-    metavar: str = "N"
+    __slots__ = ("maximum", "metavar", "minimum", "what")
+
+    def __init__(
+        self,
+        minimum: int | None = None,
+        maximum: int | None = None,
+        *,
+        what: str = "a whole number",
+        metavar: str = "N",
+    ) -> None:
+        self.minimum, self.maximum, self.what, self.metavar = minimum, maximum, what, metavar
 
     def __call__(self, raw: Any) -> int:
         if isinstance(raw, int) and not isinstance(raw, bool):
@@ -77,15 +84,17 @@ PORT = Integer(1, 65535, what="a port", metavar="PORT")
 NUMERIC_ID = Integer(0, 4294967294, what="a numeric uid/gid", metavar="ID")
 
 
-@dataclass(frozen=True, slots=True)
 class Duration:
     """A length of time in seconds, written as Go writes durations (``1m30s``, ``250ms``) or as
     a bare number of seconds; ``positive`` excludes zero, ``maximum`` caps it."""
 
-    minimum: float = 0.0
-    maximum: float | None = None
-    positive: bool = False
-    metavar: str = "DURATION"
+    __slots__ = ("maximum", "minimum", "positive")
+    metavar = "DURATION"
+
+    def __init__(
+        self, *, minimum: float = 0.0, maximum: float | None = None, positive: bool = False
+    ) -> None:
+        self.minimum, self.maximum, self.positive = minimum, maximum, positive
 
     def __call__(self, raw: Any) -> float:
         if isinstance(raw, int | float) and not isinstance(raw, bool):
@@ -145,11 +154,11 @@ def format_duration(seconds: float) -> str:
     return out
 
 
-@dataclass(frozen=True, slots=True)
 class Address:
     """One IP address (v4 or v6), returned in its canonical text form."""
 
-    metavar: str = "IP"
+    __slots__ = ()
+    metavar = "IP"
 
     def __call__(self, raw: Any) -> str:
         text = _text(raw)
@@ -161,11 +170,11 @@ class Address:
             ) from None
 
 
-@dataclass(frozen=True, slots=True)
 class Cidr:
     """One CIDR (``10.96.0.0/12``, ``fd00::/8``); a bare address is its /32 or /128."""
 
-    metavar: str = "CIDR"
+    __slots__ = ()
+    metavar = "CIDR"
 
     def __call__(self, raw: Any) -> str:
         text = _text(raw)
@@ -175,11 +184,13 @@ class Cidr:
             raise ValueError(f"{text!r} is not a CIDR (e.g. 10.96.0.0/12, fd00::/8)") from None
 
 
-@dataclass(frozen=True, slots=True)
 class Choice:
     """One of a fixed set of words."""
 
-    choices: tuple[str, ...]
+    __slots__ = ("choices",)
+
+    def __init__(self, choices: tuple[str, ...]) -> None:
+        self.choices = choices
 
     @property
     def metavar(self) -> str:
@@ -192,13 +203,15 @@ class Choice:
         return text
 
 
-@dataclass(frozen=True, slots=True)
 class ListenAddress:
     """Where a server listens: ``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (every address);
     ``empty_ok`` lets ``''`` mean "do not listen". Returned normalised, host as given."""
 
-    empty_ok: bool = False
-    metavar: str = "HOST:PORT"
+    __slots__ = ("empty_ok",)
+    metavar = "HOST:PORT"
+
+    def __init__(self, *, empty_ok: bool = False) -> None:
+        self.empty_ok = empty_ok
 
     def __call__(self, raw: Any) -> str:
         text = _text(raw)
