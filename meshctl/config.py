@@ -125,6 +125,15 @@ def resolve(
     return cls(**resolved)
 
 
+def env_with_prefix(prefix: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every variable named ``<prefix><K>``, as ``K -> value`` (Istio's ``ISTIO_META_*`` and
+    ``XDS_HEADER_*`` families), in name order."""
+    env = os.environ if env is None else env
+    return {
+        k[len(prefix) :]: v for k, v in sorted(env.items()) if k.startswith(prefix) and k != prefix
+    }
+
+
 def load_file(
     path: str | None, *, env: Mapping[str, str] | None = None
 ) -> tuple[dict[str, Any], str]:

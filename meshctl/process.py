@@ -9,13 +9,17 @@ never imports the data plane; a new child always receives the latest config, cer
 workloads before anything else; ``run`` returns 0 after a requested drain (signal or
 ``/quitquitquit``) and never leaves a child behind. It also relays ``/config_dump``'s question
 to the other workers (``Gather`` -> ``ReportRequest`` each -> ``Gathered``) and answers within
-``report_timeout`` with whatever arrived, naming the workers that did not answer.
+``report_timeout`` with whatever arrived, naming the workers that did not answer. In node mode
+each child also gets a pod channel (SOCK_SEQPACKET): every pod the node agent handed over goes to
+every child with its descriptors, and a new child receives all current pods after its config.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -34,6 +38,7 @@ log = logging.getLogger(__name__)
 
 # Listener roles that keep serving during a drain (readiness must be seen to fail, metrics read).
 HTTP_ROLES = ("readiness", "metrics", "admin")
+_POD_SEND_TIMEOUT = 2.0
 
 
 def self_command(*args: str) -> list[str]:
@@ -59,12 +64,33 @@ class Backoff:
 
 
 class Feed:
-    """What the supervisor sends: the full current state for a new child, changes after that."""
+    """What the supervisor sends: the full current state for a new child, changes after that.
+
+    ``run`` is the feed's own background work (a CA client renewing certificates), started with
+    the supervisor and cancelled when it stops; what it produces comes out of ``changes``.
+    """
 
     def current(self) -> list[channel.Message]:
         raise NotImplementedError
 
     def changes(self) -> list[channel.Message]:
+        raise NotImplementedError
+
+    async def run(self) -> None:
+        return
+
+    async def wait(self, timeout: float) -> None:
+        """Return when ``changes`` may have something, at the latest after ``timeout`` s.
+
+        Polled sources (files) just sleep; a pushing source (discovery) returns at once.
+        """
+        await asyncio.sleep(timeout)
+
+
+class PodFeed:
+    """Node mode: the pods every data plane serves, as messages with the descriptors they carry."""
+
+    def current(self) -> list[tuple[channel.Message, tuple[int, ...]]]:
         raise NotImplementedError
 
 
@@ -76,9 +102,16 @@ class _Child:
     started: float
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
+    pods: socket.socket | None = None
+    fed: bool = False  # has its config and the current state: later updates go to it
     quit_requested: bool = False
     drained: asyncio.Event = field(default_factory=asyncio.Event)
     reading: asyncio.Task[None] | None = None
+
+
+def _feed_ended(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the certificate/workload feed failed", exc_info=task.exception())
 
 
 class Supervisor:
@@ -106,6 +139,7 @@ class Supervisor:
         hello_timeout: float = 30.0,
         report_timeout: float = 1.0,
         ready_line: tuple[str, str] = ("data plane", ""),
+        pods: PodFeed | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("at least one worker")
@@ -133,6 +167,7 @@ class Supervisor:
         self._ready_line = ready_line
         self._ready: set[int] = set()
         self._announced = False
+        self._pods = pods
 
     def stop(self) -> None:
         """Begin the drain (what SIGTERM does)."""
@@ -143,6 +178,8 @@ class Supervisor:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
         poller = asyncio.ensure_future(self._poll())
+        feeding = asyncio.ensure_future(self._feed.run())
+        feeding.add_done_callback(_feed_ended)
         slots = [asyncio.ensure_future(self._slot(i)) for i in range(self._workers)]
         stop = asyncio.ensure_future(self._stop.wait())
         quit_ = asyncio.ensure_future(self._quit.wait())
@@ -154,7 +191,7 @@ class Supervisor:
             await self._drain()
             return 0
         finally:
-            for task in (stop, quit_, poller, *slots, *self._gathering):
+            for task in (stop, quit_, poller, feeding, *slots, *self._gathering):
                 task.cancel()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(sig)
@@ -197,15 +234,28 @@ class Supervisor:
             for role, s in self._listeners.items()
             if index == 0 or role.removesuffix("6") not in HTTP_ROLES
         }
+        pods_ours: socket.socket | None = None
+        inherited = [theirs.fileno(), *fds.values()]
+        if self._pods is not None:
+            pods_ours, pods_theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            # Blocking with a deadline: a child that stops reading its pods is restarted.
+            pods_ours.settimeout(_POD_SEND_TIMEOUT)
+            inherited.append(pods_theirs.fileno())
         try:
             proc = subprocess.Popen(
                 list(self._argv(theirs.fileno())),
-                pass_fds=(theirs.fileno(), *fds.values()),
+                pass_fds=tuple(inherited),
                 stdin=subprocess.DEVNULL,
                 env=self._env,
             )
+        except BaseException:
+            if pods_ours is not None:
+                pods_ours.close()
+            raise
         finally:
             theirs.close()
+            if self._pods is not None:
+                pods_theirs.close()
         reader, writer = await asyncio.open_connection(sock=ours)
         child = _Child(
             index=index,
@@ -214,6 +264,7 @@ class Supervisor:
             started=time.monotonic(),
             reader=reader,
             writer=writer,
+            pods=pods_ours,
         )
         self._children[index] = child
         decoder = channel.Decoder()
@@ -229,9 +280,16 @@ class Supervisor:
         if not isinstance(first, channel.Hello) or channel.VERSION not in first.versions:
             self._kill(child)
             raise channel.ChannelError(f"data plane did not speak channel v{channel.VERSION}")
-        self._send(child, self._config(index, fds))
+        config = self._config(index, fds)
+        if self._pods is not None:
+            config = dataclasses.replace(config, pod_channel=inherited[-1])
+        self._send(child, config)
         for message in self._feed.current():
             self._send(child, message)
+        if self._pods is not None:
+            for message, descriptors in self._pods.current():
+                self._send_pod(child, message, descriptors)
+        child.fed = True
         log.debug("data plane %d started (pid %d)", index, proc.pid)
         child.reading = asyncio.ensure_future(self._read(child, decoder, hello[1:]))
         return child
@@ -353,16 +411,41 @@ class Supervisor:
 
     async def _poll(self) -> None:
         while True:
-            await asyncio.sleep(self._poll_interval)
+            await self._feed.wait(self._poll_interval)
             try:
                 changes = self._feed.changes()
             except Exception:  # a reload problem must never take the proxy down
                 log.exception("reload failed; keeping the current state")
                 continue
-            for child in list(self._children.values()):
-                if child.proc.poll() is None:
-                    for message in changes:
-                        self._send(child, message)
+            for message in changes:
+                self.broadcast(message)  # a child still starting gets the new state as current
+
+    def broadcast(self, message: channel.Message) -> None:
+        """Send ``message`` to every live data plane now (not at the next poll)."""
+        for child in list(self._children.values()):
+            if child.fed and child.proc.poll() is None:
+                self._send(child, message)
+
+    def send_pod(self, message: channel.Message, fds: tuple[int, ...] = ()) -> None:
+        """Node mode: a pod message, with its descriptors, to every live data plane."""
+        for child in list(self._children.values()):
+            if child.fed and child.proc.poll() is None:
+                self._send_pod(child, message, fds)
+
+    def _send_pod(self, child: _Child, message: channel.Message, fds: tuple[int, ...]) -> None:
+        if child.pods is None:
+            return
+        data = channel.encode(message)
+        try:
+            if fds:
+                rights = array.array("i", fds)
+                child.pods.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+            else:
+                child.pods.send(data)
+        except OSError as exc:  # TimeoutError included: it stopped reading
+            log.error("data plane %d: pod channel: %s; restarting it", child.index, exc)  # noqa: TRY400
+            if child.proc.poll() is None:
+                child.proc.kill()
 
     def _send(self, child: _Child, message: channel.Message) -> None:
         if not child.writer.is_closing():
@@ -377,6 +460,8 @@ class Supervisor:
     def _forget(self, child: _Child) -> None:
         with contextlib.suppress(OSError):
             child.sock.close()
+            if child.pods is not None:
+                child.pods.close()
         if self._children.get(child.index) is child:
             del self._children[child.index]
             if self._on_exit is not None:

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 # As in meshctl/proto/__init__.py: grpc's C core would log next to our one-line errors (a failed
 # bind, a refused handshake) unless asked to (GRPC_VERBOSITY). Must run before grpc loads.
@@ -137,6 +137,15 @@ class CallAuth:
     token: str | None = None
     cluster_id: str = "Kubernetes"
 
+    @classmethod
+    def from_setting(cls, value: str, *, cluster_id: str) -> CallAuth:
+        """ztunnel's ``AUTH_TOKEN``: a path (it has a ``/``, or names an existing file) is read
+        on every call, so a rotated projected token is used at once; anything else is the
+        token itself."""
+        if "/" in value or Path(value).exists():
+            return cls(token_file=Path(value), cluster_id=cluster_id)
+        return cls(token=value, cluster_id=cluster_id)
+
     def headers(self) -> tuple[tuple[str, str], ...]:
         token = self.token
         if self.token_file is not None:
@@ -209,3 +218,19 @@ def translate(exc: grpc.aio.AioRpcError, *, what: str, address: str) -> RpcError
     return RpcError(
         f"{what} at {address} failed: {code}: {detail}", code=code, hint=hints.get(code)
     )
+
+
+def call_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[tuple[str, Any], ...]:
+    """The caller's metadata (keys lower case, as gRPC sends them)."""
+    return tuple((str(k), v) for k, v in (context.invocation_metadata() or ()))
+
+
+async def abort(context: grpc.aio.ServicerContext[Any, Any], status: str, message: str) -> NoReturn:
+    """End the call with gRPC status ``status`` (a name: ``PERMISSION_DENIED``...) and a reason."""
+    await context.abort(grpc.StatusCode[status], message)
+    raise AssertionError("grpc's abort returned")  # it raises; this keeps the type checker honest
+
+
+def peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
+    """The caller's address as grpc names it (``ipv4:10.0.0.1:5555``), for logs."""
+    return str(context.peer() or "unknown")

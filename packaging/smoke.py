@@ -85,6 +85,29 @@ def check_plugins(binary: Path) -> list[str]:
             problems.append(
                 f"cni manifest: exit {manifest.returncode}: {manifest.stderr.strip()!r}"
             )
+        plane = run(binary, "controlplane", "manifest")
+        if plane.returncode != 0 or "kind: Deployment" not in plane.stdout:
+            problems.append(f"controlplane manifest: exit {plane.returncode}: {plane.stderr!r}")
+        # Imports the whole control plane (grpc, protobuf, hypercorn) before it needs a cluster.
+        nowhere = run(binary, "--kubeconfig", f"{tmp}/none", "controlplane", "run")
+        if nowhere.returncode != 2 or "kubeconfig" not in nowhere.stderr:
+            problems.append(f"controlplane run: exit {nowhere.returncode}: {nowhere.stderr!r}")
+        # Imports the discovery client (grpc, protobuf, meshctl.xds) before it would connect.
+        xds = run(
+            binary,
+            *("ztunnel", "run", "--workload", "default/smoke/default", "--cert-dir", f"{tmp}/w"),
+            *("--xds-address", "127.0.0.1:15012", "--xds-root-ca", f"{tmp}/missing.pem"),
+        )
+        if xds.returncode != 2 or "root certificate" not in xds.stderr:
+            problems.append(f"ztunnel run --xds-address: exit {xds.returncode}: {xds.stderr!r}")
+        # Node mode: the ZDS client, the in-pod socket adapter and the identities load, and a
+        # node proxy without a source of pod certificates is one usage error.
+        node = run(binary, "ztunnel", "run", "--mode", "node", "--ca-dir", f"{tmp}/no-ca")
+        if node.returncode != 2 or "cannot read the CA" not in node.stderr:
+            problems.append(f"ztunnel run --mode node: exit {node.returncode}: {node.stderr!r}")
+        ambient = run(binary, "cni", "manifest", "--ambient")
+        if ambient.returncode != 0 or "AMBIENT_ENABLED" not in ambient.stdout:
+            problems.append(f"cni manifest --ambient: exit {ambient.returncode}")
         problems += check_cni_name(binary, Path(tmp))
         problems += check_completion(binary)
         dataplane = run(binary, "ztunnel-dataplane", "--help")

@@ -5,7 +5,9 @@ L4): any matching DENY refuses; with no ALLOW policy the connection is allowed; 
 one ALLOW must match. A policy matches when any rule matches; a rule when all its clauses match;
 a clause when any of its matches does; a match when every field holds, a field holding when any
 positive value matches (or there are none) and no negative value does. A policy with no rules
-never matches. Dry-run policies are evaluated and reported but never enforced. Invariant: pure.
+never matches; a rule with no clauses, or a clause with no matches, always holds; a match with no
+field set never holds (ztunnel's ``rbac.rs`` reads them so: Istio's ``rules: [{}]`` allows all).
+Dry-run policies are evaluated and reported but never enforced. Invariant: pure.
 """
 
 from __future__ import annotations
@@ -77,8 +79,13 @@ def _dry_run_refusals(dry: list[Policy], conn: ConnectionFacts) -> list[Policy]:
 
 
 def policy_matches(policy: Policy, conn: ConnectionFacts) -> bool:
+    """As ztunnel decides it: no rules never matches; a rule without clauses and a clause without
+    matches always hold; a match with no field set never holds (it is skipped)."""
     return any(
-        rule and all(any(match_holds(m, conn) for m in clause) for clause in rule)
+        all(
+            not clause or any(not m.is_empty and match_holds(m, conn) for m in clause)
+            for clause in rule
+        )
         for rule in policy.rules
     )
 
@@ -90,7 +97,7 @@ def match_holds(m: RbacMatch, conn: ConnectionFacts) -> bool:
     sa = (src.namespace, src.service_account) if src else None
     principal = src.principal if src else None
     return (
-        _field(namespace, m.namespaces, m.not_namespaces, lambda want, got: want == got)
+        _field(namespace, m.namespaces, m.not_namespaces, lambda want, got: want.matches(got))
         and _field(sa, m.service_accounts, m.not_service_accounts, lambda want, got: want == got)
         and _field(principal, m.principals, m.not_principals, lambda want, got: want.matches(got))
         and _field(conn.source_ip, m.source_ips, m.not_source_ips, lambda net, ip: ip in net)

@@ -9,15 +9,17 @@ returned to the caller, never in a message or a log.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
 
 # File names istio-agent writes for a workload (and ztunnel-style tools read).
 CERT_CHAIN_FILE = "cert-chain.pem"
@@ -25,6 +27,36 @@ KEY_FILE = "key.pem"
 ROOT_CERT_FILE = "root-cert.pem"
 CA_KEY_FILE = "ca-key.pem"  # the plug-in CA secret's names (istio `cacerts`)
 CA_CERT_FILE = "ca-cert.pem"
+
+# What a root may do: sign certificates and CRLs (RFC 5280 §4.2.1.3), and its own signatures.
+CA_KEY_USAGE = x509.KeyUsage(
+    digital_signature=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    key_cert_sign=True,
+    crl_sign=True,
+    encipher_only=False,
+    decipher_only=False,
+)
+
+
+def leaf_key_usage(*, key_encipherment: bool) -> x509.KeyUsage:
+    """A workload certificate's key usage: signatures (TLS 1.3), and RSA key transport when the
+    key is RSA (RFC 5280 §4.2.1.3)."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=False,
+        crl_sign=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
 
 # Backdating absorbs clock skew between the host that minted and the host that verifies.
 _BACKDATE = timedelta(minutes=5)
@@ -68,20 +100,7 @@ def mint_root(*, trust_domain: str, now: datetime, ttl: timedelta) -> KeyPair:
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(now + ttl)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(CA_KEY_USAGE, critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -118,20 +137,7 @@ def mint_workload(
         .not_valid_before(start)
         .not_valid_after(start + ttl if not_before is not None else now + ttl)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(leaf_key_usage(key_encipherment=True), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -187,6 +193,57 @@ def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
         == key.public_key().public_bytes(
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         )
+    )
+
+
+def new_csr(identity: SpiffeId) -> tuple[str, bytes]:
+    """A CSR as ztunnel sends one (fresh ECDSA P-256 key, SHA-256, empty subject, the SPIFFE id
+    as the only SAN, not critical as in its default build), and the key (PKCS#8 PEM)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    request = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([]))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.UniformResourceIdentifier(str(identity))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    return request.public_bytes(serialization.Encoding.PEM).decode(), _key_pem(key)
+
+
+def accept_issued(
+    chain: Sequence[str], roots_pem: bytes, identity: SpiffeId, key_pem: bytes, now: datetime
+) -> str:
+    """The chain to serve (leaf, then the intermediates; the roots left out) from a CA's answer,
+    after checking that ``chain[0]`` is a valid certificate for ``identity`` over our key that
+    verifies up ``chain`` to one of ``roots_pem`` (RFC 5280 path validation, as a TLS peer will
+    do it). Raises ``IdentityError`` with the reason."""
+    if not chain:
+        raise IdentityError("the CA answered an empty certificate chain")
+    try:
+        certs = [x509.load_pem_x509_certificate(c.encode()) for c in chain]
+        roots = x509.load_pem_x509_certificates(roots_pem)
+    except ValueError as exc:
+        raise IdentityError(f"the CA's answer is not PEM certificates: {exc}") from exc
+    leaf = certs[0]
+    if not key_matches(leaf.public_bytes(serialization.Encoding.PEM), key_pem):
+        raise IdentityError("the issued certificate is not for the key we sent")
+    uris = describe(leaf.public_bytes(serialization.Encoding.PEM))[0].uri_sans
+    peer_identity(uris, trust_domain=identity.trust_domain, expected=[identity])
+    try:
+        verifier = (
+            verification.PolicyBuilder()
+            .store(verification.Store(roots))
+            .time(now)
+            .build_client_verifier()
+        )
+        intermediates = [c for c in certs[1:] if c not in roots]
+        verifier.verify(leaf, intermediates)
+    except (verification.VerificationError, ValueError) as exc:
+        raise IdentityError(f"the issued certificate does not verify to our roots: {exc}") from exc
+    return "".join(
+        c.public_bytes(serialization.Encoding.PEM).decode() for c in (leaf, *intermediates)
     )
 
 

@@ -6,6 +6,9 @@ object ``{"v": VERSION, "type": <kind>, ...}``. Invariants: a frame above ``MAX_
 unknown version, type or field is a ``ChannelError`` (the reader closes; the supervisor restarts
 the data plane); message records are frozen and round-trip exactly through ``encode``/``Decoder``.
 Certificates travel as PEM text inside the channel only; ``repr`` of ``Certs`` hides the key.
+Version 2 added node (ambient) mode: per-identity ``Certs`` and the pod messages, which travel on
+a second, SOCK_SEQPACKET channel, one frame per packet with the pod's descriptors (netns first,
+then its listeners, in ``PodAdd.roles`` order) attached as SCM_RIGHTS.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
-VERSION = 1
+VERSION = 2
 MAX_FRAME = 16 * 1024 * 1024
 _HEADER = struct.Struct(">I")
 
@@ -38,8 +41,8 @@ class ProxyConfig:
     """Supervisor -> data plane: static settings. ``listeners`` maps a role to an inherited fd."""
 
     TYPE: ClassVar[str] = "config"
-    mode: str  # "sidecar" (dedicated); "shared" arrives with ambient mode
-    workload: str  # NS/NAME/SA of the one workload this proxy serves (dedicated mode)
+    mode: str  # "sidecar" (dedicated: one workload) or "node" (ambient: the node's pods)
+    workload: str  # NS/NAME/SA of the one workload this proxy serves (sidecar mode; else "")
     listeners: dict[str, int]  # outbound, inbound, inbound_plaintext, readiness, metrics, admin
     cluster_id: str = "Kubernetes"
     trust_domain: str = "cluster.local"
@@ -58,6 +61,8 @@ class ProxyConfig:
     app_probers: str = ""  # ISTIO_KUBE_APP_PROBERS as the injector wrote it (validated)
     pod_ip: str = ""  # where app probes go (the pod's INSTANCE_IP); "" = 127.0.0.1
     app_metrics: str = ""  # ISTIO_PROMETHEUS_ANNOTATIONS: the app's metrics to merge
+    pod_channel: int = -1  # node mode: the inherited fd of the pod channel (SOCK_SEQPACKET)
+    pod_ports: dict[str, int] = field(default_factory=dict)  # node mode: role -> port in pods
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +70,9 @@ class Certs:
     """Supervisor -> data plane: our workload key and chain, and the roots we trust."""
 
     TYPE: ClassVar[str] = "certs"
+    # Whose certificate: "" for the one workload of sidecar mode, else a SPIFFE id (node mode:
+    # every enrolled pod with that identity uses it).
+    identity: str = ""
     cert_chain: str = field(repr=False)
     key: str = field(repr=False)
     roots: str = field(repr=False)
@@ -88,12 +96,48 @@ def certificate_facts(
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CertSource:
+    """Supervisor -> data plane: where the certificates come from and how their renewal goes
+    (shown on readiness and ``/config_dump``); sent whenever that changes."""
+
+    TYPE: ClassVar[str] = "cert_source"
+    source: str  # "files" (a mounted directory) or "ca" (a CreateCertificate client)
+    ca_address: str = ""
+    renewing: bool = True  # False while the last attempt to renew failed
+    last_error: str = ""  # why it failed (one line; never key material)
+    failing_since: str = ""  # ISO 8601, when renewal started failing
+    last_success: str = ""  # ISO 8601
+    next_refresh: str = ""  # ISO 8601: half of the current certificate's lifetime
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Workloads:
     """Supervisor -> data plane: a whole local-config document (already validated)."""
 
     TYPE: ClassVar[str] = "workloads"
     document: dict[str, Any]
     generation: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkloadUpdates:
+    """Supervisor -> data plane: changes on top of the last ``Workloads``/``WorkloadUpdates``.
+
+    Each update is ``records.update_to_plain``'s form (kind, key, version, record or None). A
+    batch whose ``generation`` is not above the one applied is old news and is skipped.
+    """
+
+    TYPE: ClassVar[str] = "workload_updates"
+    updates: tuple[dict[str, Any], ...]
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class XdsState:
+    """Supervisor -> data plane: the discovery client's state, for ``/config_dump``."""
+
+    TYPE: ClassVar[str] = "xds_state"
+    state: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,11 +210,49 @@ class Gathered:
     missing: tuple[int, ...] = ()
 
 
+# Node mode: the pods the node agent handed over (ZDS), on the pod channel.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodAdd:
+    """Supervisor -> data plane: serve pod ``uid``; its descriptors come with the packet, one
+    per entry of ``roles`` ("netns" first, then listener roles such as "outbound", "inbound6")."""
+
+    TYPE: ClassVar[str] = "pod_add"
+    uid: str
+    name: str
+    namespace: str
+    service_account: str
+    netns: str = ""  # what /config_dump shows: the namespace's identity (inode)
+    roles: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodDelete:
+    """Supervisor -> data plane: stop serving pod ``uid`` (close its listeners)."""
+
+    TYPE: ClassVar[str] = "pod_delete"
+    uid: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PodsSynced:
+    """Supervisor -> data plane: whether the node agent's snapshot has been applied (readiness
+    waits for it; a lost agent connection makes it false until the next snapshot)."""
+
+    TYPE: ClassVar[str] = "pods_synced"
+    synced: bool
+    reason: str = ""
+
+
 Message = (
     Hello
     | ProxyConfig
     | Certs
+    | CertSource
     | Workloads
+    | WorkloadUpdates
+    | XdsState
     | Drain
     | Status
     | Drained
@@ -178,6 +260,9 @@ Message = (
     | ReportRequest
     | Report
     | Gathered
+    | PodAdd
+    | PodDelete
+    | PodsSynced
 )
 _KINDS: dict[str, type[Message]] = {
     k.TYPE: k
@@ -185,7 +270,10 @@ _KINDS: dict[str, type[Message]] = {
         Hello,
         ProxyConfig,
         Certs,
+        CertSource,
         Workloads,
+        WorkloadUpdates,
+        XdsState,
         Drain,
         Status,
         Drained,
@@ -193,6 +281,9 @@ _KINDS: dict[str, type[Message]] = {
         ReportRequest,
         Report,
         Gathered,
+        PodAdd,
+        PodDelete,
+        PodsSynced,
     )
 }
 

@@ -1,15 +1,17 @@
-"""The workload/service/policy store, built from Istio ztunnel's local-config document.
+"""The workload/service/policy store: records, lookups, and updates from any source.
 
-Owns: parsing the local config (``workloads``, ``services``, ``policies``; camelCase, the fields
-ztunnel reads) into frozen records, and the lookups the data plane makes: workload by IP, service
-by VIP, and a destination (endpoint + target port) for an original destination. Invariants: an
-unknown or mistyped field is refused with its path (``workloads[1].workloadIps[0]``); a ``Store``
-never changes (an update builds a new one, so a lookup in flight sees one consistent snapshot);
-the store never fetches anything.
+Owns the records every consumer reads (workloads, services, policies), the lookups the data plane
+makes (workload by IP, service by VIP, a destination for an original destination) and the reader
+of Istio ztunnel's local-config document. Sources (the local config, Kubernetes watches in the
+control plane, the xDS client in the proxies) feed it ``Update``s by key; consumers read snapshots.
+Invariants: a ``Store`` never changes (``apply`` builds a new one, so a lookup in flight sees one
+consistent snapshot); every record has a version; the store never fetches anything; a local-config
+field that is unknown or mistyped is refused with its path (``workloads[1].workloadIps[0]``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -110,7 +112,18 @@ class StringMatch:
             return text.startswith(self.value)
         if self.kind == "suffix":
             return text.endswith(self.value)
-        return True
+        return text != ""  # presence: any non-empty value
+
+
+def glob_match(text: str) -> StringMatch:
+    """Istio's policy string form: ``*`` (present), ``prefix*``, ``*suffix`` or exact."""
+    if text == "*":
+        return StringMatch(kind="presence")
+    if text.startswith("*"):
+        return StringMatch(kind="suffix", value=text[1:])
+    if text.endswith("*"):
+        return StringMatch(kind="prefix", value=text[:-1])
+    return StringMatch(kind="exact", value=text)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,8 +131,8 @@ class RbacMatch:
     """One match: every non-empty field must hold (AND); within a field any positive (OR) and
     no negative."""
 
-    namespaces: tuple[str, ...] = ()
-    not_namespaces: tuple[str, ...] = ()
+    namespaces: tuple[StringMatch, ...] = ()
+    not_namespaces: tuple[StringMatch, ...] = ()
     service_accounts: tuple[tuple[str, str], ...] = ()  # (namespace, serviceAccount)
     not_service_accounts: tuple[tuple[str, str], ...] = ()
     principals: tuple[StringMatch, ...] = ()
@@ -130,6 +143,14 @@ class RbacMatch:
     not_destination_ips: tuple[IPNetwork, ...] = ()
     destination_ports: tuple[int, ...] = ()
     not_destination_ports: tuple[int, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        """No field set: ztunnel skips such a match (it never satisfies its clause)."""
+        return self == _EMPTY_MATCH
+
+
+_EMPTY_MATCH = RbacMatch()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,17 +193,73 @@ class NoHealthyEndpointError(LookupError):
     """A service VIP matched but has no healthy endpoint serving the port."""
 
 
+class Kind(StrEnum):
+    """The three record kinds the store holds, each keyed by its own name."""
+
+    WORKLOAD = "workload"  # key: uid
+    SERVICE = "service"  # key: "<namespace>/<hostname>"
+    POLICY = "policy"  # key: "<namespace>/<name>"
+
+
+Record = Workload | Service | Policy
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Update:
+    """One change for ``Store.apply``: set ``key`` of ``kind`` to ``record``, or remove it (None).
+
+    ``version`` is the source's version of the record (the xDS resource version); empty means
+    "derive it from the content" (``content_version``).
+    """
+
+    kind: Kind
+    key: str
+    record: Record | None = None
+    version: str = ""
+
+
+def record_key(record: Record) -> str:
+    """The store key of a record (a workload's uid, a service's or policy's namespace/name)."""
+    return record.uid if isinstance(record, Workload) else record.key
+
+
+def content_version(record: Record) -> str:
+    """A version that changes exactly when the record's content does (same on every replica:
+    records are built deterministically, so equal content has an equal ``repr``)."""
+    return hashlib.blake2b(repr(record).encode(), digest_size=8).hexdigest()
+
+
+def _host_network(w: Workload) -> bool:
+    # A host-network pod shares its node's IP with every other such pod: never look it up by IP
+    # (ztunnel's NetworkMode HOST_NETWORK).
+    return w.extra.get("networkMode") == "HostNetwork"
+
+
 @dataclass(frozen=True, slots=True)
 class Store:
-    """An immutable snapshot of workloads, services and policies with lookup indexes."""
+    """An immutable snapshot of workloads, services and policies with lookup indexes.
 
-    workloads: tuple[Workload, ...] = ()
-    services: tuple[Service, ...] = ()
-    policies: tuple[Policy, ...] = ()
-    _by_ip: Mapping[tuple[str, IPAddress], Workload] = field(default_factory=dict, repr=False)
-    _by_vip: Mapping[tuple[str, IPAddress], Service] = field(default_factory=dict, repr=False)
-    _by_uid: Mapping[str, Workload] = field(default_factory=dict, repr=False)
-    _policies: Mapping[str, Policy] = field(default_factory=dict, repr=False)
+    Built only by ``apply`` (or ``build``, which applies everything at once): each call returns a
+    new snapshot and leaves this one as it was, so a reader keeps a consistent view for as long as
+    it holds it. ``generation`` counts applied batches. Indexes tolerate what a live source may
+    briefly show (two workloads with one IP while a pod is replaced): the last applied wins a
+    lookup, and the other takes over when it goes.
+    """
+
+    _workloads: Mapping[str, Workload] = field(default_factory=dict)
+    _services: Mapping[str, Service] = field(default_factory=dict)
+    _policies: Mapping[str, Policy] = field(default_factory=dict)
+    _versions: Mapping[tuple[Kind, str], str] = field(default_factory=dict, repr=False)
+    _by_ip: Mapping[tuple[str, IPAddress], tuple[str, ...]] = field(
+        default_factory=dict, repr=False
+    )
+    _by_vip: Mapping[tuple[str, IPAddress], tuple[str, ...]] = field(
+        default_factory=dict, repr=False
+    )
+    # service key -> uids of the workloads that list it in their ``services``, in apply order.
+    _endpoints: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    _by_node: Mapping[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
+    generation: int = 0
 
     @classmethod
     def build(
@@ -191,42 +268,120 @@ class Store:
         services: Iterable[Service] = (),
         policies: Iterable[Policy] = (),
     ) -> Store:
-        wls, svcs, pols = tuple(workloads), tuple(services), tuple(policies)
-        by_ip: dict[tuple[str, IPAddress], Workload] = {}
-        by_uid: dict[str, Workload] = {}
-        for w in wls:
-            if w.uid in by_uid:
+        """A store of exactly these records (local config: duplicates are errors here)."""
+        updates: list[Update] = []
+        seen_uid: set[str] = set()
+        seen_ip: set[tuple[str, IPAddress]] = set()
+        for w in workloads:
+            if w.uid in seen_uid:
                 raise LocalConfigError("workloads", f"duplicate uid {w.uid!r}")
-            by_uid[w.uid] = w
-            for ip in w.workload_ips:
-                if (w.network, ip) in by_ip:
+            seen_uid.add(w.uid)
+            for ip in () if _host_network(w) else w.workload_ips:
+                if (w.network, ip) in seen_ip:
                     raise LocalConfigError("workloads", f"IP {ip} belongs to two workloads")
-                by_ip[(w.network, ip)] = w
-        by_vip = {(net, ip): s for s in svcs for net, ip in s.vips}
-        return cls(wls, svcs, pols, by_ip, by_vip, by_uid, {p.key: p for p in pols})
+                seen_ip.add((w.network, ip))
+            updates.append(Update(kind=Kind.WORKLOAD, key=w.uid, record=w))
+        updates += [Update(kind=Kind.SERVICE, key=s.key, record=s) for s in services]
+        updates += [Update(kind=Kind.POLICY, key=p.key, record=p) for p in policies]
+        return cls().apply(updates)
+
+    def apply(self, updates: Iterable[Update]) -> Store:
+        """A new snapshot with ``updates`` applied in order (a later one for a key wins)."""
+        draft = _Draft(self)
+        for u in updates:
+            if u.record is not None and record_key(u.record) != u.key:
+                raise ValueError(f"{u.kind} update for {u.key!r} carries {record_key(u.record)!r}")
+            if u.kind is Kind.WORKLOAD:
+                draft.workload(u.key, u.record)
+            elif u.kind is Kind.SERVICE:
+                draft.service(u.key, u.record)
+            else:
+                draft.policies.pop(u.key, None)
+                if isinstance(u.record, Policy):
+                    draft.policies[u.key] = u.record
+            if u.record is None:
+                draft.versions.pop((u.kind, u.key), None)
+            else:
+                draft.versions[(u.kind, u.key)] = u.version or content_version(u.record)
+        return Store(
+            draft.workloads,
+            draft.services,
+            draft.policies,
+            draft.versions,
+            draft.by_ip,
+            draft.by_vip,
+            draft.endpoints,
+            draft.by_node,
+            self.generation + 1,
+        )
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    @property
+    def workloads(self) -> tuple[Workload, ...]:
+        return tuple(self._workloads.values())
+
+    @property
+    def services(self) -> tuple[Service, ...]:
+        return tuple(self._services.values())
+
+    @property
+    def policies(self) -> tuple[Policy, ...]:
+        return tuple(self._policies.values())
+
+    def get(self, kind: Kind, key: str) -> Record | None:
+        table: Mapping[str, Record]
+        if kind is Kind.WORKLOAD:
+            table = self._workloads
+        elif kind is Kind.SERVICE:
+            table = self._services
+        else:
+            table = self._policies
+        return table.get(key)
+
+    def version(self, kind: Kind, key: str) -> str | None:
+        """The version of the record under ``key``, or None when there is none."""
+        return self._versions.get((kind, key))
+
+    def versions(self) -> Mapping[tuple[Kind, str], str]:
+        """Every record's version, by (kind, key): what a discovery server compares."""
+        return self._versions
 
     def workload_by_ip(self, ip: str | IPAddress, network: str = "") -> Workload | None:
-        return self._by_ip.get((network, parse_ip(ip)))
+        uids = self._by_ip.get((network, parse_ip(ip)))
+        return self._workloads[uids[-1]] if uids else None
 
     def workload_by_uid(self, uid: str) -> Workload | None:
-        return self._by_uid.get(uid)
+        return self._workloads.get(uid)
+
+    def service_by_key(self, key: str) -> Service | None:
+        return self._services.get(key)
+
+    def policy_by_key(self, key: str) -> Policy | None:
+        return self._policies.get(key)
+
+    def workloads_on(self, node: str) -> tuple[Workload, ...]:
+        """The workloads whose ``node`` is ``node``."""
+        return tuple(self._workloads[uid] for uid in self._by_node.get(node, ()))
 
     def find_workload(self, namespace: str, name: str) -> Workload | None:
         """The workload called ``namespace/name`` (dedicated mode's ``--workload``)."""
-        for w in self.workloads:
+        for w in self._workloads.values():
             if w.namespace == namespace and w.name == name:
                 return w
         return None
 
     def service_by_vip(self, ip: str | IPAddress, network: str = "") -> Service | None:
-        return self._by_vip.get((network, parse_ip(ip)))
+        keys = self._by_vip.get((network, parse_ip(ip)))
+        return self._services[keys[-1]] if keys else None
 
     def endpoints(self, service: Service, port: int) -> list[tuple[Workload, int]]:
         """Healthy workloads behind ``service`` with the target port each serves ``port`` on."""
         found = []
-        for w in self.workloads:
-            ports = w.services.get(service.key)
-            if ports is None or not w.healthy or not w.workload_ips:
+        for uid in self._endpoints.get(service.key, ()):
+            w = self._workloads[uid]
+            ports = w.services[service.key]
+            if not w.healthy or not w.workload_ips:
                 continue
             target = ports.get(port, service.ports.get(port))
             if target is not None:
@@ -247,7 +402,7 @@ class Store:
         default keeps tests deterministic). Raises ``NoHealthyEndpointError`` for a VIP with none.
         """
         addr = parse_ip(ip)
-        service = self._by_vip.get((network, addr))
+        service = self.service_by_vip(addr, network)
         if service is not None:
             if port not in service.ports:
                 raise NoHealthyEndpointError(f"service {service.key} has no port {port}")
@@ -262,7 +417,7 @@ class Store:
                 workload=workload,
                 service=service,
             )
-        direct = self._by_ip.get((network, addr))
+        direct = self.workload_by_ip(addr, network)
         if direct is None:
             return Destination(kind="passthrough", addr=(str(addr), port))
         kind = "hbone" if direct.protocol is Protocol.HBONE else "tcp"
@@ -271,7 +426,7 @@ class Store:
     def policies_for(self, workload: Workload) -> list[Policy]:
         """Policies for ``workload``: its namespace's, the global ones, and the ones it names."""
         chosen: dict[str, Policy] = {}
-        for p in self.policies:
+        for p in self._policies.values():
             if p.scope is Scope.GLOBAL or (
                 p.scope is Scope.NAMESPACE and p.namespace == workload.namespace
             ):
@@ -280,6 +435,57 @@ class Store:
             if ref in self._policies:
                 chosen[ref] = self._policies[ref]
         return list(chosen.values())
+
+
+class _Draft:
+    """Copies of a store's tables that one ``apply`` edits before freezing them in a new Store."""
+
+    def __init__(self, base: Store) -> None:
+        self.workloads = dict(base._workloads)
+        self.services = dict(base._services)
+        self.policies = dict(base._policies)
+        self.versions = dict(base._versions)
+        self.by_ip = dict(base._by_ip)
+        self.by_vip = dict(base._by_vip)
+        self.endpoints = dict(base._endpoints)
+        self.by_node = dict(base._by_node)
+
+    def workload(self, uid: str, record: Record | None) -> None:
+        old = self.workloads.pop(uid, None)
+        if old is not None:
+            if not _host_network(old):
+                for ip in old.workload_ips:
+                    _drop(self.by_ip, (old.network, ip), uid)
+            for key in old.services:
+                _drop(self.endpoints, key, uid)
+            _drop(self.by_node, old.node, uid)
+        if isinstance(record, Workload):
+            self.workloads[uid] = record
+            self.by_node[record.node] = (*self.by_node.get(record.node, ()), uid)
+            if not _host_network(record):
+                for ip in record.workload_ips:
+                    at = (record.network, ip)
+                    self.by_ip[at] = (*self.by_ip.get(at, ()), uid)
+            for key in record.services:
+                self.endpoints[key] = (*self.endpoints.get(key, ()), uid)
+
+    def service(self, key: str, record: Record | None) -> None:
+        old = self.services.pop(key, None)
+        if old is not None:
+            for vip in old.vips:
+                _drop(self.by_vip, vip, key)
+        if isinstance(record, Service):
+            self.services[key] = record
+            for vip in record.vips:
+                self.by_vip[vip] = (*self.by_vip.get(vip, ()), key)
+
+
+def _drop(index: dict[Any, tuple[str, ...]], at: Any, key: str) -> None:
+    left = tuple(k for k in index.get(at, ()) if k != key)
+    if left:
+        index[at] = left
+    else:
+        index.pop(at, None)
 
 
 def _same_family(ips: Sequence[IPAddress], like: IPAddress) -> IPAddress:
@@ -303,6 +509,14 @@ def parse_local_config(doc: Any) -> Store:
     policies = [_policy(_Mapping(x, p)) for p, x in top.list_of("policies")]
     top.done()
     return Store.build(workloads, services, policies)
+
+
+def parse_record(kind: Kind, doc: Any, path: str = "") -> Record:
+    """One record in its local-config form (as ``records.render`` writes it)."""
+    m = _Mapping(doc, path)
+    if kind is Kind.WORKLOAD:
+        return _workload(m)
+    return _service(m) if kind is Kind.SERVICE else _policy(m)
 
 
 # Fields ztunnel's local config accepts that this data plane records but does not act on yet
@@ -391,8 +605,8 @@ def _policy(m: _Mapping) -> Policy:
 
 def _match(m: _Mapping) -> RbacMatch:
     r = RbacMatch(
-        namespaces=tuple(_str(v, p) for p, v in m.list_of("namespaces")),
-        not_namespaces=tuple(_str(v, p) for p, v in m.list_of("notNamespaces")),
+        namespaces=tuple(_string_match(v, p) for p, v in m.list_of("namespaces")),
+        not_namespaces=tuple(_string_match(v, p) for p, v in m.list_of("notNamespaces")),
         service_accounts=tuple(_sa(v, p) for p, v in m.list_of("serviceAccounts")),
         not_service_accounts=tuple(_sa(v, p) for p, v in m.list_of("notServiceAccounts")),
         principals=tuple(_string_match(v, p) for p, v in m.list_of("principals")),
@@ -509,15 +723,10 @@ def _sa(value: Any, path: str) -> tuple[str, str]:
 
 
 def _string_match(value: Any, path: str) -> StringMatch:
-    """A principal: ztunnel's ``{Exact|Prefix|Suffix|Presence: ...}`` or Istio's glob string."""
+    """A principal or namespace: ztunnel's ``{Exact|Prefix|Suffix|Presence: ...}`` or Istio's
+    glob string (``*``, ``prefix*``, ``*suffix``, exact)."""
     if isinstance(value, str):
-        if value == "*":
-            return StringMatch(kind="presence")
-        if value.endswith("*"):
-            return StringMatch(kind="prefix", value=value[:-1])
-        if value.startswith("*"):
-            return StringMatch(kind="suffix", value=value[1:])
-        return StringMatch(kind="exact", value=value)
+        return glob_match(value)
     if isinstance(value, Mapping) and len(value) == 1:
         kind, text = next(iter(value.items()))
         kinds = {"Exact": "exact", "Prefix": "prefix", "Suffix": "suffix", "Presence": "presence"}

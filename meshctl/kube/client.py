@@ -17,6 +17,9 @@ from meshctl.errors import ConfigError, KubeError
 
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
+# Long-running watches each hold a pooled connection for minutes; the default pool (5 per core)
+# would leave short requests queueing behind them or opening throwaway connections.
+POOL_SIZE = 32
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +66,7 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
                 f"in-cluster config unusable: {exc}",
                 hint="mount the service-account token or pass --kubeconfig",
             ) from exc
+        configuration.connection_pool_maxsize = POOL_SIZE
         return Kube(client.ApiClient(configuration), "in-cluster", settings.request_timeout)
 
     paths = _kubeconfig_paths(settings.kubeconfig)
@@ -94,6 +98,7 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
             hint="compare it with 'kubectl config view'",
         ) from exc
     _one_attempt(configuration)
+    configuration.connection_pool_maxsize = POOL_SIZE
     where = f"kubeconfig {source}" + (f" (context {settings.context})" if settings.context else "")
     return Kube(client.ApiClient(configuration), where, settings.request_timeout)
 

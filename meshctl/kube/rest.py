@@ -30,11 +30,15 @@ class ApiUnreachableError(KubeError):
 
 
 class ApiStatusError(KubeError):
-    """The API server answered with a non-2xx status."""
+    """The API server answered with a non-2xx status; ``reason`` is its Status ``reason``
+    (``AlreadyExists``, ``Conflict``, ``NotFound``, ``Expired``...) when it sent one."""
 
-    def __init__(self, message: str, *, status: int, hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, status: int, hint: str | None = None, reason: str = ""
+    ) -> None:
         super().__init__(message, hint=hint)
         self.status = status
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,6 +151,10 @@ def get_json(config: RestConfig, path: str, *, timeout: float) -> dict[str, Any]
 
 def pod_path(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace, safe='')}/pods/{quote(name, safe='')}"
+
+
+def namespace_path(name: str) -> str:
+    return f"/api/v1/namespaces/{quote(name, safe='')}"
 
 
 def _connection(

@@ -15,9 +15,10 @@ Invariants:
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from meshctl.core.capture import render
+from meshctl.core.capture import hostprobe, render
 from meshctl.core.capture.plan import CapturePlan
 from meshctl.core.capture.routing import Routing
 from meshctl.core.capture.rules import Family, RuleSet
@@ -63,10 +64,12 @@ def apply(
         chosen = choice.backend
         before = {f: _installed(choice, f) for f in FAMILIES}
         # meshctl's policy routing only ever exists beside its MESH_ chains (apply adds both,
-        # clean and rollback remove both), so with neither installed nor wanted there is nothing
-        # to read: a fresh namespace skips a netlink dump (~3 ms of the iptc fast path).
+        # clean and rollback remove both), so without any chain of ours there is nothing of it
+        # to read: a fresh namespace skips two netlink dumps (the iptc fast path, and most of an
+        # ambient pod's enrollment). Should a stray route be there after all, adding the same
+        # one again is no error (``routing.reconcile``).
         nothing_yet = all(r.is_empty() for r in before.values())
-        routes_before = Routing() if nothing_yet and plan.routing.is_empty() else routing.read()
+        routes_before = Routing() if nothing_yet else routing.read()
         texts = {f: render.transition(before[f], plan.ruleset(f)) for f in FAMILIES}
         if dry_run:
             return Outcome(chosen.name, texts, tuple(routing.changes(routes_before, plan.routing)))
@@ -153,3 +156,21 @@ def clean(*, target: netns.NetnsRef | None, backend: str, dry_run: bool = False)
         if route_changes or not outcomes:
             outcomes.append(Outcome("routing", {}, tuple(route_changes)))
     return outcomes
+
+
+def apply_host_probe(
+    pod_ips: Iterable[str], *, target: netns.NetnsRef | None, backend: str = "auto"
+) -> Outcome:
+    """The node's probe SNAT rules (``hostprobe``) for exactly ``pod_ips``; only ``MESH_POSTRT``
+    and its jump are read and written, whatever else the node's tables hold (kube-proxy's...)."""
+    ips = list(pod_ips)
+    with netns.entered(target):
+        choice = iptables.select(backend, FAMILIES)
+        texts: dict[Family, str] = {}
+        for family in FAMILIES:
+            installed = hostprobe.scoped(_installed(choice, family))
+            desired = hostprobe.build(ips, family)
+            texts[family] = render.transition(installed, desired)
+            if texts[family]:
+                choice.backend.write(family, installed, desired)
+    return Outcome(choice.backend.name, texts)

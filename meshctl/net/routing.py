@@ -8,6 +8,7 @@ runs on a netlink socket opened in the calling thread's namespace; no pyroute2 o
 from __future__ import annotations
 
 import contextlib
+import errno
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -171,6 +172,8 @@ def _call(method: Any, verb: str, line: str, **kwargs: Any) -> None:
     try:
         method(verb, **kwargs)
     except NetlinkError as exc:
+        if verb == "add" and exc.code == errno.EEXIST:
+            return  # already there: what we wanted
         what = line if verb == "add" else line.replace(" add ", " del ")
         hint = "run as root (CAP_NET_ADMIN)"
         if kwargs.get("family") == socket.AF_INET6:

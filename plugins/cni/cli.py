@@ -8,7 +8,7 @@ The CNI plugin itself is the raw ``cni-plugin`` entry point, in ``meshctl_plugin
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -16,6 +16,9 @@ from meshctl import config, options
 from meshctl.output import OutputFormat, render_objects
 
 from .installer import Installer, InstallSettings
+
+if TYPE_CHECKING:
+    from meshctl.kube.client import KubeSettings
 
 SECTION = "cni"
 
@@ -80,6 +83,26 @@ def install_cmd(
     poll_interval: Annotated[
         float | None, _setting("poll_interval", "How often the node's files are checked (0.5s).")
     ] = None,
+    ambient: Annotated[
+        bool | None,
+        typer.Option(
+            "--ambient/--no-ambient",
+            help=options.env_help(
+                "Also run the ambient node agent (enroll pods for the node proxy).",
+                "AMBIENT_ENABLED",
+            ),
+            show_default=False,
+        ),
+    ] = None,
+    node_name: Annotated[str | None, _setting("node_name", "This node's name.", "NODE")] = None,
+    ztunnel_socket: Annotated[
+        str | None,
+        _setting(
+            "ztunnel_socket",
+            "ZDS socket the node proxy connects to (/var/run/ztunnel/ztunnel.sock).",
+            "PATH",
+        ),
+    ] = None,
 ) -> None:
     """Install the plugin on this node, keep it installed, and remove it on SIGTERM."""
     flags = {k: v for k, v in locals().items() if k != "ctx"}
@@ -90,7 +113,48 @@ def install_cmd(
     options.daemon_logging(ctx)
     settings = _settings(ctx, flags)
     _ = settings.server  # an unusable API address is a usage error now, not a warning loop later
-    raise typer.Exit(asyncio.run(daemon.run(settings)))
+    kube_settings = options.kube_settings(ctx)  # --kubeconfig, --context, --request-timeout
+
+    async def main() -> int:
+        agent = _agent(settings, kube_settings) if settings.ambient else None
+        return await daemon.run(settings, agent=agent)
+
+    raise typer.Exit(asyncio.run(main()))
+
+
+def _agent(settings: InstallSettings, kube_settings: KubeSettings) -> Any:
+    """The ambient node agent, connected to the API (in-cluster, or ``--kubeconfig``)."""
+    from meshctl.errors import ConfigError
+    from meshctl.kube.client import connect
+
+    from .ambient import AgentSettings, AmbientAgent
+
+    if not settings.node_name:
+        raise ConfigError(
+            "ambient mode needs this node's name",
+            hint="pass --node-name or set NODE_NAME (the DaemonSet sets it from spec.nodeName)",
+        )
+    if settings.ambient_dns_capture:
+        raise ConfigError(
+            "AMBIENT_DNS_CAPTURE=true: the node proxy has no DNS proxy on 15053 yet, so capturing "
+            "the pods' DNS would break their name resolution",
+            hint="unset AMBIENT_DNS_CAPTURE (pods resolve names directly)",
+        )
+    kube = connect(kube_settings)
+    return AmbientAgent(
+        AgentSettings(
+            node_name=settings.node_name,
+            run_dir=settings.run_dir,
+            zds_socket=settings.ztunnel_socket,
+            exclude_namespaces=settings.exclude_namespaces,
+            iptables_backend=settings.iptables_backend,
+            # The node's tables too: in-process, so an image without iptables binaries works.
+            host_backend=settings.iptables_backend,
+            dns_capture=settings.ambient_dns_capture,
+            ipv6=settings.ambient_ipv6,
+        ),
+        kube,
+    )
 
 
 @app.command("uninstall")
@@ -122,6 +186,17 @@ def manifest_cmd(
         str, typer.Option("--cni-conf-dir", metavar="DIR", help="Host path.")
     ] = "/etc/cni/net.d",
     output: options.OutputOption = OutputFormat.YAML,
+    ambient: Annotated[
+        bool, typer.Option("--ambient", help="With the ambient node agent (istio-cni's).")
+    ] = False,
+    netns_dir: Annotated[
+        str,
+        typer.Option(
+            "--netns-dir",
+            metavar="DIR",
+            help="Ambient: where the runtime pins pod netns (host path).",
+        ),
+    ] = "/var/run/netns",
 ) -> None:
     """Print the Namespace, RBAC and DaemonSet that run 'meshctl cni install' on every node."""
     from meshctl.core.inject.settings import DEFAULT_IMAGE
@@ -133,5 +208,7 @@ def manifest_cmd(
         image=image or DEFAULT_IMAGE,
         cni_bin_dir=cni_bin_dir,
         cni_conf_dir=cni_conf_dir,
+        ambient=ambient,
+        netns_dir=netns_dir,
     )
     typer.echo(render_objects(items, output), nl=False)

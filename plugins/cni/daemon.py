@@ -8,6 +8,9 @@ Invariants:
   ``/healthz`` answers 200 while the loop runs. Every read has a timeout.
 - SIGTERM or SIGINT: stop watching, then ``Installer.cleanup`` (the node's config as it was).
 - The CNI plugin's log records arriving on ``<run_dir>/log.sock`` are re-logged here.
+- Ambient mode (``--ambient``): the node agent runs beside the installer (``ambient.py``): the
+  plugin's events on ``<run_dir>/pluginevent.sock``, the ZDS server for the node proxy, the pod
+  and namespace watches; ``/readyz`` also waits for the watches' first sync.
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from meshctl import logs
-from meshctl.core.cni.spec import LOG_SOCKET_NAME
+from meshctl.core.cni.spec import LOG_SOCKET_NAME, PLUGIN_EVENT_SOCKET_NAME
 from meshctl.errors import MeshctlError
 from meshctl.net.sockets import address_text
 
 from .installer import Installer, InstallSettings, Status
+from .pluginserver import PluginServer
+
+if TYPE_CHECKING:
+    from .ambient import AmbientAgent
 
 log = logging.getLogger(__name__)
 WHAT = "CNI node agent"  # how the listening and ready lines name this daemon
@@ -65,16 +73,39 @@ class _State:
     status: Status
     running: bool = True
     announced: bool = False  # the ready line was logged
+    agent: AmbientAgent | None = None
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.status.ready:
+            return False, self.status.reason
+        if self.agent is not None and not self.agent.synced.is_set():
+            return False, "ambient: waiting for the pod and namespace watches to sync"
+        return True, "ok"
 
 
-async def run(settings: InstallSettings, installer: Installer | None = None) -> int:
+async def _finish(task: asyncio.Future[None]) -> None:
+    """The agent stops with the stop event; wait for it (a crash shows in the log)."""
+    try:
+        await asyncio.wait_for(asyncio.shield(task), 10)
+    except TimeoutError:
+        task.cancel()
+    except Exception:
+        log.exception("the ambient node agent failed")
+
+
+async def run(
+    settings: InstallSettings,
+    installer: Installer | None = None,
+    *,
+    agent: AmbientAgent | None = None,
+) -> int:
     """Serve until SIGTERM/SIGINT, then clean up; returns the exit code."""
     installer = installer or Installer(settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    state = _State(Status(False, "starting"))
+    state = _State(Status(False, "starting"), agent=agent)
     async with contextlib.AsyncExitStack() as stack:
         addresses = []
         if settings.readiness_address:
@@ -87,6 +118,16 @@ async def run(settings: InstallSettings, installer: Installer | None = None) -> 
             stack.callback(sink.unlink, missing_ok=True)
             stack.callback(transport.close)
             addresses.append(f"unix:{sink} (the plugin's log records)")
+        if agent is not None:
+            events = PluginServer(
+                str(Path(settings.run_dir) / PLUGIN_EVENT_SOCKET_NAME),
+                {"/cmdadd": agent.cni_add, "/cmddel": agent.cni_del},
+            )
+            await events.start()
+            stack.push_async_callback(events.close)
+            addresses.append(f"unix:{events.path} (the plugin's pod events)")
+            serving = asyncio.ensure_future(agent.run(stop))
+            stack.push_async_callback(_finish, serving)
         logs.listening(log, WHAT, addresses or ["nothing (readiness off, no log socket)"])
         try:
             await _watch(installer, settings, state, stop)
@@ -134,10 +175,11 @@ async def _watch(
             if exc.message != last_problem:  # say it once, not every poll
                 log.warning("%s%s", exc.message, f" Hint: {exc.hint}" if exc.hint else "")
                 last_problem = exc.message
-        if status.ready and not state.announced:
+        state.status = status
+        # Ready as /readyz says it: in ambient mode the agent's watches have synced too.
+        if state.ready()[0] and not state.announced:
             state.announced = True
             logs.ready(log, WHAT, status.reason)
-        state.status = status
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), settings.poll_interval)
 
@@ -151,7 +193,8 @@ async def _readiness_server(address: str, state: _State) -> asyncio.Server:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
             path = request.split(b" ", 2)[1].decode(errors="replace") if b" " in request else ""
             if path == "/readyz":
-                code, body = (200, "ok") if state.status.ready else (503, state.status.reason)
+                ok, reason = state.ready()
+                code, body = (200, "ok") if ok else (503, reason)
             elif path == "/healthz":
                 code, body = (200, "ok") if state.running else (503, "stopping")
             else:

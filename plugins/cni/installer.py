@@ -91,6 +91,14 @@ class InstallSettings:
         parse=values.Duration(positive=True, maximum=3600),
         hint=f"give a duration, {values.DURATION_EXAMPLES}",
     )
+    # Ambient mode (Istio's istio-cni node agent): enroll this node's pods for the node proxy.
+    ambient: bool = setting(False, env="AMBIENT_ENABLED", flag="--ambient")
+    ztunnel_socket: str = setting(
+        "/var/run/ztunnel/ztunnel.sock", env="ZTUNNEL_UDS_ADDRESS", flag="--ztunnel-socket"
+    )
+    node_name: str = setting("", env="NODE_NAME", flag="--node-name")
+    ambient_dns_capture: bool = setting(False, env="AMBIENT_DNS_CAPTURE")
+    ambient_ipv6: bool = setting(False, env="AMBIENT_IPV6")
 
     @property
     def server(self) -> str:
@@ -122,6 +130,7 @@ class InstallSettings:
             "log_level": self.plugin_log_level,
             "iptables_backend": self.iptables_backend,
             "pod_lookup_timeout": self.pod_lookup_timeout,
+            **({"ambient_enabled": True} if self.ambient else {}),
         }
 
 

@@ -3,6 +3,10 @@
 Invariants: the installer runs unprivileged (root only to write the host's CNI dirs, every
 capability dropped, read-only root filesystem); it mounts exactly the three host paths it writes;
 the plugin's RBAC is read-only on pods (the CNI plugin only ever GETs the pod it is called for).
+With ``ambient`` (the node agent runs too, like istio-cni's): the host network, the capabilities
+to enter pod namespaces and change their rules and the node's (NET_ADMIN, SYS_ADMIN), the host's
+netns and ZDS socket directories, and RBAC to watch pods and namespaces, annotate pods and record
+events; nothing more.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from typing import Any
 
 from meshctl.core.cni.spec import DEFAULT_RUN_DIR
 from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.podspec import node_security_context
 
 NAME = "meshctl-cni-node"
 READINESS_PORT = 8000
@@ -24,12 +29,15 @@ def objects(
     cni_conf_dir: str = "/etc/cni/net.d",
     run_dir: str = DEFAULT_RUN_DIR,
     exclude_namespaces: tuple[str, ...] = ("kube-system", "meshctl-system"),
+    ambient: bool = False,
+    ztunnel_dir: str = "/var/run/ztunnel",
+    netns_dir: str = "/var/run/netns",
 ) -> list[dict[str, Any]]:
     """Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply
     order (the namespace first, so ``kubectl apply -f`` of the output works on a new cluster)."""
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "meshctl"}
     meta = {"name": NAME, "namespace": namespace, "labels": labels}
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "CNI_BIN_DIR", "value": "/host/opt/cni/bin"},
         {"name": "MOUNTED_CNI_NET_DIR", "value": "/host/etc/cni/net.d"},
         {"name": "CNI_AGENT_RUN_DIR", "value": run_dir},
@@ -42,6 +50,18 @@ def objects(
         # Same path inside and out: the conflist entry names it for the plugin on the host.
         ("cni-run-dir", run_dir, run_dir),
     ]
+    if ambient:
+        env += [
+            {"name": "AMBIENT_ENABLED", "value": "true"},
+            {"name": "ZTUNNEL_UDS_ADDRESS", "value": f"{ztunnel_dir}/ztunnel.sock"},
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ]
+        mounts += [
+            # The runtime's pinned netns files (containerd: /var/run/netns/cni-...), at the same
+            # path: the plugin reports them as it sees them on the host.
+            ("cni-netns-dir", netns_dir, netns_dir),
+            ("cni-ztunnel-sock-dir", ztunnel_dir, ztunnel_dir),
+        ]
     container = {
         "name": "install-cni",
         "image": image,
@@ -57,17 +77,12 @@ def objects(
             "periodSeconds": 10,
         },
         "resources": {"requests": {"cpu": "10m", "memory": "40Mi"}},
-        "securityContext": {
-            "runAsUser": 0,
-            "runAsGroup": 0,
-            "runAsNonRoot": False,
-            "privileged": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        # Ambient: setns into pods (SYS_ADMIN), their rules and the node's (NET_ADMIN, RAW).
+        "securityContext": node_security_context(
+            ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"] if ambient else ()
+        ),
         "volumeMounts": [
-            *({"name": n, "mountPath": inside} for n, _, inside in mounts),
+            *(_mount(n, inside) for n, _, inside in mounts),
             # The one writable place under the read-only root: the one-file binary unpacks
             # itself into /tmp before it runs (without it: "Could not create temporary
             # directory!" and a crash loop, as seen on the real test node).
@@ -84,6 +99,11 @@ def objects(
             "template": {
                 "metadata": {"labels": labels, "annotations": {"sidecar.istio.io/inject": "false"}},
                 "spec": {
+                    **(
+                        {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+                        if ambient
+                        else {}
+                    ),
                     "serviceAccountName": NAME,
                     # Pods cannot start on a node without the mesh's CNI plugin in place.
                     "priorityClassName": "system-node-critical",
@@ -113,7 +133,7 @@ def objects(
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRole",
             "metadata": {"name": NAME, "labels": labels},
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}],
+            "rules": rules(ambient=ambient),
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -127,4 +147,25 @@ def objects(
             "subjects": [{"kind": "ServiceAccount", "name": NAME, "namespace": namespace}],
         },
         daemonset,
+    ]
+
+
+_HOST_NETWORK = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
+
+
+def _mount(name: str, path: str) -> dict[str, Any]:
+    mount: dict[str, Any] = {"name": name, "mountPath": path}
+    if name == "cni-netns-dir":
+        mount["mountPropagation"] = "HostToContainer"  # namespaces pinned after we started
+    return mount
+
+
+def rules(*, ambient: bool) -> list[dict[str, Any]]:
+    """The plugin's and (ambient) the node agent's permissions."""
+    if not ambient:
+        return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    return [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     ]

@@ -10,6 +10,10 @@ Invariants:
 - Fail closed: when the pod cannot be read for a namespace that is not excluded, ADD fails (code
   11, try again later) rather than let a pod start with its traffic uncaptured.
 - DEL is idempotent and never blocks teardown: a missing netns or missing rules is success.
+- Ambient mode (``ambient_enabled``): a pod enrolled by its or its namespace's label is handed
+  to the node agent, which captures it and gives it to the node proxy; the ADD fails (code 104)
+  unless the agent confirms (fail closed). Every other pod's netns is reported to the agent too,
+  best effort, so that a label added later can enroll it; DEL is reported the same way.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ from typing import TYPE_CHECKING
 
 from meshctl.core.cni import spec
 from meshctl.core.cni.spec import CniError, Request
-from meshctl.errors import ConfigError, MeshctlError, NetError
+from meshctl.errors import ConfigError, KubeError, MeshctlError, NetError
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from meshctl.core.capture.settings import CaptureSettings
     from meshctl.core.cni.pod import Decision
+    from meshctl.kube.rest import RestConfig
 
 # The capture engine, the pod policy and the API client are imported where first used: VERSION,
 # DEL of a gone sandbox and excluded namespaces never pay for them (start-up is the ADD budget).
@@ -78,8 +85,11 @@ def _handle(request: Request) -> str | None:  # noqa: PLR0911 (one exit per outc
     if request.pod_namespace in request.plugin.exclude_namespaces:
         log.info("%s %s: namespace excluded, nothing to do", request.command, request.pod)
         return spec.add_result(request) if request.command == "ADD" else None
-    decision = _decide(request)
+    config, pod, decision = _decide(request)
     if not decision.capture:
+        if request.plugin.ambient_enabled and request.command == "ADD":
+            _ambient_add(request, config, pod, decision.reason)
+            return spec.add_result(request)
         log.info("%s %s: no capture: %s", request.command, request.pod, decision.reason)
         return spec.add_result(request) if request.command == "ADD" else None
     if request.command == "ADD":
@@ -97,7 +107,7 @@ def _require_netns(request: Request) -> None:
         )
 
 
-def _decide(request: Request) -> Decision:
+def _decide(request: Request) -> tuple[RestConfig, dict[str, Any], Decision]:
     from meshctl.core.cni import pod as pods
     from meshctl.core.inject.errors import InvalidAnnotationError
     from meshctl.kube import pods as kube_pods
@@ -130,7 +140,79 @@ def _decide(request: Request) -> Decision:
     except InvalidAnnotationError as exc:
         raise CniError(spec.BAD_ANNOTATIONS, f"pod {request.pod}: {exc.message}") from exc
     log.debug("%s %s: %s %s", request.command, request.pod, decision.reason, decision.args)
-    return decision
+    return config, pod, decision
+
+
+def _ambient_add(
+    request: Request, config: RestConfig, pod: dict[str, Any], sidecar_reason: str
+) -> None:
+    """Hand an ambient pod to the node agent (fail closed); report any other pod's netns."""
+    from meshctl.core import ambient
+    from meshctl.kube import rest
+
+    from .agentevent import AgentUnavailableError, post
+
+    namespace: dict[str, Any] | None = None
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if labels.get(ambient.DATAPLANE_MODE) not in (ambient.MODE_AMBIENT, ambient.MODE_NONE):
+        # Only the namespace's label can decide: read it (fail closed when we cannot).
+        try:
+            namespace = rest.get_json(
+                config,
+                rest.namespace_path(request.pod_namespace),
+                timeout=request.plugin.api_timeout,
+            )
+        except KubeError as exc:
+            raise CniError(
+                spec.TRY_AGAIN_LATER,
+                f"cannot read namespace {request.pod_namespace}, so it cannot tell whether pod "
+                f"{request.pod} is in ambient mode; refusing to start it uncaptured (fail closed)",
+                exc.message,
+            ) from exc
+    decision = ambient.enrollment(
+        pod, namespace, excluded_namespaces=request.plugin.exclude_namespaces
+    )
+    event = {
+        "podName": request.pod_name,
+        "podNamespace": request.pod_namespace,
+        "podUid": str((pod.get("metadata") or {}).get("uid", "")),
+        "containerId": request.container_id,
+        "netns": request.netns,
+        "ifname": request.ifname,
+        "ips": _result_ips(request),
+        "enroll": decision.enrolled,
+        "pod": pod,
+    }
+    if not decision.enrolled:
+        log.info(
+            "ADD %s: no capture: %s; not ambient: %s", request.pod, sidecar_reason, decision.reason
+        )
+        try:
+            post(request.plugin.run_dir, "/cmdadd", event, timeout=1.0)
+        except AgentUnavailableError as exc:
+            log.info("ADD %s: node agent not told about the netns: %s", request.pod, exc)
+        return
+    try:
+        post(request.plugin.run_dir, "/cmdadd", event, timeout=request.plugin.agent_timeout)
+    except AgentUnavailableError as exc:
+        raise CniError(
+            spec.AGENT_UNAVAILABLE,
+            f"pod {request.pod} is in ambient mode ({decision.reason}) but the node agent did "
+            "not capture it; refusing to start it uncaptured (fail closed)",
+            str(exc),
+        ) from exc
+    log.info("ADD %s: ambient: captured by the node agent (%s)", request.pod, decision.reason)
+
+
+def _result_ips(request: Request) -> list[str]:
+    """The pod's addresses from the previous plugin's result (the API does not have them yet)."""
+    ips = (request.prev_result or {}).get("ips") or []
+    out = []
+    for entry in ips:
+        address = str(entry.get("address", "")) if isinstance(entry, dict) else ""
+        if address:
+            out.append(address.split("/", 1)[0])
+    return out
 
 
 def _settings(request: Request, args: tuple[str, ...]) -> CaptureSettings:
@@ -199,6 +281,8 @@ def _delete(request: Request) -> None:
     from meshctl.net import capture as kernel
     from meshctl.net.netns import NetnsRef
 
+    if request.plugin.ambient_enabled:
+        _ambient_delete(request)
     if not request.netns or not Path(request.netns).exists():
         log.info("DEL %s: netns already gone, nothing to remove", request.pod)
         return
@@ -213,6 +297,23 @@ def _delete(request: Request) -> None:
         return
     removed = [o.backend for o in outcomes if o.changed]
     log.info("DEL %s: %s", request.pod, f"removed ({', '.join(removed)})" if removed else "none")
+
+
+def _ambient_delete(request: Request) -> None:
+    """Tell the agent the sandbox is going (best effort: DEL never fails on it)."""
+    from .agentevent import AgentUnavailableError, post
+
+    event = {
+        "podName": request.pod_name,
+        "podNamespace": request.pod_namespace,
+        "podUid": request.args.get("K8S_POD_UID", ""),
+        "containerId": request.container_id,
+        "netns": request.netns,
+    }
+    try:
+        post(request.plugin.run_dir, "/cmddel", event, timeout=2.0)
+    except AgentUnavailableError as exc:
+        log.info("DEL %s: node agent not told: %s", request.pod, exc)
 
 
 def _status(request: Request) -> None:

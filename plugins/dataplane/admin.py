@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from meshctl import __version__
 from meshctl.core.appprobes import is_probe_path
-from meshctl.core.channel import Certs
+from meshctl.core.channel import Certs, CertSource
 
 if TYPE_CHECKING:
     import socket
@@ -97,7 +97,12 @@ class Endpoints:
         if path != "/healthz/ready":
             return text(404, "not found\n")
         if self.rt.ready and not self.rt.draining:
-            return text(200, "ready\n")
+            problem = self.rt.certificate_problem()
+            if problem:
+                return text(503, f"not ready: {problem}\n")
+            # Still serving on a valid certificate while the CA is away: ready, and say so.
+            warning = self.rt.renewal_warning()
+            return text(200, f"ready ({warning})\n" if warning else "ready\n")
         return text(503, f"not ready: {self.rt.not_ready_reason()}\n")
 
     async def metrics(
@@ -156,16 +161,19 @@ class Endpoints:
         connections["flows"] = [
             {**flow, "worker": r["worker"]} for r in reports for flow in r["connections"]["flows"]
         ]
-        return {
+        hidden = ("listeners", "pod_channel")
+        dump: dict[str, Any] = {
             "version": __version__,
-            "config": {k: v for k, v in _fields(rt.config).items() if k not in ("listeners",)},
-            "identity": str(rt.identity),
+            "config": {k: v for k, v in _fields(rt.config).items() if k not in hidden},
             # The worker that answered; ``workers`` below lists each one's share.
             "worker": {"index": rt.config.worker, "of": rt.config.workers, "pid": os.getpid()},
             "workloads": [_record(w) for w in store.workloads],
             "services": [_record(s) for s in store.services],
             "policies": [_record(p) for p in store.policies],
             "certificates": rt.certificate_summary(),
+            # The discovery client's view (empty with a local config): connection, per type
+            # subscription, ACKed nonce, resources held, NACKs.
+            "xds": rt.xds_state,
             "connections": connections,
             "workers": [
                 {
@@ -179,22 +187,43 @@ class Endpoints:
             ],
             "workersMissing": list(gathered.missing),
         }
+        served = rt.locals.get("")
+        if served is not None:
+            dump["identity"] = str(served.identity)
+        if rt.node_mode:
+            # ztunnel's in-pod section: uid -> info, state, plus the netns, listeners and
+            # certificate of each enrolled pod.
+            dump["workloadState"] = rt.workload_state()
+            dump["podsSynced"] = rt.pods_synced
+        return dump
 
 
-def certificate_summary(certs: Certs, identity: str) -> list[dict[str, Any]]:
-    """The ``certificates`` section: identity, state and each certificate's validity."""
+def certificate_summary(
+    certs: Certs, identity: str, source: CertSource | None = None
+) -> list[dict[str, Any]]:
+    """The ``certificates`` section: identity, state, each certificate's validity, and where
+    the certificates come from (files, or the CA with the state of its renewal)."""
     chain = [dict(f) for f in certs.chain_facts]
     state = "Available"
     if chain and datetime.fromisoformat(chain[0]["expirationTime"]) <= datetime.now(UTC):
         state = "Expired"
-    return [
-        {
-            "identity": identity,
-            "state": state,
-            "certChain": chain,
-            "rootCerts": [dict(f) for f in certs.root_facts],
+    entry: dict[str, Any] = {
+        "identity": identity,
+        "state": state,
+        "certChain": chain,
+        "rootCerts": [dict(f) for f in certs.root_facts],
+    }
+    if source is not None:
+        entry["source"] = {
+            "kind": source.source,
+            "caAddress": source.ca_address,
+            "renewing": source.renewing,
+            "lastError": source.last_error,
+            "failingSince": source.failing_since,
+            "lastSuccess": source.last_success,
+            "nextRefresh": source.next_refresh,
         }
-    ]
+    return [entry]
 
 
 def _fields(obj: Any) -> dict[str, Any]:

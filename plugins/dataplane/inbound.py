@@ -27,7 +27,7 @@ from .relay import Accepted, AppStream, dial
 from .tunnel import TunnelProtocol
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .local import Local
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 class Inbound:
     """The :15008 listener."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Local) -> None:
         self.rt = rt
         self.tunnels: set[TunnelProtocol] = set()
 
@@ -158,8 +158,8 @@ class Inbound:
         self, proto: TunnelProtocol, sid: int, app: AppStream, flow: Flow, addr: tuple[str, int]
     ) -> None:
         rt = self.rt
-        sock = rt.upstream_socket(addr[0], inbound=True)
         try:
+            sock = rt.upstream_socket(addr[0], inbound=True, source=flow.src.addr[0])
             await dial(sock, addr, app, rt.config.connect_timeout)
         except (OSError, TimeoutError) as exc:
             if sid in proto.sinks:

@@ -20,13 +20,13 @@ from .outbound import splice
 from .relay import Accepted
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .local import Local
 
 
 class InboundPlaintext:
     """The :15006 listener."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Local) -> None:
         self.rt = rt
 
     def accepted(self, acc: Accepted) -> None:

@@ -24,7 +24,7 @@ from .pool import DialError
 from .relay import Accepted, AppStream, Splice, dial
 
 if TYPE_CHECKING:
-    from .runtime import Runtime
+    from .local import Local
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class Outbound:
     """The :15001 listener's routing."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Local) -> None:
         self.rt = rt
 
     def accepted(self, acc: Accepted) -> None:
@@ -154,13 +154,13 @@ class _OutboundStream(AppStream):
 
 
 async def splice(
-    rt: Runtime, acc: Accepted, flow: Flow, addr: tuple[str, int], *, inbound: bool = False
+    rt: Local, acc: Accepted, flow: Flow, addr: tuple[str, int], *, inbound: bool = False
 ) -> None:
     """Plain TCP to ``addr`` for ``acc`` (passthrough, TCP workloads; ``inbound`` plaintext)."""
     client = Splice(flow.request_bytes, on_done=flow.close)
     upstream = Splice(flow.response_bytes)
-    sock = rt.upstream_socket(addr[0], inbound=inbound)
     try:
+        sock = rt.upstream_socket(addr[0], inbound=inbound, source=acc.peer[0] if inbound else None)
         await dial(sock, addr, upstream, rt.config.connect_timeout)
     except (OSError, TimeoutError) as exc:
         flow.fail("CONNECT", f"cannot connect to {addr[0]}:{addr[1]}: {exc or 'timeout'}")

@@ -1,11 +1,13 @@
 """The data plane's live state and its life: channel messages in, listeners served, drain out.
 
-Owns what every traffic path reads (the workload store snapshot, the TLS contexts of the current
-certificate generation, our identity, the pool, telemetry) and the order of life: hello ->
-config (listeners start) -> certificates + workloads (ready) -> updates -> drain -> drained.
-Invariants: updates swap whole snapshots (a connection in flight keeps what it started with);
-readiness is true only with config, certificates and workloads applied and no drain begun; the
-drain stops accepting first, then waits for open flows up to its deadline, then aborts the rest.
+Owns what is process-wide (the workload store snapshot, the TLS contexts of every certificate
+generation per identity, telemetry, the served workloads as ``Local``s) and the order of life:
+hello -> config (listeners start) -> certificates + workloads (ready) -> updates -> drain ->
+drained. In node mode the pods arrive on the pod channel (``PodAdd`` with the pod's netns and
+listeners, ``PodDelete``, ``PodsSynced``). Invariants: updates swap whole snapshots (a connection
+in flight keeps what it started with); readiness is true only with config, workloads and (sidecar)
+certificates or (node) the agent's snapshot applied, and no drain begun; the drain stops
+accepting first, then waits for open flows up to its deadline, then aborts the rest.
 """
 
 from __future__ import annotations
@@ -15,29 +17,28 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
+from datetime import UTC, datetime
 from typing import Any
 
 from meshctl.core import channel
-from meshctl.core.addresses import ip as parse_ip
 from meshctl.core.appprobes import parse_probers, parse_scrape
 from meshctl.core.hbone import TunnelSettings
-from meshctl.core.hbone.headers import format_baggage
-from meshctl.core.identity import SpiffeId, parse_workload_ref
-from meshctl.core.workloads import LocalConfigError, Store, Workload, parse_local_config
+from meshctl.core.identity import parse_workload_ref
+from meshctl.core.records import update_from_plain
+from meshctl.core.workloads import LocalConfigError, Store, parse_local_config
 
 from . import admin, tls
 from .app_probes import AppProbes
-from .inbound import Inbound
-from .inbound_plaintext import InboundPlaintext
+from .local import PROXY_ROLES, Local
 from .metrics import PUBLISH_INTERVAL, Telemetry
-from .outbound import Outbound
-from .pool import Pool
-from .relay import Accepted, accept_loop
 
 log = logging.getLogger(__name__)
 
-PROXY_ROLES = ("outbound", "inbound", "inbound_plaintext")
+__all__ = ["PROXY_ROLES", "Runtime"]
+
+_POD_PACKET = 64 * 1024
+_POD_MAX_FDS = 16
 
 
 class Runtime:
@@ -47,41 +48,35 @@ class Runtime:
         self._channel_sock = channel_sock
         self.telemetry = Telemetry()
         self.store = Store.build()
-        self.config = channel.ProxyConfig(
-            mode="sidecar", workload="default/unknown/default", listeners={}
-        )
-        self.identity = SpiffeId("cluster.local", "default", "default")
-        self.me: Workload | None = None
-        self.contexts: tls.TlsContexts | None = None
-        self.certs: channel.Certs | None = None
+        self.config = channel.ProxyConfig(mode="sidecar", workload="", listeners={})
+        self.locals: dict[str, Local] = {}  # uid ("" in sidecar mode) -> served workload
+        # identity ("" = the sidecar's own) -> the latest certificates and their contexts
+        self.identities: dict[str, tuple[channel.Certs, tls.TlsContexts]] = {}
+        self.cert_source: channel.CertSource | None = None
         self.workloads_generation = -1
+        self.xds_state: dict[str, Any] = {}  # the supervisor's discovery client, if it has one
         self.tunnel_settings = TunnelSettings()
         self.own_ports: frozenset[int] = frozenset()
-        self.baggage = ""
         self.draining = False
         self.ready = False
-        self.inbound = Inbound(self)
-        self.pool = Pool(
-            contexts=self._current_contexts,
-            settings=self.tunnel_settings,
-            max_streams=100,
-            idle_timeout=300,
-            connect_timeout=10,
-            handshake_timeout=5,
-            new_socket=self.upstream_socket,
-        )
-        self.app_probes = AppProbes({}, pod_ip="", new_socket=self.upstream_socket)
+        self.pods_synced = False
+        self.pods_reason = "waiting for the node agent's snapshot"
+        self._inpod: Any = None  # meshctl.net.inpod.InPod in node mode
+        # No probers until configured (then the sidecar's own, from ISTIO_KUBE_APP_PROBERS).
+        self.app_probes = AppProbes({}, pod_ip="", new_socket=_unconfigured_socket)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._listeners: list[socket.socket] = []
-        self._accepting: list[asyncio.Task[None]] = []
-        self._paths: list[tuple[socket.socket, Callable[[Accepted], None]]] = []
         self._http: list[asyncio.Server] = []
         self._configured = False
         self._writer: asyncio.StreamWriter | None = None
+        self._pod_sock: socket.socket | None = None
         self._quit = asyncio.Event()
         self._drain_deadline: float | None = None
         self._gathers: dict[int, asyncio.Future[channel.Gathered]] = {}
         self._gather_seq = 0
+
+    @property
+    def node_mode(self) -> bool:
+        return self.config.mode == "node"
 
     # -- used by the traffic paths -----------------------------------------------------------
 
@@ -95,39 +90,6 @@ class Runtime:
         if not task.cancelled() and task.exception() is not None:
             log.error("connection task failed", exc_info=task.exception())
 
-    def upstream_socket(self, ip: str, *, inbound: bool = False) -> socket.socket:
-        """A non-blocking TCP socket for a connection we originate (marked if configured).
-
-        ``inbound``: the connection delivers to our own workload. It leaves from the inbound
-        passthrough address (127.0.0.6 / ::6), which the sidecar capture rules RETURN first:
-        otherwise a proxy running as the exempt uid reaching its pod IP over ``lo`` matches the
-        hairpin rule and is redirected to :15006 again, a loop (istio-iptables does the same
-        for Envoy's inbound).
-        """
-        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self.config.mark:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, self.config.mark)
-            if inbound and not parse_ip(ip).is_loopback:
-                _bind_passthrough(sock, family)
-        except OSError:
-            sock.close()
-            raise
-        return sock
-
-    def is_local_ip(self, ip: str) -> bool:
-        """Whether ``ip`` is an address of this network namespace (binding to it succeeds)."""
-        family = socket.AF_INET6 if parse_ip(ip).version == 6 else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            try:
-                probe.bind((ip, 0))
-            except OSError:
-                return False
-        return True
-
     def active_flows(self) -> int:
         return self.telemetry.active
 
@@ -138,26 +100,73 @@ class Runtime:
             name
             for name, ok in (
                 ("config", self._configured),
-                ("certificates", self.contexts is not None),
+                ("certificates", self.node_mode or "" in self.identities),
                 ("workloads", self.workloads_generation >= 0),
+                (self.pods_reason, not self.node_mode or self.pods_synced),
             )
             if not ok
         ]
+        if "workloads" in missing and self.xds_state:
+            waiting = ", ".join(self.xds_state.get("waitingFor", ())) or "its first response"
+            missing[missing.index("workloads")] = f"workloads (discovery: waiting for {waiting})"
         return "waiting for " + ", ".join(missing) if missing else "starting"
 
     def certificate_summary(self) -> list[dict[str, Any]]:
-        if self.certs is None:
-            return []
-        return admin.certificate_summary(self.certs, str(self.identity))
+        out: list[dict[str, Any]] = []
+        for key, (certs, _) in sorted(self.identities.items()):
+            identity = key or next((str(lo.identity) for lo in self.locals.values()), "")
+            source = self.cert_source if not key else None
+            out.extend(admin.certificate_summary(certs, identity, source))
+        return out
+
+    def certificate_problem(self) -> str | None:
+        """Why the workload certificate (sidecar mode) cannot serve (expired), or None."""
+        own = self.identities.get("")
+        if own is None or not own[0].chain_facts:
+            return None
+        end = datetime.fromisoformat(str(own[0].chain_facts[0]["expirationTime"]))
+        if end > datetime.now(UTC):
+            return None
+        source = self.cert_source
+        why = f"; renewal failing: {source.last_error}" if source and source.last_error else ""
+        return f"workload certificate expired at {end.isoformat()}{why}"
+
+    def renewal_warning(self) -> str | None:
+        """A certificate still valid whose renewal fails (the CA is down), or None."""
+        source = self.cert_source
+        if source is None or source.renewing:
+            return None
+        return f"certificate renewal failing since {source.failing_since}: {source.last_error}"
 
     def connection_report(self) -> dict[str, Any]:
         """This worker's connections, as ``/config_dump`` shows them (and a ``Report`` carries)."""
         return {
-            "inbound_tunnels": len(self.inbound.tunnels),
-            "pooled": self.pool.connections,
+            "inbound_tunnels": sum(len(lo.inbound.tunnels) for lo in self.locals.values()),
+            "pooled": sum(lo.pool.connections for lo in self.locals.values()),
             "open": self.active_flows(),
             "flows": [flow.describe() for flow in self.telemetry.flows],
         }
+
+    def workload_state(self) -> dict[str, Any]:
+        """Node mode's ``workloadState`` (ztunnel's key): every enrolled pod, its netns, its
+        listeners and its certificate."""
+        out: dict[str, Any] = {}
+        for uid, lo in self.locals.items():
+            if not uid:
+                continue
+            ns, name, sa = lo.ref
+            cert = self.identities.get(str(lo.identity))
+            out[uid] = {
+                "info": {"name": name, "namespace": ns, "serviceAccount": sa},
+                "state": lo.state(),
+                "netns": lo.netns,
+                "listeners": {role: _addr(sock) for role, sock in sorted(lo.listeners.items())},
+                "identity": str(lo.identity),
+                "certificate": admin.certificate_summary(cert[0], str(lo.identity))[0]
+                if cert
+                else {"identity": str(lo.identity), "state": "Unavailable"},
+            }
+        return out
 
     async def gather_reports(self, timeout: float = 2.0) -> channel.Gathered:
         """The other workers' reports, gathered by the supervisor (none with one worker).
@@ -184,11 +193,6 @@ class Runtime:
     def request_quit(self) -> None:
         """``/quitquitquit``: drain and exit, and tell the supervisor not to restart us."""
         self._quit.set()
-
-    def _current_contexts(self) -> tls.TlsContexts:
-        if self.contexts is None:
-            raise ConnectionError("no workload certificate yet")
-        return self.contexts
 
     # -- life ----------------------------------------------------------------------------------
 
@@ -245,7 +249,8 @@ class Runtime:
             await self._apply(message)
         return None
 
-    async def _apply(self, message: channel.Message) -> None:
+    def _take_note(self, message: channel.Message) -> bool:
+        """Messages that change no state readiness depends on; False for any other."""
         if isinstance(message, channel.ReportRequest):
             report = channel.Report(
                 request=message.request,
@@ -254,11 +259,20 @@ class Runtime:
                 connections=self.connection_report(),
             )
             self._send(report)
-            return
-        if isinstance(message, channel.Gathered):
+        elif isinstance(message, channel.Gathered):
             waiter = self._gathers.get(message.request)
             if waiter is not None and not waiter.done():
                 waiter.set_result(message)
+        elif isinstance(message, channel.CertSource):
+            self.cert_source = message
+        elif isinstance(message, channel.XdsState):
+            self.xds_state = message.state
+        else:
+            return False
+        return True
+
+    async def _apply(self, message: channel.Message) -> None:
+        if self._take_note(message):
             return
         if isinstance(message, channel.ProxyConfig):
             if self._configured:
@@ -269,90 +283,94 @@ class Runtime:
             self._apply_certs(message)
         elif isinstance(message, channel.Workloads):
             self._apply_workloads(message)
+        elif isinstance(message, channel.WorkloadUpdates):
+            self._apply_updates(message)
         else:
             log.warning("unexpected %s message from the supervisor", message.TYPE)
             return
-        self.ready = (
-            self._configured and self.contexts is not None and self.workloads_generation >= 0
-        )
-        if self.ready and not self._accepting and not self.draining:
+        self._update_readiness()
+
+    def _update_readiness(self) -> None:
+        served = self._configured and self.workloads_generation >= 0 and not self.draining
+        if self.node_mode:
+            self.ready = served and self.pods_synced
+            accepting = served  # each pod accepts once its certificate is here
+        else:
+            self.ready = accepting = served and "" in self.identities
+        if accepting:
             # Accept only once every connection can be served: the listeners are shared with
             # the other workers, which take the connections while this one starts.
-            for sock, path in self._paths:
-                self._accepting.append(asyncio.ensure_future(accept_loop(sock, path)))
+            for lo in self.locals.values():
+                lo.maybe_accept()
+        own = self.identities.get("")
         self._send(
             channel.Status(
                 ready=self.ready,
-                certs_generation=self.contexts.generation if self.contexts else -1,
+                certs_generation=own[1].generation if own else -1,
                 workloads_generation=self.workloads_generation,
             )
         )
 
     async def _configure(self, cfg: channel.ProxyConfig) -> None:
         self.config = cfg
-        ns, _name, sa = parse_workload_ref(cfg.workload)
-        self.identity = SpiffeId(cfg.trust_domain, ns, sa)
         self.tunnel_settings = TunnelSettings(
             stream_window=cfg.stream_window,
             connection_window=cfg.connection_window,
             max_frame_size=cfg.max_frame_size,
             max_concurrent_streams=cfg.pool_max_streams,
         )
-        self.pool = Pool(
-            contexts=self._current_contexts,
-            settings=self.tunnel_settings,
-            max_streams=cfg.pool_max_streams,
-            idle_timeout=cfg.pool_idle_timeout,
-            connect_timeout=cfg.connect_timeout,
-            handshake_timeout=cfg.handshake_timeout,
-            new_socket=self.upstream_socket,
-        )
-        probers, scrape = {}, None
-        try:
-            probers, scrape = parse_probers(cfg.app_probers), parse_scrape(cfg.app_metrics)
-        except ValueError as exc:  # the supervisor validated it: only a version skew gets here
-            log.error("app probers refused: %s", exc)  # noqa: TRY400 (no traceback needed)
-        self.app_probes = AppProbes(
-            probers, pod_ip=cfg.pod_ip, new_socket=self.upstream_socket, app_metrics=scrape
-        )
-        ports: set[int] = set()
-        paths = {
-            "outbound": Outbound(self).accepted,
-            "inbound": self.inbound.accepted,
-            "inbound_plaintext": InboundPlaintext(self).accepted,
-        }
         endpoints = admin.Endpoints(self)
         http = {
             "readiness": endpoints.readiness,
             "metrics": endpoints.metrics,
             "admin": endpoints.admin,
         }
+        ports: set[int] = set(cfg.pod_ports.values())
+        own: Local | None = None
+        if not self.node_mode:
+            own = Local(self, uid="", ref=parse_workload_ref(cfg.workload))
+            self.locals[""] = own
+            self.app_probes = _app_probes(cfg, own)
         for role, fd in cfg.listeners.items():
             sock = socket.socket(fileno=fd)
-            sock.setblocking(False)
             ports.add(sock.getsockname()[1])
             base = role.removesuffix("6")
-            if base in paths:
-                self._listeners.append(sock)
-                self._paths.append((sock, paths[base]))
-            elif base in http:
+            if own is not None and own.attach(role, sock):
+                continue
+            if base in http:
+                sock.setblocking(False)
                 self._http.append(await admin.serve(sock, http[base]))
             else:
                 log.warning("unknown listener role %r", role)
+                sock.close()
         self.own_ports = frozenset(ports)
         self.telemetry.multiprocess_dir = cfg.metrics_dir
         self._configured = True
-        self._refresh_me()
+        if self.node_mode and cfg.pod_channel >= 0:
+            from meshctl.net.inpod import InPod
+
+            self._inpod = InPod()
+            self._pod_sock = socket.socket(fileno=cfg.pod_channel)
+            self._pod_sock.setblocking(False)
+            asyncio.get_running_loop().add_reader(cfg.pod_channel, self._read_pods)
 
     def _apply_certs(self, certs: channel.Certs) -> None:
         try:
-            self.contexts = tls.build(certs)
+            contexts = tls.build(certs)
         except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
-            log.error("certificates refused, keeping the previous ones: %s", exc)  # noqa: TRY400
+            who = certs.identity or "this workload"
+            log.error("certificates for %s refused, keeping the previous ones: %s", who, exc)  # noqa: TRY400
             self._send(channel.Status(ready=self.ready, problem=f"certificates refused: {exc}"))
             return
-        self.certs = certs
-        log.info("certificates generation %d in use for new connections", certs.generation)
+        self.identities[certs.identity] = (certs, contexts)
+        for lo in self.locals.values():
+            if not certs.identity or str(lo.identity) == certs.identity:
+                lo.use_certs(certs, contexts)
+        log.info(
+            "certificates generation %d%s in use for new connections",
+            certs.generation,
+            f" of {certs.identity}" if certs.identity else "",
+        )
 
     def _apply_workloads(self, message: channel.Workloads) -> None:
         try:
@@ -361,32 +379,116 @@ class Runtime:
             log.error("workload update refused, keeping the previous one: %s", exc)  # noqa: TRY400
             return
         self.workloads_generation = message.generation
-        self._refresh_me()
+        for lo in self.locals.values():
+            lo.refresh(self.store)
 
-    def _refresh_me(self) -> None:
-        ns, name, _ = parse_workload_ref(self.config.workload)
-        self.me = self.store.find_workload(ns, name)
-        me = self.me
-        self.baggage = format_baggage(
-            cluster=me.cluster_id if me else self.config.cluster_id,
-            namespace=ns,
-            workload_type=me.workload_type if me else "deployment",
-            workload_name=(me.workload_name or me.name) if me else name,
-            service=(me.canonical_name or me.name) if me else name,
-            revision=(me.canonical_revision or "latest") if me else "latest",
-        )
+    def _apply_updates(self, message: channel.WorkloadUpdates) -> None:
+        if self.workloads_generation < 0:
+            log.warning("workload updates before any workloads; ignored")
+            return
+        if message.generation <= self.workloads_generation:
+            return  # already in the snapshot this worker started from
+        try:
+            updates = [update_from_plain(u) for u in message.updates]
+            store = self.store.apply(updates)
+        except (LocalConfigError, ValueError, KeyError, TypeError) as exc:
+            log.error("workload update refused, keeping the previous one: %s", exc)  # noqa: TRY400
+            self._send(channel.Status(ready=self.ready, problem=f"workload update refused: {exc}"))
+            return
+        self.store = store
+        self.workloads_generation = message.generation
+        for lo in self.locals.values():
+            lo.refresh(self.store)
+
+    # -- node mode: pods from the pod channel ----------------------------------------------
+
+    def _read_pods(self) -> None:
+        sock = self._pod_sock
+        if sock is None:
+            return
+        while True:
+            try:
+                data, fds, flags, _ = socket.recv_fds(sock, _POD_PACKET, _POD_MAX_FDS)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                log.error("pod channel broken: %s", exc)  # noqa: TRY400
+                self._stop_reading_pods()
+                return
+            if not data:
+                self._stop_reading_pods()  # the supervisor went away; the main channel says so
+                return
+            try:
+                self._apply_pod(_pod_message(data, flags), fds)
+            except channel.ChannelError as exc:
+                log.error("pod channel: %s", exc)  # noqa: TRY400
+                _close_fds(fds)
+
+    def _stop_reading_pods(self) -> None:
+        if self._pod_sock is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._pod_sock.fileno())
+            self._pod_sock.close()
+            self._pod_sock = None
+
+    def _apply_pod(self, message: channel.Message, fds: list[int]) -> None:
+        if isinstance(message, channel.PodAdd):
+            if len(fds) != len(message.roles) or not message.roles or message.roles[0] != "netns":
+                raise channel.ChannelError(
+                    f"pod {message.uid}: {len(fds)} descriptors for roles {message.roles}"
+                )
+            self._remove_pod(message.uid)
+            lo = Local(
+                self,
+                uid=message.uid,
+                ref=(message.namespace, message.name, message.service_account),
+                netns_fd=fds[0],
+                netns=message.netns,
+                inpod=self._inpod,
+            )
+            for role, fd in zip(message.roles[1:], fds[1:], strict=True):
+                sock = socket.socket(fileno=fd)
+                if not lo.attach(role, sock):
+                    log.warning("pod %s: unknown listener role %r", message.uid, role)
+                    sock.close()
+            self.locals[message.uid] = lo
+            cert = self.identities.get(str(lo.identity))
+            if cert is not None:
+                lo.use_certs(*cert)  # accepts if the runtime is ready
+            elif self.ready or self._configured:
+                lo.maybe_accept()
+            log.info("pod %s/%s (%s) served", message.namespace, message.name, message.uid)
+        elif isinstance(message, channel.PodDelete):
+            _close_fds(fds)
+            if self._remove_pod(message.uid):
+                log.info("pod %s no longer served", message.uid)
+        elif isinstance(message, channel.PodsSynced):
+            _close_fds(fds)
+            self.pods_synced = message.synced
+            if message.reason:
+                self.pods_reason = message.reason
+            self._update_readiness()
+        else:
+            _close_fds(fds)
+            raise channel.ChannelError(f"unexpected {message.TYPE} on the pod channel")
+
+    def _remove_pod(self, uid: str) -> bool:
+        lo = self.locals.pop(uid, None)
+        if lo is None:
+            return False
+        lo.stop()
+        return True
 
     async def drain(self, deadline: float) -> int:
         """Stop accepting, let open flows finish for up to ``deadline`` s, abort the rest."""
         self.draining = True
         self.ready = False
-        for task in self._accepting:
-            task.cancel()
-        for sock in self._listeners:
-            sock.close()
-        for tunnel in list(self.inbound.tunnels):
-            tunnel.goaway()
-        self.pool.drain()
+        self._stop_reading_pods()
+        for lo in self.locals.values():
+            lo.stop_accepting()
+            for tunnel in list(lo.inbound.tunnels):
+                tunnel.goaway()
+            lo.pool.drain()
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline
         while self.telemetry.active > 0 and loop.time() < end:
@@ -394,8 +496,9 @@ class Runtime:
         remaining = self.telemetry.active
         if remaining:
             log.warning("drain deadline reached with %d connections open; closing them", remaining)
-        for tunnel in list(self.inbound.tunnels):
-            tunnel.close()
+        for lo in self.locals.values():
+            for tunnel in list(lo.inbound.tunnels):
+                tunnel.close()
         for task in list(self._tasks):
             task.cancel()
         for server in self._http:
@@ -407,22 +510,44 @@ class Runtime:
             self._writer.write(channel.encode(message))
 
 
-INBOUND_PASSTHROUGH_V4 = "127.0.0.6"
-INBOUND_PASSTHROUGH_V6 = "::6"
-_IPV6_FREEBIND = 78  # linux/in6.h; ::6 is not an address of lo, so the bind needs freebind
-
-
-def _bind_passthrough(sock: socket.socket, family: int) -> None:
-    if family == socket.AF_INET:
-        sock.bind((INBOUND_PASSTHROUGH_V4, 0))  # all of 127/8 is local: no setup needed
-        return
+def _app_probes(cfg: channel.ProxyConfig, own: Local) -> AppProbes:
+    """The sidecar's probers of its own pod (the kubelet's probes, rewritten by the injector)."""
+    probers, scrape = {}, None
     try:
-        sock.setsockopt(socket.IPPROTO_IPV6, _IPV6_FREEBIND, 1)
-        sock.bind((INBOUND_PASSTHROUGH_V6, 0))
-    except OSError as exc:
-        # Not fatal: without ::6 the connection works wherever no hairpin rule applies (a gid
-        # or mark exemption); only a uid-exempt proxy would loop, and the log says why.
-        log.debug("cannot bind %s for inbound passthrough: %s", INBOUND_PASSTHROUGH_V6, exc)
+        probers, scrape = parse_probers(cfg.app_probers), parse_scrape(cfg.app_metrics)
+    except ValueError as exc:  # the supervisor validated it: only a version skew gets here
+        log.error("app probers refused: %s", exc)  # noqa: TRY400 (no traceback needed)
+    return AppProbes(probers, pod_ip=cfg.pod_ip, new_socket=own.upstream_socket, app_metrics=scrape)
+
+
+def _unconfigured_socket(ip: str, *, inbound: bool = False) -> socket.socket:
+    raise OSError(f"no app probes before the proxy is configured ({ip})")
+
+
+def _addr(sock: socket.socket) -> str:
+    try:
+        host, port = sock.getsockname()[:2]
+    except OSError:
+        return "closed"
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _pod_message(data: bytes, flags: int) -> channel.Message:
+    """The one frame a pod-channel packet holds."""
+    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        raise channel.ChannelError("truncated pod message")
+    messages = channel.Decoder().feed(data)
+    if len(messages) != 1:
+        raise channel.ChannelError("a pod packet holds exactly one frame")
+    return messages[0]
+
+
+def _close_fds(fds: list[int]) -> None:
+    import os
+
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _pid() -> int:

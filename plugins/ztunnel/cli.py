@@ -6,22 +6,32 @@ import asyncio
 import logging
 import os
 import shutil
+import socket
 import tempfile
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from meshctl import config, logs, options
+from meshctl import config, logs, options, values
 from meshctl.core import certs as certs_mod
 from meshctl.core import channel, proxyconfig
 from meshctl.core.identity import IdentityError, SpiffeId, is_trust_domain, parse_workload_ref
 from meshctl.errors import ConfigError, MeshctlError, UserError
 from meshctl.net.sockets import address_text
+from meshctl.output import OutputFormat, render_objects
+from meshctl.process import Feed, PodFeed
 from meshctl.values import format_duration
 
 from .settings import MAX_WORKERS, InjectedConfig, ZtunnelSettings
+
+if TYPE_CHECKING:
+    from meshctl.process import Supervisor
+
+    from .caclient import CaClient
+    from .identities import Issuer
 
 app = typer.Typer(
     add_completion=False,
@@ -44,13 +54,31 @@ def _setting(field: str, help: str, metavar: str | None = None) -> Any:  # noqa:
 def run(
     ctx: typer.Context,
     mode: Annotated[
-        str | None, _setting("mode", "sidecar (one workload; dedicated is the same for now).")
+        str | None,
+        _setting("mode", "sidecar (dedicated: one workload) or node (shared: the node's pods)."),
     ] = None,
     workload: Annotated[
         str | None, _setting("workload", "The workload served.", metavar="NS/NAME/SA")
     ] = None,
     local_config: Annotated[
         str | None, _setting("local_config", "ztunnel local config YAML.", metavar="FILE")
+    ] = None,
+    xds_address: Annotated[
+        str | None,
+        _setting(
+            "xds_address",
+            "Control plane to discover workloads from, instead of --local-config "
+            "(Delta ADS over TLS, e.g. :15012).",
+            metavar="HOST:PORT",
+        ),
+    ] = None,
+    xds_root_ca: Annotated[
+        str | None,
+        _setting(
+            "xds_root_ca",
+            "The control plane's root certificate (/var/run/secrets/istio/root-cert.pem).",
+            metavar="FILE",
+        ),
     ] = None,
     cert_dir: Annotated[
         str | None,
@@ -73,13 +101,50 @@ def run(
     workers: Annotated[
         int | None, _setting("workers", f"Data-plane worker processes, 1-{MAX_WORKERS} (1).")
     ] = None,
+    inpod_uds: Annotated[
+        str | None,
+        _setting(
+            "inpod_uds",
+            "Node mode: the node agent's ZDS socket (/var/run/ztunnel/ztunnel.sock).",
+            metavar="PATH",
+        ),
+    ] = None,
+    ca_dir: Annotated[
+        str | None,
+        _setting(
+            "ca_dir",
+            "Node mode: mint pod certificates from this development CA (ca-cert.pem, ca-key.pem).",
+            metavar="DIR",
+        ),
+    ] = None,
+    ca_address: Annotated[
+        str | None,
+        _setting(
+            "ca_address",
+            "Mesh CA, e.g. meshctl-controlplane.meshctl-system.svc:15012.",
+            metavar="HOST:PORT",
+        ),
+    ] = None,
+    ca_root: Annotated[
+        str | None,
+        _setting(
+            "ca_root", "Mesh root bundle (/var/run/secrets/istio/root-cert.pem).", metavar="FILE"
+        ),
+    ] = None,
+    auth_token: Annotated[
+        str | None,
+        _setting(
+            "auth_token",
+            "Service-account token for the CA (/var/run/secrets/tokens/istio-token).",
+            metavar="FILE",
+        ),
+    ] = None,
+    secret_ttl: Annotated[
+        float | None, _setting("secret_ttl", "Certificate lifetime to request (24h).")
+    ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
-    from meshctl.process import Supervisor, self_command
-
-    from .listeners import bind_all
-    from .sources import FileFeed
-
+    flags = {k: v for k, v in locals().items() if k != "ctx"}
     options.daemon_logging(ctx)
     file, file_name = config.file_section(ctx.meta, "ztunnel")
     # The pod's ProxyConfig from the injector (Istio's PROXY_CONFIG): below flags and env.
@@ -91,41 +156,193 @@ def run(
             str(exc), hint="the injector writes PROXY_CONFIG; re-inject the pod"
         ) from exc
     file = {**file, **pod_config.ztunnel_settings(os.cpu_count() or 1)}
-    flags = {
-        "mode": mode,
-        "workload": workload,
-        "local_config": local_config,
-        "cert_dir": cert_dir,
-        "trust_domain": trust_domain,
-        "drain_deadline": drain_deadline,
-        "handshake_timeout": handshake_timeout,
-        "mark": mark,
-        "workers": workers,
-    }
     settings = config.resolve(ZtunnelSettings, flags=flags, file=file, file_name=file_name)
+    # Durations, ranges and choices were checked as the settings resolved (flags, env, file).
+    deadline, handshake = settings.drain_deadline, settings.handshake_timeout
+    if settings.xds_address and settings.local_config:
+        # An explicit file wins (tests, demos, a pod the injector pointed at a control plane).
+        log.warning(
+            "workloads from the local config %s; discovery at %s is not used",
+            settings.local_config,
+            settings.xds_address,
+        )
+    global_settings: config.GlobalSettings = ctx.obj
+    if settings.node_mode:
+        code = _run_node(settings, global_settings, deadline, handshake)
+    else:
+        code = _run_sidecar(settings, global_settings, deadline, handshake)
+    raise typer.Exit(code)
+
+
+def _run_sidecar(
+    settings: ZtunnelSettings,
+    global_settings: config.GlobalSettings,
+    deadline: float,
+    handshake: float,
+) -> int:
+    from .listeners import bind_all
+
     ref = settings.workload_ref()
     try:
         ns, _name, sa = parse_workload_ref(ref)
     except IdentityError as exc:
         raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
     identity = _identity(settings.trust_domain, ns, sa)
-    feed = FileFeed(
-        cert_dir=Path(settings.cert_dir),
-        local_config=Path(settings.local_config) if settings.local_config else None,
-        identity=identity,
-    )
-    listeners = bind_all(settings)
-    logs.listening(
-        log,
-        "ztunnel",
-        [f"{role} {address_text(sock)}" for role, sock in listeners.items()],
-    )
-    global_settings: config.GlobalSettings = ctx.obj
-    # The data plane logs every connection at info (ztunnel's access log): it runs at the
-    # level the user chose, and at warning when none was (the supervisor's own default is info).
-    dataplane_level = "debug" if global_settings.debug else global_settings.log_level or "warning"
+    feed = _feed(settings, identity)
+    if settings.xds_address and not settings.local_config:
+        from .xds import XdsFeed, build_config  # grpc: only for a proxy with a control plane
 
-    def argv(channel_fd: int) -> list[str]:
+        feed = XdsFeed(certs=feed, client_config=build_config(settings))
+    listeners = bind_all(settings)
+    run = _Run(settings, global_settings, deadline, handshake, listeners, workload=ref)
+    run.ready_detail = f"serving {ref} as {identity} (supervisor pid {os.getpid()})"
+    return run.serve(lambda supervisor: supervisor.run(), feed=feed)
+
+
+def _run_node(
+    settings: ZtunnelSettings,
+    global_settings: config.GlobalSettings,
+    deadline: float,
+    handshake: float,
+) -> int:
+    from meshctl.core.capture.settings import AMBIENT_PROXY_MARK
+
+    from .identities import Identities
+    from .listeners import bind_all, pod_ports
+    from .node import NodeFeed, Pods, ZdsClient
+    from .sources import LocalConfigSource
+
+    issuer = _issuer(settings)
+    ttl = timedelta(seconds=_ttl(settings))
+    files = LocalConfigSource(Path(settings.local_config) if settings.local_config else None)
+    # The pods' capture rules exempt what carries the in-pod mark (Istio's 0x539).
+    mark = settings.mark or AMBIENT_PROXY_MARK
+    listeners = bind_all(settings, proxy=False)
+    run = _Run(settings, global_settings, deadline, handshake, listeners, workload="", mark=mark)
+
+    async def serve(supervisor: Supervisor) -> int:
+        identities = Identities(issuer, ttl=ttl, publish=supervisor.broadcast)
+        run.pods = pods = Pods(
+            ports=pod_ports(settings),
+            mark=mark,
+            trust_domain=settings.trust_domain,
+            identities=identities,
+        )
+        run.feed = NodeFeed(files, identities)
+        if settings.xds_address:
+            from .xds import XdsFeed, build_config  # grpc: only with a control plane
+
+            # Workloads from discovery; the pods' certificates as before (broadcast as issued).
+            run.feed = XdsFeed(certs=run.feed, client_config=build_config(settings))
+        pods.send = supervisor.send_pod
+        client = ZdsClient(settings.inpod_uds, pods)
+        task = asyncio.ensure_future(client.run())
+        try:
+            return await supervisor.run()
+        finally:
+            task.cancel()
+            identities.close()
+            pods.close()
+
+    run.ready_detail = (
+        f"node proxy: pods from {settings.inpod_uds}, certificates from {issuer.name} "
+        f"(supervisor pid {os.getpid()})"
+    )
+    return run.serve(serve, feed=None, node=True)
+
+
+def _feed(settings: ZtunnelSettings, identity: SpiffeId) -> Feed:
+    """Mounted certificate files win (as Istio's file-mounted certs); else the CA if given."""
+    from .sources import FileFeed, has_cert_files
+
+    local_config = Path(settings.local_config) if settings.local_config else None
+    cert_dir = Path(settings.cert_dir)
+    if has_cert_files(cert_dir) or not settings.ca_address:
+        if settings.ca_address:
+            log.info("certificates from %s (mounted files win over the CA)", cert_dir)
+        return FileFeed(cert_dir=cert_dir, local_config=local_config, identity=identity)
+    from .caclient import CaFeed
+
+    ttl = _ttl(settings)
+    client = _ca_client(settings)
+    log.info("certificates from the CA at %s", settings.ca_address)
+    return CaFeed(
+        client=client,
+        identity=identity,
+        root_file=Path(settings.ca_root),
+        ttl_seconds=int(ttl),
+        local_config=local_config,
+    )
+
+
+def _ttl(settings: ZtunnelSettings) -> float:
+    return settings.secret_ttl  # at least a second (the setting's parser)
+
+
+def _ca_client(settings: ZtunnelSettings) -> CaClient:
+    from meshctl.rpc import CallAuth
+
+    from .caclient import CaClient
+
+    assert settings.ca_address  # noqa: S101 (callers checked)
+    token = Path(settings.auth_token)
+    # ztunnel's AUTH_TOKEN: a path when such a file exists (read on every call), else the token.
+    looks_like_path = "/" in settings.auth_token or token.exists()
+    auth = (
+        CallAuth(token_file=token, cluster_id=settings.cluster_id)
+        if looks_like_path
+        else CallAuth(token=settings.auth_token, cluster_id=settings.cluster_id)
+    )
+    return CaClient(settings.ca_address, auth=auth, server_name=settings.ca_server_name)
+
+
+def _issuer(settings: ZtunnelSettings) -> Issuer:
+    """Node mode's pod certificates: the mesh CA by impersonation, else a development CA."""
+    from .identities import CaIssuer, LocalCa
+
+    if settings.ca_address:
+        return CaIssuer(_ca_client(settings), root_file=Path(settings.ca_root))
+    if settings.ca_dir:
+        return LocalCa(Path(settings.ca_dir))
+    raise UserError(
+        "node mode needs a source of pod certificates",
+        hint="give --ca-address HOST:15012 (the mesh CA) or --ca-dir DIR (a development CA "
+        "made by 'meshctl ztunnel certs')",
+    )
+
+
+class _Run:
+    """What both modes share: the data plane's argv and config, metrics dir, the supervisor."""
+
+    def __init__(
+        self,
+        settings: ZtunnelSettings,
+        global_settings: config.GlobalSettings,
+        deadline: float,
+        handshake: float,
+        listeners: dict[str, socket.socket],
+        *,
+        workload: str,
+        mark: int | None = None,
+    ) -> None:
+        self.settings = settings
+        self.global_settings = global_settings
+        self.deadline = deadline
+        self.handshake = handshake
+        self.listeners = listeners
+        self.workload = workload
+        self.mark = settings.mark if mark is None else mark
+        self.feed: Feed | None = None
+        self.pods: PodFeed | None = None
+        self.ready_detail = ""  # the ready line's detail: what this proxy serves
+
+    def argv(self, channel_fd: int) -> list[str]:
+        from meshctl.process import self_command
+
+        g = self.global_settings
+        # The data plane logs every connection at info (ztunnel's access log): it runs at the
+        # level the user chose, and at warning when none was (the supervisor's default is info).
+        level = "debug" if g.debug else g.log_level or "warning"
         # The command name first: the data plane is a raw plugin and must not go through the
         # Typer root command, which global flags before it would (typer + pydantic: ~8 MB).
         return self_command(
@@ -133,60 +350,115 @@ def run(
             "--channel-fd",
             str(channel_fd),
             "--log-level",
-            dataplane_level,
+            level,
             "--log-format",
-            global_settings.log_format,
+            g.log_format,
         )
 
-    # Every worker writes its counters here; worker 0 serves the sum (prometheus-client's
-    # multiprocess mode, switched on for the children by the variable below).
-    metrics_dir = tempfile.mkdtemp(prefix="meshctl-metrics-")
+    def serve(
+        self,
+        body: Callable[[Supervisor], Awaitable[int]],
+        *,
+        feed: Feed | None,
+        node: bool = False,
+    ) -> int:
+        from meshctl.process import Supervisor
 
-    def worker_exited(pid: int) -> None:
-        from prometheus_client import multiprocess
+        from .listeners import pod_ports
 
-        # Its live gauges no longer count (prometheus-client leaves this one unannotated).
-        multiprocess.mark_process_dead(pid, metrics_dir)  # type: ignore[no-untyped-call]
+        s = self.settings
+        # Every worker writes its counters here; worker 0 serves the sum (prometheus-client's
+        # multiprocess mode, switched on for the children by the variable below).
+        metrics_dir = tempfile.mkdtemp(prefix="meshctl-metrics-")
 
-    def proxy_config(worker: int, fds: dict[str, int]) -> channel.ProxyConfig:
-        return channel.ProxyConfig(
-            mode="sidecar",
-            workload=ref,
-            listeners=fds,
-            cluster_id=settings.cluster_id,
-            trust_domain=settings.trust_domain,
-            pool_max_streams=settings.pool_max_streams,
-            pool_idle_timeout=settings.pool_idle_timeout,
-            drain_deadline=settings.drain_deadline,
-            handshake_timeout=settings.handshake_timeout,
-            mark=settings.mark,
-            worker=worker,
-            workers=settings.workers,
-            metrics_dir=metrics_dir,
-            app_probers=settings.app_probers,
-            pod_ip=settings.instance_ip,
-            app_metrics=settings.app_metrics,
+        def worker_exited(pid: int) -> None:
+            from prometheus_client import multiprocess
+
+            # Its live gauges no longer count (prometheus-client leaves this one unannotated).
+            multiprocess.mark_process_dead(pid, metrics_dir)  # type: ignore[no-untyped-call]
+
+        def proxy_config(worker: int, fds: dict[str, int]) -> channel.ProxyConfig:
+            return channel.ProxyConfig(
+                mode="node" if node else "sidecar",
+                workload=self.workload,
+                listeners=fds,
+                cluster_id=s.cluster_id,
+                trust_domain=s.trust_domain,
+                pool_max_streams=s.pool_max_streams,
+                pool_idle_timeout=s.pool_idle_timeout,
+                drain_deadline=self.deadline,
+                handshake_timeout=self.handshake,
+                mark=self.mark,
+                worker=worker,
+                workers=s.workers,
+                metrics_dir=metrics_dir,
+                pod_ports=pod_ports(s) if node else {},
+                # The sidecar's app probes and metrics merge (the injector's env).
+                app_probers="" if node else s.app_probers,
+                pod_ip="" if node else s.instance_ip,
+                app_metrics="" if node else s.app_metrics,
+            )
+
+        self.feed = feed if feed is not None else self.feed
+        logs.listening(
+            log,
+            "ztunnel",
+            [f"{role} {address_text(sock)}" for role, sock in self.listeners.items()],
         )
 
-    supervisor = Supervisor(
-        argv=argv,
-        config=proxy_config,
-        listeners=listeners,
-        feed=feed,
-        drain_deadline=settings.drain_deadline,
-        workers=settings.workers,
-        extra_env={"PROMETHEUS_MULTIPROC_DIR": metrics_dir},
-        on_exit=worker_exited,
-        poll_interval=settings.reload_interval,
-        ready_line=("ztunnel", f"serving {ref} as {identity} (supervisor pid {os.getpid()})"),
-    )
-    try:
-        code = asyncio.run(supervisor.run())
-    finally:
-        for sock in listeners.values():
-            sock.close()
-        shutil.rmtree(metrics_dir, ignore_errors=True)
-    raise typer.Exit(code)
+        async def main() -> int:
+            supervisor = Supervisor(
+                argv=self.argv,
+                config=proxy_config,
+                listeners=self.listeners,
+                feed=_Deferred(self),
+                drain_deadline=self.deadline,
+                workers=s.workers,
+                extra_env={"PROMETHEUS_MULTIPROC_DIR": metrics_dir},
+                on_exit=worker_exited,
+                poll_interval=s.reload_interval,
+                pods=_DeferredPods(self) if node else None,
+                ready_line=("ztunnel", self.ready_detail),
+            )
+            return await body(supervisor)
+
+        try:
+            return asyncio.run(main())
+        finally:
+            for sock in self.listeners.values():
+                sock.close()
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+class _Deferred(Feed):
+    """The feed of a ``_Run``, which node mode builds once the event loop runs."""
+
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+
+    def current(self) -> list[channel.Message]:
+        return self._run.feed.current() if self._run.feed is not None else []
+
+    def changes(self) -> list[channel.Message]:
+        return self._run.feed.changes() if self._run.feed is not None else []
+
+    async def run(self) -> None:
+        if self._run.feed is not None:
+            await self._run.feed.run()
+
+    async def wait(self, timeout: float) -> None:
+        if self._run.feed is not None:
+            await self._run.feed.wait(timeout)
+        else:
+            await asyncio.sleep(timeout)
+
+
+class _DeferredPods(PodFeed):
+    def __init__(self, run: _Run) -> None:
+        self._run = run
+
+    def current(self) -> list[tuple[channel.Message, tuple[int, ...]]]:
+        return self._run.pods.current() if self._run.pods is not None else []
 
 
 def _identity(trust_domain: str, namespace: str, service_account: str) -> SpiffeId:
@@ -320,3 +592,50 @@ def _write(folder: Path, name: str, data: bytes, mode: int) -> None:
             f"cannot write {folder / name}: {exc.strerror or exc}",
             hint="check that the directory (and every folder above it) is writable",
         ) from exc
+
+
+@app.command("manifest")
+def manifest_cmd(
+    namespace: Annotated[str, options.namespace("Namespace of the node proxies.")] = (
+        "meshctl-system"
+    ),
+    image: Annotated[
+        str | None, typer.Option("--image", metavar="IMAGE", help="meshctl image (this version).")
+    ] = None,
+    ca_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Mesh CA (default: meshctl-controlplane.<namespace>.svc:15012).",
+        ),
+    ] = None,
+    xds_address: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Discovery (default: meshctl-controlplane.<namespace>.svc:15012).",
+        ),
+    ] = None,
+    workers: Annotated[
+        int,
+        options.option(
+            "--workers",
+            help=f"Data-plane worker processes per node, 1-{MAX_WORKERS}.",
+            parse=values.Integer(1, MAX_WORKERS, what="a count"),
+        ),
+    ] = 1,
+    output: options.OutputOption = OutputFormat.YAML,
+) -> None:
+    """Print the DaemonSet that runs the ambient node proxy ('ztunnel run --mode node')."""
+    from meshctl.core.inject.settings import DEFAULT_IMAGE
+
+    from .manifest import objects
+
+    items = objects(
+        namespace=namespace,
+        image=image or DEFAULT_IMAGE,
+        ca_address=ca_address or "",
+        xds_address=xds_address or "",
+        workers=workers,
+    )
+    typer.echo(render_objects(items, output), nl=False)

@@ -17,15 +17,12 @@ from .settings import ZtunnelSettings
 _BACKLOG = 4096
 
 
-def bind_all(settings: ZtunnelSettings) -> dict[str, socket.socket]:
-    """role -> listening socket; IPv6 twins are named ``<role>6``."""
-    wanted = {
-        "outbound": settings.outbound_port,
-        "inbound_plaintext": settings.inbound_plaintext_port,
-        "inbound": settings.inbound_port,
-        "metrics": settings.metrics_port,
-        "readiness": settings.readiness_port,
-    }
+def bind_all(settings: ZtunnelSettings, *, proxy: bool = True) -> dict[str, socket.socket]:
+    """role -> listening socket; IPv6 twins are named ``<role>6``. Without ``proxy`` (node
+    mode: the proxy ports live in each pod's netns) only metrics, readiness and admin."""
+    wanted = dict(pod_ports(settings)) if proxy else {}
+    wanted["metrics"] = settings.metrics_port
+    wanted["readiness"] = settings.readiness_port
     out: dict[str, socket.socket] = {}
     try:
         for role, port in wanted.items():
@@ -40,6 +37,15 @@ def bind_all(settings: ZtunnelSettings) -> dict[str, socket.socket]:
             sock.close()
         raise
     return out
+
+
+def pod_ports(settings: ZtunnelSettings) -> dict[str, int]:
+    """The proxy ports: outbound capture, inbound plaintext, HBONE."""
+    return {
+        "outbound": settings.outbound_port,
+        "inbound_plaintext": settings.inbound_plaintext_port,
+        "inbound": settings.inbound_port,
+    }
 
 
 def _listen(host: str, port: int, role: str) -> socket.socket:

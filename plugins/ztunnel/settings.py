@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from meshctl import values
 from meshctl.config import setting
 from meshctl.core.appprobes import PROBERS_ENV, parse_probers, parse_scrape
+from meshctl.core.zds import DEFAULT_SOCKET
 from meshctl.errors import ConfigError
 
 _DURATION_HINT = f"write a duration, {values.DURATION_EXAMPLES}"
@@ -33,7 +34,10 @@ class InjectedConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ZtunnelSettings:
-    mode: str = setting("sidecar", env="PROXY_MODE", choices=("sidecar", "dedicated"))
+    # "node" is ztunnel's "shared" (the node proxy of ambient mode), "sidecar" its "dedicated".
+    mode: str = setting(
+        "sidecar", env="PROXY_MODE", choices=("sidecar", "dedicated", "node", "shared")
+    )
     workload: str | None = setting(None, env="PROXY_WORKLOAD_INFO")
     # The injected sidecar's env (meshctl inject renders these from the downward API).
     pod_name: str | None = setting(None, env="POD_NAME")
@@ -58,6 +62,18 @@ class ZtunnelSettings:
     cluster_id: str = setting("Kubernetes", env="ISTIO_META_CLUSTER_ID")
     local_config: str | None = setting(None, env="LOCAL_XDS_PATH")
     cert_dir: str = setting("/var/run/secrets/workload-spiffe-credentials", env="MESHCTL_CERT_DIR")
+    # The mesh CA (ztunnel's CA_ADDRESS, istio-agent's CA_ADDR): certificates from
+    # CreateCertificate when set and no certificate files are mounted in cert_dir.
+    ca_address: str | None = setting(None, env=("CA_ADDRESS", "CA_ADDR"))
+    ca_root: str = setting("/var/run/secrets/istio/root-cert.pem", env="CA_ROOT_CA")
+    ca_server_name: str | None = setting(None, env="ALT_CA_HOSTNAME")
+    # A token file (read on every call) or, if no such file exists, the token itself (ztunnel).
+    auth_token: str = setting(
+        "/var/run/secrets/tokens/istio-token", env="AUTH_TOKEN", flag="--token-file"
+    )
+    secret_ttl: float = setting(
+        86400.0, env="SECRET_TTL", parse=values.Duration(minimum=1.0), hint=_DURATION_HINT
+    )
     # Durations in seconds, written as ztunnel writes them: "5s", "300ms", "5m", "1h".
     drain_deadline: float = setting(
         5.0,
@@ -94,12 +110,26 @@ class ZtunnelSettings:
         parse=values.Duration(positive=True),
         hint=_DURATION_HINT,
     )
+    # Node mode: the node agent's ZDS socket; a development CA for pod certificates when no
+    # mesh CA (``ca_address``) is given.
+    inpod_uds: str = setting(DEFAULT_SOCKET, env="INPOD_UDS")
+    ca_dir: str | None = setting(None, env="MESHCTL_CA_DIR")
+    # Discovery (ztunnel's names): the control plane, its roots, the token, who we are.
+    xds_address: str | None = setting(None, env="XDS_ADDRESS")
+    xds_root_ca: str = setting("/var/run/secrets/istio/root-cert.pem", env="XDS_ROOT_CA")
+    alt_xds_hostname: str | None = setting(None, env="ALT_XDS_HOSTNAME")
+    xds_on_demand: bool = setting(False, env="XDS_ON_DEMAND")
+    node_name: str = setting("", env="NODE_NAME")
     outbound_port: int = setting(15001)
     inbound_plaintext_port: int = setting(15006)
     inbound_port: int = setting(15008)
     admin_port: int = setting(15000)
     metrics_port: int = setting(15020)
     readiness_port: int = setting(15021)
+
+    @property
+    def node_mode(self) -> bool:
+        return self.mode in ("node", "shared")
 
     def workload_ref(self) -> str:
         """NS/NAME/SA from ``--workload`` or the pod env; a clear error when neither is set."""

@@ -1,7 +1,8 @@
 """What the supervisor feeds the data plane: certificates from ``--cert-dir`` and the local config.
 
 Owns reading and validating both sources, and noticing when they change (by content, polled), so
-a rotation or an edited local config reaches the data plane without a restart. Invariants: a
+a rotation or an edited local config reaches the data plane without a restart (discovery's feed
+is ``xds.XdsFeed``). Invariants: a
 source that fails validation at start is a ``UserError`` with a hint; one that fails on reload
 is logged and the previous good state stays in force; PEM bytes are never logged.
 """
@@ -37,23 +38,32 @@ def read_certs(cert_dir: Path, identity: SpiffeId, generation: int) -> channel.C
             hint=f"create them with 'meshctl ztunnel certs --out {cert_dir} --workload ...'",
         ) from exc
     try:
-        _check_certs(chain, key, roots, identity)
+        return certs_message(chain, key, roots, identity, generation)
     except (IdentityError, ValueError) as exc:
         raise UserError(
             f"workload certificate in {cert_dir} is unusable: {exc}",
             hint=f"mint one for {identity} with 'meshctl ztunnel certs'",
         ) from exc
+
+
+def certs_message(
+    chain: str, key: str, roots: str, identity: SpiffeId, generation: int, *, named: bool = False
+) -> channel.Certs:
+    """The checked ``Certs`` for ``identity`` (``named``: node mode's, which says whose); raises
+    ``IdentityError``/``ValueError`` when the PEMs do not make a usable certificate for it."""
+    _check_certs(chain, key, roots, identity)
     return channel.Certs(
+        identity=str(identity) if named else "",
         cert_chain=chain,
         key=key,
         roots=roots,
         generation=generation,
-        chain_facts=_facts(chain),
-        root_facts=_facts(roots),
+        chain_facts=cert_facts(chain),
+        root_facts=cert_facts(roots),
     )
 
 
-def _facts(pem: str) -> tuple[dict[str, Any], ...]:
+def cert_facts(pem: str) -> tuple[dict[str, Any], ...]:
     return tuple(
         channel.certificate_facts(
             f.serial, f.not_before.isoformat(), f.not_after.isoformat(), list(f.uri_sans)
@@ -110,24 +120,51 @@ def _digest(*paths: Path) -> str:
     return h.hexdigest()
 
 
+class LocalConfigSource:
+    """The workloads of ``--local-config`` (or none), re-read when the file's content changes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.workloads = channel.Workloads(document=read_local_config(path), generation=0)
+        self._digest = _digest(path) if path else ""
+
+    def changes(self) -> list[channel.Message]:
+        if self.path is None:
+            return []
+        digest = _digest(self.path)
+        if digest == self._digest:
+            return []
+        self._digest = digest
+        try:
+            doc = read_local_config(self.path)
+        except UserError as exc:
+            log.error("local config reload skipped: %s", exc.message)  # noqa: TRY400
+            return []
+        self.workloads = channel.Workloads(document=doc, generation=self.workloads.generation + 1)
+        log.info("local config changed; generation %d", self.workloads.generation)
+        return [self.workloads]
+
+
 class FileFeed(Feed):
     """Certificates and workloads from files, re-sent when their content changes."""
 
     def __init__(self, *, cert_dir: Path, local_config: Path | None, identity: SpiffeId) -> None:
         self.cert_dir = cert_dir
-        self.local_config = local_config
         self.identity = identity
         self._cert_files = [
             cert_dir / n
             for n in (certs_mod.CERT_CHAIN_FILE, certs_mod.KEY_FILE, certs_mod.ROOT_CERT_FILE)
         ]
         self.certs = read_certs(cert_dir, identity, 0)
-        self.workloads = channel.Workloads(document=read_local_config(local_config), generation=0)
+        self.config = LocalConfigSource(local_config)
         self._cert_digest = _digest(*self._cert_files)
-        self._config_digest = _digest(local_config) if local_config else ""
+
+    @property
+    def workloads(self) -> channel.Workloads:
+        return self.config.workloads
 
     def current(self) -> list[channel.Message]:
-        return [self.certs, self.workloads]
+        return [self.certs, channel.CertSource(source="files"), self.workloads]
 
     def changes(self) -> list[channel.Message]:
         out: list[channel.Message] = []
@@ -141,18 +178,9 @@ class FileFeed(Feed):
             else:
                 log.info("certificates changed; generation %d", self.certs.generation)
                 out.append(self.certs)
-        if self.local_config is not None:
-            digest = _digest(self.local_config)
-            if digest != self._config_digest:
-                self._config_digest = digest
-                try:
-                    doc = read_local_config(self.local_config)
-                except UserError as exc:
-                    log.error("local config reload skipped: %s", exc.message)  # noqa: TRY400
-                else:
-                    self.workloads = channel.Workloads(
-                        document=doc, generation=self.workloads.generation + 1
-                    )
-                    log.info("local config changed; generation %d", self.workloads.generation)
-                    out.append(self.workloads)
-        return out
+        return out + self.config.changes()
+
+
+def has_cert_files(cert_dir: Path) -> bool:
+    """Whether ``cert_dir`` holds mounted certificates (which win over a CA, as in Istio)."""
+    return (cert_dir / certs_mod.CERT_CHAIN_FILE).is_file()

@@ -100,12 +100,12 @@ def test_overwritten_config_gets_our_entry_back_and_sigterm_restores_it(node: Pa
 def test_rotated_token_refreshes_the_plugin_kubeconfig(node: Path):
     with running(node):
         kubeconfig = node / "run" / "meshctl-cni-kubeconfig"
-        assert json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == "token-1"  # noqa: S105 (a test value)
+        assert json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == "token-1"
         assert kubeconfig.stat().st_mode & 0o777 == 0o600
         (node / "sa" / "token").write_text("token-2\n")
 
         def rotated() -> bool:
-            return json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == "token-2"  # noqa: S105 (a test value)
+            return json.loads(kubeconfig.read_text())["users"][0]["user"]["token"] == "token-2"
 
         eventually("kubeconfig refreshed", rotated)
 
@@ -176,6 +176,43 @@ def test_manifest_is_a_daemonset_with_host_mounts_and_node_critical_priority():
     assert container["args"][-2:] == ["cni", "install"]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert items[2]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+
+
+def test_ambient_manifest_adds_the_node_agents_mounts_capabilities_and_rbac():
+    result = run_meshctl("cni", "manifest", "--ambient", "-o", "json")
+    assert result.returncode == 0, result.stderr
+    items = {i["kind"]: i for i in json.loads(result.stdout)["items"]}
+    spec = items["DaemonSet"]["spec"]["template"]["spec"]
+    assert spec["hostNetwork"] is True
+    paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert {"/var/run/netns", "/var/run/ztunnel"} <= paths
+    container = spec["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["AMBIENT_ENABLED"]["value"] == "true"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert set(container["securityContext"]["capabilities"]["add"]) == {
+        "NET_ADMIN",
+        "NET_RAW",
+        "SYS_ADMIN",
+    }
+    rules = {r["resources"][0]: set(r["verbs"]) for r in items["ClusterRole"]["rules"]}
+    assert rules == {
+        "pods": {"get", "list", "watch", "patch"},
+        "namespaces": {"get", "list", "watch"},
+        "events": {"create", "patch"},
+    }
+
+
+def test_ambient_agent_without_a_node_name_is_a_usage_error(tmp_path: Path):
+    result = run_meshctl(
+        "cni", "install", "--ambient", "--kube-server", "https://127.0.0.1:1",
+        "--cni-bin-dir", str(tmp_path / "bin"), "--cni-conf-dir", str(tmp_path / "net.d"),
+        "--run-dir", str(tmp_path / "run"),
+        env={"NODE_NAME": ""},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "Error: ambient mode needs this node's name" in result.stderr
+    assert "--node-name" in result.stderr
 
 
 def test_the_plugins_log_reaches_the_node_agents_log(node: Path, tmp_path: Path):

@@ -82,6 +82,8 @@ def _bad(version: str = "1.0.0", **keys: object) -> dict[str, object]:
         ),
         (_bad(exclude_namespaces="x"), {}, spec.INVALID_CONFIG, "exclude_namespaces must be"),
         (_bad(prevResult=[1]), {}, spec.INVALID_CONFIG, "prevResult must be an object"),
+        (_bad(ambient_enabled="yes"), {}, spec.INVALID_CONFIG, "ambient_enabled must be true"),
+        (_bad(agent_timeout=0), {}, spec.INVALID_CONFIG, "agent_timeout must be a positive"),
         (_bad(), {"CNI_COMMAND": "FROB"}, spec.INVALID_ENVIRONMENT, "unknown command 'FROB'"),
     ],
 )

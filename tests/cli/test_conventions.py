@@ -76,7 +76,15 @@ def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
 
 def test_the_walk_reaches_every_plugin():
     found = {n.path[0] for n in COMMANDS}
-    assert {"version", "iptables", "inject", "ztunnel", "cni", "completion"} <= found
+    assert {
+        "version",
+        "iptables",
+        "inject",
+        "ztunnel",
+        "cni",
+        "completion",
+        "controlplane",
+    } <= found
     assert ("inject", "webhook-config") in {n.path for n in COMMANDS}
 
 
@@ -205,6 +213,13 @@ NOT_THAT_SETTING = {
     ("cni", "manifest", "--cni-conf-dir"): "the host path the DaemonSet mounts",
     ("ztunnel", "certs", "--trust-domain"): "what to mint for, not the running proxy's",
     ("ztunnel", "certs", "--workload"): "whose certificate to mint, not the running proxy's",
+    ("ztunnel", "certs", "--ca-dir"): "where to mint the CA, not the node proxy's CA",
+    ("ztunnel", "manifest", "--ca-address"): "what the DaemonSet is given, not this process",
+    ("ztunnel", "manifest", "--xds-address"): "what the DaemonSet is given, not this process",
+    ("ztunnel", "manifest", "--workers"): "what the DaemonSet is given, not this process",
+    ("cni", "manifest", "--ambient"): "what the DaemonSet runs, not this process",
+    ("controlplane", "manifest", "--namespace"): "where the manifest installs",
+    ("controlplane", "manifest", "--revision"): "what the Deployment is given",
 }
 
 

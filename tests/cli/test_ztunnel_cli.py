@@ -115,3 +115,46 @@ def test_run_refuses_bad_injected_env_before_starting(tmp_path):
         result = meshctl("ztunnel", "run", "--cert-dir", str(tmp_path), env=env)
         assert result.returncode == 2, result.stderr
         assert message in result.stderr.splitlines()[0]
+
+
+def test_node_mode_without_a_source_of_pod_certificates_is_a_usage_error(tmp_path):
+    env = {"CA_ADDRESS": "", "CA_ADDR": "", "MESHCTL_CA_DIR": ""}
+    result = meshctl("ztunnel", "run", "--mode", "node", env=env)
+    assert result.returncode == 2
+    assert "Error: node mode needs a source of pod certificates" in result.stderr
+    assert "--ca-address" in result.stderr
+    assert "--ca-dir" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_node_mode_with_an_unreadable_ca_dir_names_the_directory(tmp_path):
+    result = meshctl("ztunnel", "run", "--mode", "shared", "--ca-dir", str(tmp_path / "none"))
+    assert result.returncode == 2
+    assert f"cannot read the CA in {tmp_path / 'none'}" in result.stderr
+    assert "meshctl ztunnel certs" in result.stderr
+
+
+def test_node_proxy_manifest_is_a_daemonset_with_the_zds_dir_token_and_root():
+    import json
+
+    result = meshctl("ztunnel", "manifest", "-o", "json", "--image", "registry.example/m:1")
+    assert result.returncode == 0, result.stderr
+    items = json.loads(result.stdout)["items"]
+    assert [i["kind"] for i in items] == ["ServiceAccount", "DaemonSet"]
+    spec = items[1]["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "meshctl-ztunnel"  # the CA's trusted node account
+    container = spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["PROXY_MODE"] == "node"
+    assert env["INPOD_UDS"] == "/var/run/ztunnel/ztunnel.sock"
+    assert (
+        env["CA_ADDRESS"] == env["XDS_ADDRESS"] == ("meshctl-controlplane.meshctl-system.svc:15012")
+    )
+    caps = container["securityContext"]["capabilities"]
+    assert set(caps["add"]) == {"NET_ADMIN", "NET_RAW", "SYS_ADMIN"}
+    assert container["securityContext"]["privileged"] is False
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["cni-ztunnel-sock-dir"]["hostPath"]["path"] == "/var/run/ztunnel"
+    token = volumes["istio-token"]["projected"]["sources"][0]["serviceAccountToken"]
+    assert token["audience"] == "meshctl-ca"
+    assert volumes["istiod-ca-cert"]["configMap"]["name"] == "meshctl-ca-root-cert"

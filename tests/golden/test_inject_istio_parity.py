@@ -182,7 +182,9 @@ FOLDED = {
         "ISTIO_PROMETHEUS_ANNOTATIONS",
     },
     # Our own env on the proxy, which Istio's has not.
-    "our_env": {"NODE_NAME", "CANONICAL_SERVICE", "CANONICAL_REVISION"},
+    # XDS_ADDRESS: ztunnel's name for where workloads come from (Istio's agent reads its
+    # discoveryAddress from the proxy config instead).
+    "our_env": {"NODE_NAME", "CANONICAL_SERVICE", "CANONICAL_REVISION", "XDS_ADDRESS"},
     # Istio's template volumes and mounts (their agent's sockets, Envoy's files, the CRL) and
     # ours (a writable /tmp for the one-file binary).
     "volumes": {

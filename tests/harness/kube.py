@@ -536,6 +536,22 @@ def kube_api(kube_cluster: KubeCluster) -> Iterator[k8s.ApiClient]:
         yield api
 
 
+def compact_etcd(cluster: KubeCluster, revision: str) -> None:
+    """Compacts etcd's history up to ``revision`` (as the API server does every five minutes),
+    so that watches from an older resourceVersion that the server serves from etcd (kinds
+    without a watch cache, such as core/v1 Events) end with 410 Gone."""
+    binaries = locate_binaries()
+    if isinstance(binaries, str):
+        pytest.fail(binaries)
+    etcdctl = binaries.etcd.parent / "etcdctl"
+    subprocess.run(
+        [str(etcdctl), "--endpoints", cluster.etcd_url, "compact", revision],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Namespaces, service accounts, tokens
 
@@ -807,12 +823,12 @@ class _LoopbackForwarder:
     apiserver at the kubeconfig's address, which is the host's loopback.
     """
 
-    def __init__(self, ns: Netns, port: int) -> None:
+    def __init__(self, ns: Netns, port: int, listen: tuple[str, int] | None = None) -> None:
         self._port = port
         # A socket keeps the netns it was created in: the listener stays there, accepted
         # connections too, while the outgoing side is made from this (host) netns.
         with ns.entered():
-            self._listener = socket.create_server(("127.0.0.1", port))
+            self._listener = socket.create_server(listen or ("127.0.0.1", port))
         self._closing = threading.Event()
         self._sockets: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -858,6 +874,17 @@ class _LoopbackForwarder:
         with self._lock:
             for sock in self._sockets:
                 sock.close()
+
+
+@contextlib.contextmanager
+def forward_into(ns: Netns, port: int, listen: tuple[str, int]) -> Iterator[None]:
+    """Makes host 127.0.0.1:port reachable at ``listen`` inside ``ns`` (e.g. a node's bridge
+    address, for pods to reach a control plane running on the host's loopback)."""
+    forwarder = _LoopbackForwarder(ns, port, listen)
+    try:
+        yield
+    finally:
+        forwarder.close()
 
 
 class CniError(RuntimeError):
@@ -930,6 +957,9 @@ class Kubelet:
         self.workdir = workdir
         self._netns_factory = netns_factory
         self._pods: dict[tuple[str, str], RunningPod] = {}
+        # The node's way to the API server (its loopback relayed to the host's): closing it
+        # is "the API server is down" as seen from this node.
+        self.api_forwarder: _LoopbackForwarder | None = None
 
     @property
     def ipam_dir(self) -> Path:
@@ -1132,13 +1162,17 @@ def _delete_node(core: k8s.CoreV1Api, name: str) -> None:
         core.delete_node(name)
 
 
-@pytest.fixture
-def kubelet(
-    kube_cluster: KubeCluster, kube_api: k8s.ApiClient, netns_factory: NetnsFactory
+@contextlib.contextmanager
+def kubelet_node(
+    kube_cluster: KubeCluster,
+    kube_api: k8s.ApiClient,
+    netns_factory: NetnsFactory,
+    subnet: ipaddress.IPv4Network | None = None,
 ) -> Iterator[Kubelet]:
-    """A one-node kubelet stand-in: own node netns, Node object, subnet and host-local store."""
+    """One kubelet stand-in: own node netns, Node object, subnet and host-local store (tests
+    with several nodes call it once per node)."""
     # 10.244.0.0/16 is a private test range; its addresses only ever exist in test netns.
-    subnet = ipaddress.IPv4Network(f"10.244.{next(_subnets) % 256}.0/24")
+    subnet = subnet or ipaddress.IPv4Network(f"10.244.{next(_subnets) % 256}.0/24")
     core = k8s.CoreV1Api(kube_api)
     with contextlib.ExitStack() as cleanup:
         workdir = Path(tempfile.mkdtemp(prefix="meshctl-kubelet-"))
@@ -1154,6 +1188,7 @@ def kubelet(
             subnet=subnet,
             workdir=workdir,
         )
+        kubelet.api_forwarder = forwarder
         cleanup.callback(_delete_node, core, kubelet.node_name)
         core.create_node(
             k8s.V1Node(
@@ -1179,3 +1214,12 @@ def kubelet(
         )
         cleanup.callback(kubelet.close)
         yield kubelet
+
+
+@pytest.fixture
+def kubelet(
+    kube_cluster: KubeCluster, kube_api: k8s.ApiClient, netns_factory: NetnsFactory
+) -> Iterator[Kubelet]:
+    """A one-node kubelet stand-in: own node netns, Node object, subnet and host-local store."""
+    with kubelet_node(kube_cluster, kube_api, netns_factory) as node:
+        yield node

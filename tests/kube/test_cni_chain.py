@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import secrets
 import signal
 import subprocess
 import sys
@@ -22,7 +21,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from meshctl_plugins.cni.manifest import objects
 
 from meshctl.core.inject.interception import capture_args
 from meshctl.core.inject.pipeline import inject_pod
@@ -39,6 +37,7 @@ from tests.harness.kube import (
     free_port,
     request_token,
 )
+from tests.kube.ambient_support import agent_rbac
 from tests.netns.capture_support import listen, request, serving
 
 pytestmark = [pytest.mark.kube, pytest.mark.netns]
@@ -46,21 +45,9 @@ pytestmark = [pytest.mark.kube, pytest.mark.netns]
 SA_NAME = "meshctl-cni-node"
 
 
-@contextlib.contextmanager
-def plugin_rbac(api: k8s.ApiClient, namespace: str) -> Iterator[None]:
-    """The manifest's ClusterRole/Binding for the installer's SA (unique names: cluster scope)."""
-    by_kind = {o["kind"]: o for o in objects(namespace=namespace)}
-    role, binding = by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]
-    name = f"{SA_NAME}-{secrets.token_hex(3)}"
-    role["metadata"]["name"] = binding["metadata"]["name"] = binding["roleRef"]["name"] = name
-    rbac = k8s.RbacAuthorizationV1Api(api)
-    rbac.create_cluster_role(role)
-    rbac.create_cluster_role_binding(binding)
-    try:
-        yield
-    finally:
-        rbac.delete_cluster_role_binding(name)
-        rbac.delete_cluster_role(name)
+def plugin_rbac(api: k8s.ApiClient, namespace: str) -> contextlib.AbstractContextManager[None]:
+    """The manifest's ClusterRole/Binding for the installer's SA (sidecar mode's)."""
+    return agent_rbac(api, namespace, ambient=False)
 
 
 @contextlib.contextmanager

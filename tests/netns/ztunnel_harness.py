@@ -130,7 +130,7 @@ class Sidecar:
     ns: Netns
     workload: str
     cert_dir: Path
-    local_config: Path
+    local_config: Path | None  # None: workloads come from discovery (``extra``/``env`` say where)
     extra: tuple[str, ...] = ()
     log_path: Path | None = None
     env: dict[str, str] = field(default_factory=dict)  # e.g. the injector's proxy env
@@ -145,20 +145,21 @@ class Sidecar:
     proc: subprocess.Popen[bytes] | None = None
     _log: object = field(default=None, repr=False)
 
-    def start(self, wait_ready: bool = True) -> Sidecar:
-        command = (lambda *args: [self.binary, *args]) if self.binary else meshctl_argv
-        argv = command(
-            *(("--log-level", self.log_level) if self.log_level else ()),
-            "ztunnel",
-            "run",
+    def run_args(self) -> list[str]:
+        """The arguments of ``meshctl ztunnel run`` for this proxy."""
+        return [
             "--workload",
             self.workload,
             "--cert-dir",
             str(self.cert_dir),
-            "--local-config",
-            str(self.local_config),
+            *(("--local-config", str(self.local_config)) if self.local_config else ()),
             *self.extra,
-        )
+        ]
+
+    def start(self, wait_ready: bool = True) -> Sidecar:
+        command = (lambda *args: [self.binary, *args]) if self.binary else meshctl_argv
+        level = ("--log-level", self.log_level) if self.log_level else ()
+        argv = command(*level, "ztunnel", "run", *self.run_args())
         log = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
         self._log = log
         env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms", **self.env}

@@ -66,7 +66,7 @@ def cni_daemonset(kube_node: TestNode) -> Iterator[tuple[bytes, list[dict[str, A
 
 
 def publish_root_cert(api, namespace: str) -> None:
-    """What istiod does in every namespace: the mesh root in ConfigMap istio-ca-root-cert (the
+    """What the control plane does in every namespace: the mesh root in its ConfigMap (the
     injected containers mount it; without it kubelet never creates the pod's sandbox)."""
     root = certs.mint_root(
         trust_domain="cluster.local",

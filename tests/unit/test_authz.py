@@ -113,3 +113,23 @@ def test_dry_run_policies_report_but_do_not_enforce():
     d = evaluate(ps, conn())
     assert d.allowed
     assert d.dry_run_denials == ("prod/p0",)
+
+
+def test_empty_rules_clauses_and_matches_read_as_ztunnel_reads_them():
+    # A rule with no clauses holds: Istio's "rules: [{}]" (allow everything).
+    assert not evaluate(policies({"action": "Deny", "rules": [[]]}), conn()).allowed
+    # A clause with no matches holds; the rule still needs its other clause.
+    rules = [[[], [{"destinationPorts": [80]}]]]
+    assert not evaluate(policies({"action": "Deny", "rules": rules}), conn(port=80)).allowed
+    assert evaluate(policies({"action": "Deny", "rules": rules}), conn(port=81)).allowed
+    # A match with no field set never holds (ztunnel skips it).
+    assert evaluate(policies({"action": "Deny", "rules": [[[{}]]]}), conn()).allowed
+
+
+@pytest.mark.parametrize(
+    ("namespaces", "expected"),
+    [(["def*"], True), (["*ault"], True), (["*"], True), ([{"Exact": "prod"}], False)],
+)
+def test_namespaces_are_string_matches(namespaces, expected):
+    ps = policies({"action": "Deny", "rules": rule(namespaces=namespaces)})
+    assert evaluate(ps, conn()).allowed is not expected

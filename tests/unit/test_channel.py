@@ -15,7 +15,17 @@ MESSAGES = [
     channel.Hello(pid=42),
     channel.ProxyConfig(mode="sidecar", workload="default/web/web", listeners={"outbound": 5}),
     channel.Certs(cert_chain="C", key="K", roots="R", generation=3),
+    channel.Certs(identity="spiffe://td/ns/a/sa/b", cert_chain="C", key="K", roots="R"),
+    channel.PodAdd(
+        uid="u1", name="p", namespace="n", service_account="s", roles=("netns", "outbound")
+    ),
+    channel.PodDelete(uid="u1"),
+    channel.PodsSynced(synced=True),
     channel.Workloads(document={"workloads": [{"uid": "x"}]}, generation=2),
+    channel.WorkloadUpdates(
+        updates=({"kind": "workload", "key": "u", "version": "1", "record": None},), generation=3
+    ),
+    channel.XdsState(state={"connected": True, "types": {"t": {"acked": True}}}),
     channel.Drain(deadline=2.5),
     channel.Status(ready=True, certs_generation=1, workloads_generation=1),
     channel.Drained(remaining=0),
@@ -52,10 +62,11 @@ def _frame(body: dict) -> bytes:
 @pytest.mark.parametrize(
     ("body", "problem"),
     [
-        ({"v": 2, "type": "drain", "deadline": 1}, "version"),
-        ({"v": 1, "type": "reboot"}, "unknown message type"),
-        ({"v": 1, "type": "drain", "deadline": 1, "force": True}, "unknown field"),
-        ({"v": 1, "type": "drain"}, "deadline"),
+        ({"v": channel.VERSION + 1, "type": "drain", "deadline": 1}, "version"),
+        ({"v": channel.VERSION - 1, "type": "drain", "deadline": 1}, "version"),
+        ({"v": channel.VERSION, "type": "reboot"}, "unknown message type"),
+        ({"v": channel.VERSION, "type": "drain", "deadline": 1, "force": True}, "unknown field"),
+        ({"v": channel.VERSION, "type": "drain"}, "deadline"),
     ],
 )
 def test_off_schema_frames_are_refused(body, problem):

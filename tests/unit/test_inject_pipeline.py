@@ -144,7 +144,7 @@ def test_token_volume_has_the_mesh_audience():
     volumes = {v["name"]: v for v in inject(pod())["spec"]["volumes"]}
     token = volumes["istio-token"]["projected"]["sources"][0]["serviceAccountToken"]
     assert token["audience"] == "meshctl-ca"
-    assert volumes["istiod-ca-cert"]["configMap"]["name"] == "istio-ca-root-cert"
+    assert volumes["istiod-ca-cert"]["configMap"]["name"] == "meshctl-ca-root-cert"
 
 
 def test_resource_annotations_replace_the_defaults_as_istio_does():

@@ -142,3 +142,98 @@ def test_arbitrary_documents_either_parse_or_fail_with_local_config_error(doc):
         problem = exc
     if problem is not None:
         assert problem.path.startswith("workloads[0]")
+
+
+# -- the store receives updates ---------------------------------------------------------------
+
+
+def _w(uid, ip, **kw):
+    from meshctl.core.workloads import Workload
+
+    return Workload(uid=uid, name=uid, namespace="ns", workload_ips=(ip_address(ip),), **kw)
+
+
+def ip_address(text):
+    import ipaddress
+
+    return ipaddress.ip_address(text)
+
+
+def test_apply_returns_a_new_snapshot_and_leaves_the_old_one_alone():
+    from meshctl.core.workloads import Kind, Update
+
+    before = store()
+    after = before.apply(
+        [Update(kind=Kind.WORKLOAD, key="Kubernetes//Pod/default/client", record=None)]
+    )
+    assert before.workload_by_ip("10.0.0.10") is not None
+    assert after.workload_by_ip("10.0.0.10") is None
+    assert after.generation == before.generation + 1
+    assert after.version(Kind.WORKLOAD, "Kubernetes//Pod/default/client") is None
+    assert before.version(Kind.WORKLOAD, "Kubernetes//Pod/default/client")
+
+
+def test_a_changed_ip_moves_the_index_and_the_version():
+    from meshctl.core.workloads import Kind, Store, Update
+
+    s1 = Store().apply([Update(kind=Kind.WORKLOAD, key="a", record=_w("a", "10.1.0.1"))])
+    s2 = s1.apply([Update(kind=Kind.WORKLOAD, key="a", record=_w("a", "10.1.0.2"))])
+    assert s2.workload_by_ip("10.1.0.1") is None
+    assert s2.workload_by_uid("a") is s2.workload_by_ip("10.1.0.2")
+    assert s1.version(Kind.WORKLOAD, "a") != s2.version(Kind.WORKLOAD, "a")
+    # Re-applying equal content keeps the version (derived from content, not from time).
+    s3 = s2.apply([Update(kind=Kind.WORKLOAD, key="a", record=_w("a", "10.1.0.2"))])
+    assert s3.version(Kind.WORKLOAD, "a") == s2.version(Kind.WORKLOAD, "a")
+    # A source's own version is kept as given.
+    s4 = s3.apply([Update(kind=Kind.WORKLOAD, key="a", record=_w("a", "10.1.0.2"), version="7")])
+    assert s4.version(Kind.WORKLOAD, "a") == "7"
+
+
+def test_two_workloads_briefly_sharing_an_ip_hand_over_the_lookup():
+    from meshctl.core.workloads import Kind, Store, Update
+
+    old, new = _w("old", "10.1.0.9"), _w("new", "10.1.0.9")
+    s = Store().apply(
+        [
+            Update(kind=Kind.WORKLOAD, key="old", record=old),
+            Update(kind=Kind.WORKLOAD, key="new", record=new),
+        ]
+    )
+    assert s.workload_by_ip("10.1.0.9") is new
+    s = s.apply([Update(kind=Kind.WORKLOAD, key="new", record=None)])
+    assert s.workload_by_ip("10.1.0.9") is old
+
+
+def test_host_network_workloads_are_not_found_by_ip():
+    from meshctl.core.workloads import Kind, Store, Update
+
+    w = _w("h", "192.168.1.1", extra={"networkMode": "HostNetwork"})
+    s = Store().apply([Update(kind=Kind.WORKLOAD, key="h", record=w)])
+    assert s.workload_by_ip("192.168.1.1") is None
+    assert s.workload_by_uid("h") is w
+
+
+def test_endpoints_follow_workload_updates():
+    from meshctl.core.workloads import Kind, Update
+
+    s = store()
+    echo = s.service_by_vip("10.96.0.10")
+    assert echo is not None
+    legacy = s.find_workload("prod", "legacy")
+    moved = dataclasses_replace(legacy, services={})
+    s2 = s.apply([Update(kind=Kind.WORKLOAD, key=legacy.uid, record=moved)])
+    assert sorted(w.name for w, _ in s.endpoints(echo, 80)) == ["legacy", "server"]
+    assert [w.name for w, _ in s2.endpoints(echo, 80)] == ["server"]
+
+
+def test_an_update_whose_record_has_another_key_is_refused():
+    from meshctl.core.workloads import Kind, Store, Update
+
+    with pytest.raises(ValueError, match="carries"):
+        Store().apply([Update(kind=Kind.WORKLOAD, key="x", record=_w("y", "10.1.0.1"))])
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)

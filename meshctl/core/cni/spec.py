@@ -41,6 +41,8 @@ DEFAULT_RUN_DIR: Final = "/var/run/meshctl-cni"
 KUBECONFIG_NAME: Final = "meshctl-cni-kubeconfig"
 LOG_NAME: Final = "meshctl-cni.log"
 LOG_SOCKET_NAME: Final = "log.sock"
+PLUGIN_EVENT_SOCKET_NAME: Final = "pluginevent.sock"  # the node agent's (ambient mode)
+AGENT_UNAVAILABLE: Final = 104  # ambient: the node agent could not capture the pod
 DEFAULT_EXCLUDED_NAMESPACES: Final = ("kube-system", "meshctl-system")
 _REQUIRED_ENV: Final = {
     "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
@@ -79,6 +81,8 @@ class PluginConfig:
     iptables_backend: str = "iptc"  # in-process libiptc: no fork/exec on the pod start path
     pod_lookup_timeout: float = 5.0  # total time to find the pod (it may lag the sandbox)
     api_timeout: float = 2.0  # one request
+    ambient_enabled: bool = False  # Istio's key: hand pods enrolled in ambient mode to the agent
+    agent_timeout: float = 15.0  # the agent's whole enrollment of one pod
 
     @property
     def kubeconfig_path(self) -> str:
@@ -211,7 +215,12 @@ def plugin_config(config: Mapping[str, Any]) -> PluginConfig:
         if not isinstance(raw, list) or not all(isinstance(i, str) for i in raw):
             raise CniError(INVALID_CONFIG, f"exclude_namespaces must be a list of names: {raw!r}")
         values["exclude_namespaces"] = tuple(raw)
-    for key in ("pod_lookup_timeout", "api_timeout"):
+    if "ambient_enabled" in config:
+        raw = config["ambient_enabled"]
+        if not isinstance(raw, bool):
+            raise CniError(INVALID_CONFIG, f"ambient_enabled must be true or false: {raw!r}")
+        values["ambient_enabled"] = raw
+    for key in ("pod_lookup_timeout", "api_timeout", "agent_timeout"):
         if key in config:
             raw = config[key]
             if isinstance(raw, bool) or not isinstance(raw, int | float) or raw <= 0:

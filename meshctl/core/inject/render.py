@@ -264,7 +264,9 @@ def proxy_container(
         field_env("NODE_NAME", "spec.nodeName"),
         field_env("CANONICAL_SERVICE", f"metadata.labels['{ann.CANONICAL_NAME_LABEL}']"),
         field_env("CANONICAL_REVISION", f"metadata.labels['{ann.CANONICAL_REVISION_LABEL}']"),
-        {"name": "CA_ADDR", "value": settings.ca_address},
+        {"name": "CA_ADDR", "value": settings.control_plane_address},
+        # Workloads from the same control plane's discovery (ztunnel's variable).
+        {"name": "XDS_ADDRESS", "value": settings.control_plane_address},
         {"name": "TRUST_DOMAIN", "value": settings.trust_domain},
         {"name": "ISTIO_META_CLUSTER_ID", "value": settings.cluster_id},
     ]

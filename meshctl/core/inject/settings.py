@@ -51,9 +51,10 @@ class InjectSettings:
     trust_domain: str = setting("cluster.local", env="MESHCTL_TRUST_DOMAIN")
     cluster_id: str = setting("Kubernetes", env="MESHCTL_CLUSTER_ID")
     mesh_id: str = setting("", env="MESHCTL_MESH_ID")
-    ca_address: str = setting("meshctl.meshctl-system.svc:15012", env="MESHCTL_CA_ADDRESS")
+    # Empty: the control plane of this revision (``meshctl controlplane run``'s Service).
+    ca_address: str = setting("", env="MESHCTL_CA_ADDRESS")
     token_audience: str = setting("meshctl-ca", env="MESHCTL_TOKEN_AUDIENCE")
-    root_ca_configmap: str = setting("istio-ca-root-cert", env="MESHCTL_ROOT_CA_CONFIGMAP")
+    root_ca_configmap: str = setting("meshctl-ca-root-cert", env="MESHCTL_ROOT_CA_CONFIGMAP")
     # Proxy resources unless the pod's sidecar.istio.io/proxy* annotations say otherwise.
     proxy_cpu: str = setting("100m", env="MESHCTL_INJECT_PROXY_CPU")
     proxy_memory: str = setting("128Mi", env="MESHCTL_INJECT_PROXY_MEMORY")
@@ -103,12 +104,23 @@ class InjectSettings:
                 f"inject setting multus-network: invalid value {self.multus_network!r}",
                 hint="name a NetworkAttachmentDefinition as NAMESPACE/NAME, e.g. default/istio-cni",
             )
-        for name in ("trust_domain", "cluster_id", "ca_address", "token_audience"):
+        for name in ("trust_domain", "cluster_id", "token_audience", "root_ca_configmap"):
             if not getattr(self, name):
                 raise ConfigError(
                     f"inject setting {name.replace('_', '-')} must not be empty",
                     hint="leave it out to use the default",
                 )
+
+    @property
+    def control_plane_address(self) -> str:
+        """Where the proxy finds its CA: ``ca_address``, else this revision's control plane
+        (``meshctl-controlplane[-<rev>].meshctl-system.svc:15012``, as istiod[-<rev>])."""
+        if self.ca_address:
+            return self.ca_address
+        service = "meshctl-controlplane" + (
+            "" if self.revision == "default" else f"-{self.revision}"
+        )
+        return f"{service}.meshctl-system.svc:15012"
 
     @property
     def gid(self) -> int:

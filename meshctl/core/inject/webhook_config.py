@@ -41,8 +41,8 @@ class WebhookTarget:
     port: int = 443
     path: str = INJECT_PATH
 
-    def client_config(self, ca_bundle: bytes) -> dict[str, Any]:
-        """The webhook's ``clientConfig``."""
+    def client_config(self, ca_bundle: bytes | None) -> dict[str, Any]:
+        """The webhook's ``clientConfig`` (without ``caBundle`` when ``ca_bundle`` is None)."""
         config: dict[str, Any]
         if self.url is not None:
             if not self.url.startswith("https://"):
@@ -64,7 +64,8 @@ class WebhookTarget:
             }
         else:
             raise ConfigError("no webhook target", hint="give --url or --service")
-        config["caBundle"] = base64.b64encode(ca_bundle).decode()
+        if ca_bundle is not None:
+            config["caBundle"] = base64.b64encode(ca_bundle).decode()
         return config
 
 
@@ -75,14 +76,17 @@ def configuration_name(revision: str) -> str:
 
 def webhook_configuration(
     *,
-    ca_bundle: bytes,
+    ca_bundle: bytes | None,
     target: WebhookTarget,
     revision: str = "default",
     reinvocation_policy: str = "Never",
     timeout_seconds: int = 10,
 ) -> dict[str, Any]:
-    """The MutatingWebhookConfiguration object for ``revision``, ready to apply."""
-    if b"-----BEGIN CERTIFICATE-----" not in ca_bundle:
+    """The MutatingWebhookConfiguration object for ``revision``, ready to apply.
+
+    ``ca_bundle`` None leaves ``caBundle`` out: the control plane's leader patches it in.
+    """
+    if ca_bundle is not None and b"-----BEGIN CERTIFICATE-----" not in ca_bundle:
         raise ConfigError(
             "the CA bundle holds no PEM certificate",
             hint="pass the CA certificate (PEM) that signed the webhook's serving certificate",

@@ -1,0 +1,123 @@
+"""Small verbs over any kind of object, as plain dicts: get, list, create, replace, patch, delete.
+
+Invariants: ``get`` answers None for an object that does not exist (404) instead of raising;
+``create`` is create-only (409 ``AlreadyExists`` raises, nothing is overwritten) and ``replace``
+carries the object's ``resourceVersion``, so a writer that lost a race gets 409 ``Conflict``
+(optimistic concurrency, the API conventions) and never overwrites a newer object. Every other
+failure is an ``ApiStatusError`` / ``ApiUnreachableError`` from ``meshctl.kube.api``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from meshctl.kube import api
+from meshctl.kube.client import Kube
+from meshctl.kube.resources import Resource
+from meshctl.kube.rest import ApiStatusError
+
+PatchType = Literal["merge", "json", "strategic"]
+_PATCH_CONTENT = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+}
+_PAGE = 500  # client-go's list page size
+
+
+def is_conflict(exc: ApiStatusError) -> bool:
+    """409: the object already exists (create) or changed since it was read (replace)."""
+    return exc.status == 409
+
+
+def get(
+    kube: Kube, resource: Resource, name: str, namespace: str | None = None
+) -> dict[str, Any] | None:
+    """The object, or None when it does not exist."""
+    try:
+        return api.request(kube, "GET", resource.path(namespace, name))
+    except ApiStatusError as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def list_objects(
+    kube: Kube,
+    resource: Resource,
+    namespace: str | None = None,
+    *,
+    label_selector: str | None = None,
+    field_selector: str | None = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """Every matching object (paged as client-go pages) and the list's resourceVersion.
+
+    Items carry ``apiVersion`` and ``kind`` (the API leaves them out of list items).
+    """
+    query: list[tuple[str, str]] = [("limit", str(_PAGE))]
+    if label_selector:
+        query.append(("labelSelector", label_selector))
+    if field_selector:
+        query.append(("fieldSelector", field_selector))
+    items: list[dict[str, Any]] = []
+    token = ""
+    while True:
+        page = api.request(
+            kube,
+            "GET",
+            resource.path(namespace),
+            query=[*query, ("continue", token)] if token else query,
+        )
+        for item in page.get("items") or ():
+            item.setdefault("apiVersion", resource.api_version)
+            item.setdefault("kind", resource.kind)
+            items.append(item)
+        meta = page.get("metadata") or {}
+        token = str(meta.get("continue") or "")
+        if not token:
+            return items, str(meta.get("resourceVersion") or "")
+
+
+def create(
+    kube: Kube, resource: Resource, body: dict[str, Any], namespace: str | None = None
+) -> dict[str, Any]:
+    """Create-only: an existing object of that name raises 409 (``is_conflict``)."""
+    return api.request(kube, "POST", resource.path(namespace), body=body)
+
+
+def replace(
+    kube: Kube, resource: Resource, body: dict[str, Any], namespace: str | None = None
+) -> dict[str, Any]:
+    """Replace the object named in ``body``; its ``metadata.resourceVersion`` guards the write."""
+    name = str(body["metadata"]["name"])
+    return api.request(kube, "PUT", resource.path(namespace, name), body=body)
+
+
+def patch(
+    kube: Kube,
+    resource: Resource,
+    name: str,
+    body: Any,
+    namespace: str | None = None,
+    *,
+    patch_type: PatchType = "merge",
+) -> dict[str, Any]:
+    """Patch one object (RFC 7386 merge, RFC 6902 JSON patch, or strategic merge)."""
+    return api.request(
+        kube,
+        "PATCH",
+        resource.path(namespace, name),
+        body=body,
+        content_type=_PATCH_CONTENT[patch_type],
+    )
+
+
+def delete(kube: Kube, resource: Resource, name: str, namespace: str | None = None) -> bool:
+    """Delete the object; False when it was already gone."""
+    try:
+        api.request(kube, "DELETE", resource.path(namespace, name))
+    except ApiStatusError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True

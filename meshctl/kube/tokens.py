@@ -1,0 +1,36 @@
+"""TokenReview: asking the API server who a bearer token belongs to (authentication.k8s.io/v1).
+
+Invariant: the token is sent only in the request body to the API server and never appears in a
+message or a log; an unreachable or refusing API server is a ``KubeError`` (the caller answers
+its own peer UNAVAILABLE), distinct from a verdict of "not authenticated".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from meshctl.core.callers import TokenVerdict
+from meshctl.kube import objects
+from meshctl.kube.client import Kube
+from meshctl.kube.resources import TOKEN_REVIEWS
+
+
+def review_token(kube: Kube, token: str, audiences: Sequence[str]) -> TokenVerdict:
+    """The API server's verdict on ``token`` for any of ``audiences``."""
+    body = {
+        "apiVersion": TOKEN_REVIEWS.api_version,
+        "kind": TOKEN_REVIEWS.kind,
+        "spec": {"token": token, "audiences": list(audiences)},
+    }
+    answer = objects.create(kube, TOKEN_REVIEWS, body)
+    status = answer.get("status") or {}
+    user = status.get("user") or {}
+    extra = user.get("extra") or {}
+    return TokenVerdict(
+        authenticated=bool(status.get("authenticated")),
+        username=str(user.get("username") or ""),
+        uid=str(user.get("uid") or ""),
+        extra={str(k): tuple(str(v) for v in values or ()) for k, values in extra.items()},
+        audiences=tuple(str(a) for a in status.get("audiences") or ()),
+        error=str(status.get("error") or "")[:300],
+    )

@@ -1,0 +1,1 @@
+"""``meshctl controlplane``: the mesh's control plane (CA, discovery, injection webhook, roots)."""

@@ -1,0 +1,120 @@
+"""The CA service: Istio's ``istio.v1.auth.IstioCertificateService/CreateCertificate``.
+
+Owns one call's path: authenticate the caller (``authn``), read the CSR and the identity it asks
+for (``meshctl.core.ca``), check the caller may have it (its own, or as a node proxy with
+``ImpersonatedIdentity`` for a workload on its node), sign with the current authority and answer
+leaf, intermediates, root. Invariants: every refusal is the gRPC status Istio uses with a
+message that says why (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, UNAVAILABLE), and is
+counted by result with its latency; a bug in one call is INTERNAL for that call only; the CSR's
+key is the leaf's key (the CA never sees a private key); signing uses the authority current when
+the call started, so a CA swap never mixes chains.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from meshctl import rpc
+from meshctl.core import ca
+from meshctl.core.callers import CallerError
+from meshctl.core.identity import IdentityError, SpiffeId
+from meshctl.proto import citadel_pb2, citadel_pb2_grpc
+
+from .authn import Authenticator
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+IMPERSONATED_IDENTITY = "ImpersonatedIdentity"  # the metadata key ztunnel sends in shared mode
+
+
+class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
+    """Signs workload certificates for authenticated proxies."""
+
+    def __init__(
+        self,
+        *,
+        authenticator: Authenticator,
+        authority: Callable[[], ca.Authority | None],
+        metrics: Metrics,
+        default_ttl: timedelta,
+        max_ttl: timedelta,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self._authn = authenticator
+        self._authority = authority
+        self._metrics = metrics
+        self._default_ttl = default_ttl
+        self._max_ttl = max_ttl
+        self._clock = clock
+        self.active = 0  # calls being handled now (the drain waits for them)
+        self.last_started = 0.0  # monotonic time the latest call began
+
+    async def CreateCertificate(  # noqa: N802 -- the gRPC method name
+        self,
+        request: citadel_pb2.IstioCertificateRequest,
+        context: Any,
+    ) -> citadel_pb2.IstioCertificateResponse:
+        started = time.perf_counter()
+        self.active += 1
+        self.last_started = time.monotonic()
+        result = "internal"
+        try:
+            response = await self._create(request, context)
+        except CallerError as exc:
+            result = exc.status.lower()
+            log.info("certificate refused (%s) for %s: %s", exc.status, rpc.peer(context), exc)
+            await rpc.abort(context, exc.status, exc.message)
+        except ca.CsrError as exc:
+            result = "invalid_argument"
+            log.info("certificate refused (bad CSR) for %s: %s", rpc.peer(context), exc)
+            await rpc.abort(context, "INVALID_ARGUMENT", f"CSR refused: {exc}")
+        except Exception:
+            log.exception("CreateCertificate failed for %s", rpc.peer(context))
+            await rpc.abort(context, "INTERNAL", "the CA failed to sign; see its log")
+        else:
+            result = "issued"
+            return response
+        finally:
+            self.active -= 1
+            self._metrics.ca_requests.labels(result).inc()
+            self._metrics.ca_duration.labels(result).observe(time.perf_counter() - started)
+
+    async def _create(
+        self, request: citadel_pb2.IstioCertificateRequest, context: Any
+    ) -> citadel_pb2.IstioCertificateResponse:
+        caller = await self._authn.authenticate(rpc.call_metadata(context))
+        signing = ca.parse_csr(request.csr)
+        wanted = ca.requested_identity(signing)
+        impersonated = _impersonated(request)
+        if impersonated is not None and impersonated != wanted:
+            raise ca.CsrError(
+                f"the CSR asks for {wanted} but ImpersonatedIdentity names {impersonated}"
+            )
+        await self._authn.authorize(caller, wanted, impersonating=impersonated is not None)
+        authority = self._authority()
+        if authority is None:
+            raise CallerError("UNAVAILABLE", "the CA is not loaded yet; retry shortly")
+        ttl = ca.workload_ttl(
+            request.validity_duration, default=self._default_ttl, maximum=self._max_ttl
+        )
+        leaf = ca.issue_workload(authority, signing.public_key, wanted, ttl=ttl, now=self._clock())
+        log.debug("issued %s to %s (%ss)", wanted, caller.account, int(ttl.total_seconds()))
+        return citadel_pb2.IstioCertificateResponse(cert_chain=[leaf, *authority.chain_pems()])
+
+
+def _impersonated(request: citadel_pb2.IstioCertificateRequest) -> SpiffeId | None:
+    fields = request.metadata.fields
+    if IMPERSONATED_IDENTITY not in fields:
+        return None
+    value = fields[IMPERSONATED_IDENTITY]
+    if value.WhichOneof("kind") != "string_value":
+        raise ca.CsrError(f"metadata {IMPERSONATED_IDENTITY} must be a string SPIFFE id")
+    try:
+        return SpiffeId.parse(value.string_value)
+    except IdentityError as exc:
+        raise ca.CsrError(f"metadata {IMPERSONATED_IDENTITY}: {exc}") from exc

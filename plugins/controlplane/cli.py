@@ -1,0 +1,185 @@
+"""The ``meshctl controlplane`` commands: ``run`` (the Deployment's process) and ``manifest``.
+
+Invariant: settings resolve flag > env (istiod's names) > the ``controlplane:`` section of the
+settings file > default, and are checked before anything connects; the injection settings the
+webhook uses come from the ``inject:`` section, with the CA address, trust domain, cluster id and
+revision following the control plane's own unless set there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+import typer
+
+from meshctl import config, options, values
+from meshctl.output import OutputFormat, render_objects
+
+from .settings import ControlPlaneSettings
+
+SECTION = "controlplane"
+
+app = typer.Typer(
+    help="The control plane: workload CA, discovery, injection webhook and root distribution.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+def _settings(ctx: typer.Context, flags: dict[str, Any]) -> ControlPlaneSettings:
+    section, name = config.file_section(ctx.meta, SECTION)
+    return config.resolve(ControlPlaneSettings, flags=flags, file=section, file_name=name)
+
+
+def inject_settings(ctx: typer.Context, settings: ControlPlaneSettings) -> Any:
+    """The webhook's injection settings: the ``inject:`` section, defaults from ``settings``."""
+    from meshctl.core.inject.settings import InjectSettings
+
+    section, name = config.file_section(ctx.meta, "inject")
+    base = config.resolve(InjectSettings, file=section, file_name=name)
+    defaults = InjectSettings()
+    own: dict[str, Any] = {
+        "revision": settings.revision,
+        "trust_domain": settings.trust_domain,
+        "cluster_id": settings.cluster_id,
+        # This replica's own Service (its namespace may not be meshctl-system).
+        "ca_address": f"{settings.service_name}.{settings.namespace}.svc:15012",
+    }
+    changes = {k: v for k, v in own.items() if getattr(base, k) == getattr(defaults, k)}
+    return dataclasses.replace(base, **changes)
+
+
+def _setting(field: str, *names: str, help: str, metavar: str | None = None) -> Any:  # noqa: A002
+    """The option for ``ControlPlaneSettings.<field>``: its env var (istiod's name) in the help."""
+    return options.from_setting(ControlPlaneSettings, field, *names, help=help, metavar=metavar)
+
+
+@app.command("run")
+def run_cmd(
+    ctx: typer.Context,
+    namespace: Annotated[
+        str | None,
+        _setting("namespace", "--namespace", "-n", help="Where our objects live.", metavar="NAME"),
+    ] = None,
+    trust_domain: Annotated[
+        str | None, _setting("trust_domain", help="SPIFFE trust domain.", metavar="DOMAIN")
+    ] = None,
+    revision: Annotated[
+        str | None, _setting("revision", help="Control-plane revision.", metavar="NAME")
+    ] = None,
+    trusted_node_accounts: Annotated[
+        str | None,
+        _setting(
+            "trusted_node_accounts",
+            help="Node proxies that may impersonate (comma list).",
+            metavar="NS/SA",
+        ),
+    ] = None,
+    max_workload_cert_ttl: Annotated[
+        str | None,
+        _setting(
+            "max_workload_cert_ttl", help="Longest workload certificate (90d).", metavar="DURATION"
+        ),
+    ] = None,
+    default_workload_cert_ttl: Annotated[
+        str | None,
+        _setting(
+            "default_workload_cert_ttl",
+            help="When a request names none (24h).",
+            metavar="DURATION",
+        ),
+    ] = None,
+    grpc_address: Annotated[
+        str | None,
+        _setting("grpc_address", help="CA + discovery, TLS (:15012).", metavar="HOST:PORT"),
+    ] = None,
+    webhook_address: Annotated[
+        str | None,
+        _setting("webhook_address", help="Injection webhook, HTTPS (:15017).", metavar="HOST:PORT"),
+    ] = None,
+    metrics_address: Annotated[
+        str | None,
+        _setting(
+            "metrics_address",
+            "--monitoring-address",
+            help="Prometheus /metrics (:15014).",
+            metavar="HOST:PORT",
+        ),
+    ] = None,
+    readiness_address: Annotated[
+        str | None,
+        _setting("readiness_address", help="Readiness /ready (:8080).", metavar="HOST:PORT"),
+    ] = None,
+    serving_names: Annotated[
+        str | None,
+        _setting(
+            "serving_names",
+            help="More DNS names/IPs for the serving certificate (comma list).",
+            metavar="NAMES",
+        ),
+    ] = None,
+    self_signed_ca_key: Annotated[
+        str | None, _setting("self_signed_ca_key", help="Key of a root we mint.")
+    ] = None,
+    drain_deadline: Annotated[
+        str | None,
+        _setting("drain_deadline", help="On SIGTERM, finish within (10s).", metavar="DURATION"),
+    ] = None,
+) -> None:
+    """Run the control plane: CA and discovery on 15012, the webhook on 15017, until SIGTERM."""
+    flags = {k: v for k, v in locals().items() if k != "ctx"}
+    import asyncio
+
+    from meshctl.kube.client import connect
+
+    from .cluster import Discovery
+    from .plane import ControlPlane
+
+    options.daemon_logging(ctx)
+    settings = _settings(ctx, flags)
+    inject = inject_settings(ctx, settings)
+    kube = connect(options.kube_settings(ctx))  # --kubeconfig, --context, --request-timeout
+    try:
+        plane = ControlPlane(settings, kube, inject, components=[Discovery(settings)])
+        code = asyncio.run(plane.run())
+    finally:
+        kube.api.close()
+    raise typer.Exit(code)
+
+
+@app.command("manifest")
+def manifest_cmd(
+    ctx: typer.Context,
+    namespace: Annotated[str, options.namespace("Namespace of the control plane.")] = (
+        "meshctl-system"
+    ),
+    image: Annotated[
+        str | None, typer.Option("--image", metavar="IMAGE", help="meshctl image (this version).")
+    ] = None,
+    revision: Annotated[
+        str, typer.Option("--revision", metavar="NAME", help="Control-plane revision.")
+    ] = "default",
+    replicas: Annotated[
+        int,
+        options.option(
+            "--replicas",
+            help="Replicas of the Deployment (one leads).",
+            parse=values.Integer(1, 100, what="a replica count"),
+        ),
+    ] = 2,
+    output: options.OutputOption = OutputFormat.YAML,
+) -> None:
+    """Print the control plane's objects (RBAC, Service, Deployment, webhook configuration)."""
+    from meshctl.core.inject.settings import DEFAULT_IMAGE
+
+    from .manifest import ManifestSettings, objects
+
+    items = objects(
+        ManifestSettings(
+            namespace=namespace, image=image or DEFAULT_IMAGE, revision=revision, replicas=replicas
+        )
+    )
+    typer.echo(render_objects(items, output), nl=False)

@@ -1,0 +1,238 @@
+"""The control plane's Kubernetes objects as data: RBAC, Service, Deployment, PDB, webhook config.
+
+A pure function of ``ManifestSettings`` returning plain dicts in apply order (the install command
+collects every plugin's list). Invariants: least privilege (cluster-wide only what every
+namespace needs: reading namespaces and pods, the root ConfigMap, TokenReviews; Secrets and the
+Lease only in the control plane's namespace; the webhook configuration by name); the process runs
+unprivileged with a read-only root filesystem; two replicas spread over nodes by default; the
+MutatingWebhookConfiguration carries no caBundle (the leader patches the mesh root in).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.inject.webhook_config import (
+    WebhookTarget,
+    configuration_name,
+    webhook_configuration,
+)
+
+from .authority import PLUG_IN_SECRET, SELF_SIGNED_SECRET
+from .settings import SERVICE
+
+GRPC_PORT = 15012
+WEBHOOK_PORT = 15017
+MONITORING_PORT = 15014
+READINESS_PORT = 8080
+PROXY_UID = 1337
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManifestSettings:
+    namespace: str = "meshctl-system"
+    image: str = DEFAULT_IMAGE
+    revision: str = "default"
+    replicas: int = 2
+    trust_domain: str = "cluster.local"
+
+
+def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
+    """ServiceAccount, RBAC, Service, Deployment, PodDisruptionBudget and the webhook config."""
+    ns = settings.namespace
+    name = SERVICE if settings.revision == "default" else f"{SERVICE}-{settings.revision}"
+    labels = {
+        "app.kubernetes.io/name": SERVICE,
+        "app.kubernetes.io/part-of": "meshctl",
+        "istio.io/rev": settings.revision,
+    }
+    selector = {"app.kubernetes.io/name": SERVICE, "istio.io/rev": settings.revision}
+    meta = {"name": name, "namespace": ns, "labels": labels}
+    webhook_name = configuration_name(settings.revision)
+    cluster_rules = [
+        {"apiGroups": [""], "resources": ["namespaces", "pods"], "verbs": ["get", "list", "watch"]},
+        # Discovery watches what becomes workloads, services and policies.
+        {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {
+            "apiGroups": ["security.istio.io"],
+            "resources": ["authorizationpolicies"],
+            "verbs": ["get", "list", "watch"],
+        },
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            # Only ROOT_CONFIGMAP is ever written (create cannot be limited by name in RBAC).
+            "verbs": ["get", "list", "watch", "create", "update"],
+        },
+        {
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["tokenreviews"],
+            "verbs": ["create"],
+        },
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["mutatingwebhookconfigurations"],
+            # list/watch by name work with a metadata.name field selector, as used.
+            "resourceNames": [webhook_name],
+            "verbs": ["get", "list", "watch", "patch"],
+        },
+    ]
+    namespace_rules = [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": [SELF_SIGNED_SECRET, PLUG_IN_SECRET],
+            "verbs": ["get", "list", "watch"],
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [f"{name}-leader"],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    ]
+
+    def binding(kind: str) -> dict[str, Any]:
+        scoped = kind == "RoleBinding"
+        return {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": kind,
+            "metadata": meta if scoped else {"name": name, "labels": labels},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role" if scoped else "ClusterRole",
+                "name": name,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
+        }
+
+    def env_field(var: str, path: str) -> dict[str, Any]:
+        return {"name": var, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
+
+    container = {
+        "name": "discovery",
+        "image": settings.image,
+        "command": ["meshctl"],
+        "args": ["--log-level", "info", "--log-format", "json", "controlplane", "run"],
+        "env": [
+            env_field("POD_NAME", "metadata.name"),
+            env_field("POD_NAMESPACE", "metadata.namespace"),
+            {"name": "REVISION", "value": settings.revision},
+            {"name": "TRUST_DOMAIN", "value": settings.trust_domain},
+        ],
+        "ports": [
+            {"name": "grpc-xds", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "https-webhook", "containerPort": WEBHOOK_PORT, "protocol": "TCP"},
+            {"name": "http-monitoring", "containerPort": MONITORING_PORT, "protocol": "TCP"},
+            {"name": "http-ready", "containerPort": READINESS_PORT, "protocol": "TCP"},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/ready", "port": READINESS_PORT},
+            "initialDelaySeconds": 1,
+            "periodSeconds": 3,
+            "timeoutSeconds": 5,
+        },
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": PROXY_UID,
+            "runAsGroup": PROXY_UID,
+        },
+        # TLS pairs are loaded through a private temp file (ssl reads only files).
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],  # noqa: S108 -- an emptyDir
+    }
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {
+            "replicas": settings.replicas,
+            "selector": {"matchLabels": dict(selector)},
+            "strategy": {"rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "25%"}},
+            "template": {
+                "metadata": {
+                    "labels": {**labels, "sidecar.istio.io/inject": "false"},
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(MONITORING_PORT),
+                    },
+                },
+                "spec": {
+                    "serviceAccountName": name,
+                    "terminationGracePeriodSeconds": 30,
+                    "affinity": {
+                        "podAntiAffinity": {
+                            "preferredDuringSchedulingIgnoredDuringExecution": [
+                                {
+                                    "weight": 100,
+                                    "podAffinityTerm": {
+                                        "topologyKey": "kubernetes.io/hostname",
+                                        "labelSelector": {"matchLabels": dict(selector)},
+                                    },
+                                }
+                            ]
+                        }
+                    },
+                    "containers": [container],
+                    "volumes": [{"name": "tmp", "emptyDir": {"medium": "Memory"}}],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": meta,
+        "spec": {
+            "selector": dict(selector),
+            "ports": [
+                {"name": "grpc-xds", "port": GRPC_PORT, "targetPort": GRPC_PORT},
+                {"name": "https-webhook", "port": 443, "targetPort": WEBHOOK_PORT},
+                {"name": "http-monitoring", "port": MONITORING_PORT, "targetPort": MONITORING_PORT},
+            ],
+        },
+    }
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": meta,
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": dict(selector)}},
+    }
+    configuration = webhook_configuration(
+        ca_bundle=None,
+        target=WebhookTarget(service=name, namespace=ns, port=443),
+        revision=settings.revision,
+    )
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": name, "labels": labels},
+            "rules": cluster_rules,
+        },
+        binding("ClusterRoleBinding"),
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": namespace_rules,
+        },
+        binding("RoleBinding"),
+        service,
+        deployment,
+        budget,
+        configuration,
+    ]

@@ -1,0 +1,126 @@
+"""The node proxy of ambient mode as Kubernetes objects: a DaemonSet running ``ztunnel run
+--mode node`` on every node, and its ServiceAccount. Plain dicts in apply order.
+
+Invariants: the proxy talks to the node agent only through the host's ZDS socket directory
+(the agent hands it each pod's netns there); it asks the mesh CA for pod certificates and the
+control plane for workloads with its own projected token (audience ``meshctl-ca``), which the
+CA honours for impersonation only as the trusted node account ``<namespace>/meshctl-ztunnel``;
+root, but only the capabilities that in-pod listeners and transparent deliveries need
+(SYS_ADMIN to enter pod namespaces, NET_ADMIN for IP_TRANSPARENT and marks, NET_RAW), a read-only
+root filesystem with a ``/tmp`` of its own (the one-file binary unpacks there), never privileged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.podspec import node_security_context
+
+NAME = "meshctl-ztunnel"
+CONTROL_PLANE = "meshctl-controlplane"
+READINESS_PORT = 15021
+TOKEN_SECONDS = 43200
+
+
+def objects(
+    *,
+    namespace: str = "meshctl-system",
+    image: str = DEFAULT_IMAGE,
+    ca_address: str = "",
+    xds_address: str = "",
+    root_configmap: str = "meshctl-ca-root-cert",
+    token_audience: str = "meshctl-ca",  # noqa: S107 -- an audience name, not a secret
+    ztunnel_dir: str = "/var/run/ztunnel",
+    workers: int = 1,
+) -> list[dict[str, Any]]:
+    """ServiceAccount and DaemonSet; the CA and discovery default to this namespace's
+    control plane (``meshctl-controlplane.<namespace>.svc:15012``)."""
+    plane = f"{CONTROL_PLANE}.{namespace}.svc:15012"
+    labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "meshctl"}
+    meta = {"name": NAME, "namespace": namespace, "labels": labels}
+    field = [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+        ("NODE_NAME", "spec.nodeName"),
+        ("INSTANCE_IP", "status.podIP"),
+        ("SERVICE_ACCOUNT", "spec.serviceAccountName"),
+    ]
+    env: list[dict[str, Any]] = [
+        {"name": "PROXY_MODE", "value": "node"},
+        {"name": "INPOD_UDS", "value": f"{ztunnel_dir}/ztunnel.sock"},
+        {"name": "CA_ADDRESS", "value": ca_address or plane},
+        {"name": "XDS_ADDRESS", "value": xds_address or plane},
+        {"name": "CA_ROOT_CA", "value": "/var/run/secrets/istio/root-cert.pem"},
+        {"name": "XDS_ROOT_CA", "value": "/var/run/secrets/istio/root-cert.pem"},
+        {"name": "AUTH_TOKEN", "value": "/var/run/secrets/tokens/istio-token"},
+        # The name the control plane's certificate carries, also when reached by address.
+        {"name": "ALT_CA_HOSTNAME", "value": f"{CONTROL_PLANE}.{namespace}.svc"},
+        {"name": "ALT_XDS_HOSTNAME", "value": f"{CONTROL_PLANE}.{namespace}.svc"},
+        {"name": "ZTUNNEL_WORKER_THREADS", "value": str(workers)},
+        *({"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}} for n, f in field),
+    ]
+    container = {
+        "name": "ztunnel",
+        "image": image,
+        "command": ["meshctl"],
+        "args": ["--log-level", "info", "--log-format", "json", "ztunnel", "run"],
+        "env": env,
+        "ports": [
+            {"name": "ztunnel-stats", "containerPort": 15020},
+            {"name": "ztunnel-ready", "containerPort": READINESS_PORT},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz/ready", "port": READINESS_PORT},
+            "periodSeconds": 5,
+        },
+        "resources": {"requests": {"cpu": "100m", "memory": "96Mi"}},
+        "securityContext": node_security_context(["NET_ADMIN", "NET_RAW", "SYS_ADMIN"]),
+        "volumeMounts": [
+            {"name": "cni-ztunnel-sock-dir", "mountPath": ztunnel_dir},
+            {"name": "istio-token", "mountPath": "/var/run/secrets/tokens", "readOnly": True},
+            {"name": "istiod-ca-cert", "mountPath": "/var/run/secrets/istio", "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
+        ],
+    }
+    token = {
+        "serviceAccountToken": {
+            "path": "istio-token",
+            "audience": token_audience,
+            "expirationSeconds": TOKEN_SECONDS,
+        }
+    }
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {
+                "metadata": {
+                    "labels": labels,
+                    # The node proxy is never itself a pod of the mesh.
+                    "annotations": {"sidecar.istio.io/inject": "false"},
+                },
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "priorityClassName": "system-node-critical",
+                    "tolerations": [{"operator": "Exists"}],
+                    "terminationGracePeriodSeconds": 30,
+                    "nodeSelector": {"kubernetes.io/os": "linux"},
+                    "containers": [container],
+                    "volumes": [
+                        {
+                            "name": "cni-ztunnel-sock-dir",
+                            "hostPath": {"path": ztunnel_dir, "type": "DirectoryOrCreate"},
+                        },
+                        {"name": "istio-token", "projected": {"sources": [token]}},
+                        {"name": "istiod-ca-cert", "configMap": {"name": root_configmap}},
+                        {"name": "tmp", "emptyDir": {}},
+                    ],
+                },
+            },
+        },
+    }
+    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}, daemonset]

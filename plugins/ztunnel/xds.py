@@ -1,0 +1,483 @@
+"""The proxy's discovery client: Delta ADS to a control plane, exactly as Istio's ztunnel drives it.
+
+Owns the stream (``envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources``
+over TLS with the bearer token and ``clusterid`` headers, plus ``XDS_HEADER_*``), the initial
+request per type in ztunnel's order with ztunnel's node id and metadata, one ACK or NACK per
+response (a NACK names each refused resource and why), reconnects with ztunnel's backoff (10 ms
+doubling to 15 s; back to 10 ms after a clean end or a server recycling the stream), and the
+client's own store, fed from responses. Invariants: a refused resource never reaches the store and
+is not recorded as held, so a reconnect asks for it again; after a reconnect the server is told
+every name and version held (``initial_resource_versions``) and sends only the difference; the
+client is ``synced`` once it has ACKed a response of each type; no token is ever logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from meshctl import rpc  # first: it quiets grpc's C core logging before grpc loads
+
+# isort: split
+import grpc
+import grpc.aio
+from google.protobuf import json_format, struct_pb2
+
+from meshctl import config, xds
+from meshctl.core import channel
+from meshctl.core.discovery import AUTHORIZATION_TYPE, TYPES
+from meshctl.core.records import render, update_to_plain
+from meshctl.core.workloads import Kind, Policy, Service, Store, Update, Workload
+from meshctl.errors import ConfigError
+from meshctl.process import Feed
+from meshctl.proto import xds_pb2, xds_pb2_grpc
+
+from .settings import ZtunnelSettings
+
+log = logging.getLogger(__name__)
+
+INITIAL_BACKOFF = 0.01
+MAX_BACKOFF = 15.0
+# ztunnel: these end a stream without backoff (a server recycling streams, or a GOAWAY).
+_CHEAP_ENDS = (
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+)
+_CHEAP_UNAVAILABLE = ("transport is closing", "received prior goaway", "goaway")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeInfo:
+    """Who this proxy is, as ztunnel tells the control plane."""
+
+    instance_ip: str = "1.1.1.1"  # ztunnel's default when INSTANCE_IP is unset
+    pod_name: str = ""
+    pod_namespace: str = ""
+    node_name: str = ""
+    meta: Mapping[str, str] = field(default_factory=dict)  # ISTIO_META_<K> -> K
+    meta_json: Mapping[str, Any] = field(default_factory=dict)  # ISTIO_METAJSON_<K> -> K
+
+    @property
+    def id(self) -> str:
+        ns = self.pod_namespace
+        return f"ztunnel~{self.instance_ip}~{self.pod_name}.{ns}~{ns}.svc.cluster.local"
+
+    def proto(self) -> xds_pb2.Node:
+        metadata = struct_pb2.Struct()
+        metadata.update(
+            {
+                "NAME": self.pod_name,
+                "NAMESPACE": self.pod_namespace,
+                "INSTANCE_IPS": self.instance_ip,
+                "NODE_NAME": self.node_name,
+                **self.meta,
+            }
+        )
+        for key, value in self.meta_json.items():
+            json_format.ParseDict(value, metadata.fields[key])
+        return xds_pb2.Node(id=self.id, metadata=metadata)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class XdsConfig:
+    address: str  # host:port
+    roots: Path | bytes  # the control plane's roots: a file read at every connection, or PEM
+    auth: rpc.CallAuth
+    node: NodeInfo
+    server_name: str | None = None  # ALT_XDS_HOSTNAME
+    headers: tuple[tuple[str, str], ...] = ()  # XDS_HEADER_<name>
+    connect_timeout: float = 5.0
+
+
+@dataclass(slots=True)
+class _TypeState:
+    held: dict[str, str] = field(default_factory=dict)  # name -> version (accepted)
+    acked: bool = False  # on this connection
+    ever_acked: bool = False
+    last_nonce: str = ""
+    responses: int = 0
+    nacks: int = 0
+    last_nack: str = ""
+
+
+OnChange = Callable[[Store, list[Update]], None]
+
+
+class XdsClient:
+    """One proxy's discovery client. ``run`` keeps a stream up until ``stop`` is set."""
+
+    def __init__(
+        self, config: XdsConfig, on_change: OnChange, on_state: Callable[[], None]
+    ) -> None:
+        self.config = config
+        self.store = Store()
+        self._on_change = on_change
+        self._on_state = on_state
+        self._types = {t: _TypeState() for t in TYPES}
+        self.connected = False
+        self.connections = 0
+        self.last_error = ""
+        self.synced = asyncio.Event()  # every type ACKed once: the data plane may start
+        self._got_response = False  # on the current connection
+
+    # -- state -----------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What ``/config_dump`` shows (ztunnel-style names)."""
+        types = {
+            t: {
+                "subscription": "wildcard",
+                "acked": s.acked,
+                "lastAckedNonce": s.last_nonce,
+                "resources": len(s.held),
+                "responses": s.responses,
+                "nacks": s.nacks,
+                "lastNack": s.last_nack,
+            }
+            for t, s in self._types.items()
+        }
+        return {
+            "address": self.config.address,
+            "node": self.config.node.id,
+            "connected": self.connected,
+            "connections": self.connections,
+            "lastError": self.last_error,
+            "synced": self.synced.is_set(),
+            "waitingFor": [
+                t.rsplit(".", 1)[-1] for t, s in self._types.items() if not s.ever_acked
+            ],
+            "types": types,
+        }
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = INITIAL_BACKOFF
+        while not stop.is_set():
+            backoff = await self._once(stop, backoff)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), backoff)
+
+    async def _once(self, stop: asyncio.Event, backoff: float) -> float:
+        """One connection; returns the delay before the next one (ztunnel's rules)."""
+        roots = self.config.roots
+        try:
+            root = roots if isinstance(roots, bytes) else roots.read_bytes()
+        except OSError as exc:
+            self._fail(f"cannot read the control plane's roots {roots!s}: {exc.strerror}")
+            return min(MAX_BACKOFF, backoff * 2)
+        self.connections += 1
+        channel = rpc.connect(
+            self.config.address,
+            root_pem=root,
+            auth=self.config.auth,
+            server_name=self.config.server_name,
+        )
+        try:
+            await self._stream(channel, stop)
+        except grpc.aio.AioRpcError as exc:
+            code, detail = exc.code(), exc.details() or ""
+            self._fail(f"{code.name}: {detail}")
+            cheap = code in _CHEAP_ENDS or (
+                code is grpc.StatusCode.UNAVAILABLE
+                and any(s in detail.lower() for s in _CHEAP_UNAVAILABLE)
+                and self._got_response
+            )
+            return INITIAL_BACKOFF if cheap else min(MAX_BACKOFF, backoff * 2)
+        except (OSError, TimeoutError) as exc:
+            self._fail(f"connection failed: {exc}")
+            return min(MAX_BACKOFF, backoff * 2)
+        finally:
+            self.connected = False
+            await channel.close(grace=None)
+            self._on_state()
+        if not stop.is_set():
+            log.warning("discovery stream to %s ended; reconnecting", self.config.address)
+        return INITIAL_BACKOFF
+
+    def _fail(self, message: str) -> None:
+        if message != self.last_error:
+            log.warning("discovery at %s: %s", self.config.address, message)
+        self.last_error = message
+        self.connected = False
+        self._on_state()
+
+    async def _stream(self, channel: grpc.aio.Channel, stop: asyncio.Event) -> None:
+        stub = xds_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
+        outbox: asyncio.Queue[xds_pb2.DeltaDiscoveryRequest | None] = asyncio.Queue()
+        for type_url in TYPES:
+            state = self._types[type_url]
+            state.acked = False
+            outbox.put_nowait(
+                xds_pb2.DeltaDiscoveryRequest(
+                    type_url=type_url,
+                    node=self.config.node.proto(),
+                    initial_resource_versions=state.held,
+                )
+            )
+
+        async def requests() -> AsyncIterator[xds_pb2.DeltaDiscoveryRequest]:
+            while (item := await outbox.get()) is not None:
+                yield item
+
+        self._got_response = False
+        call = stub.DeltaAggregatedResources(requests(), metadata=self.config.headers)
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while True:
+                reading = asyncio.ensure_future(call.read())
+                done, _ = await asyncio.wait(
+                    {reading, stopping}, return_when=asyncio.FIRST_COMPLETED
+                )
+                if stopping in done:
+                    reading.cancel()
+                    call.cancel()
+                    return
+                response = reading.result()
+                if response is grpc.aio.EOF:
+                    return  # ended with OK (a failed call raises from read())
+                assert isinstance(response, xds_pb2.DeltaDiscoveryResponse)  # noqa: S101
+                if not self.connected:
+                    self.connected, self.last_error = True, ""
+                    log.info("discovery stream to %s established", self.config.address)
+                self._got_response = True
+                outbox.put_nowait(self.handle(response))
+                self._on_state()
+        finally:
+            stopping.cancel()
+            outbox.put_nowait(None)
+
+    # -- responses -------------------------------------------------------------------------------
+
+    def handle(self, response: xds_pb2.DeltaDiscoveryResponse) -> xds_pb2.DeltaDiscoveryRequest:
+        """Apply one response to the store; the ACK or NACK to send back."""
+        type_url = response.type_url
+        state = self._types.get(type_url)
+        if state is None:
+            log.warning("discovery sent unknown type %s; acknowledged", type_url)
+            return xds_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=response.nonce)
+        state.responses += 1
+        updates, rejects = self._decode(type_url, response.resources, state)
+        for name in response.removed_resources:
+            state.held.pop(name, None)
+            kinds = (
+                (Kind.POLICY,) if type_url == AUTHORIZATION_TYPE else (Kind.WORKLOAD, Kind.SERVICE)
+            )
+            for kind in kinds:
+                # An alias names no record: removing it changes nothing (as in ztunnel).
+                if self.store.get(kind, name) is not None:
+                    updates.append(Update(kind=kind, key=name))
+                    break
+        if updates:
+            before = self.store
+            self.store = before.apply(updates)
+            self._on_change(self.store, updates)
+        ack = xds_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=response.nonce)
+        if rejects:
+            message = "; ".join(rejects)
+            state.nacks += 1
+            state.last_nack = message
+            log.error("discovery: refusing %s (nonce %s): %s", type_url, response.nonce, message)
+            ack.error_detail.CopyFrom(xds_pb2.Status(message=message))
+            return ack
+        state.acked = state.ever_acked = True
+        state.last_nonce = response.nonce
+        if all(s.ever_acked for s in self._types.values()):
+            self.synced.set()
+        return ack
+
+    def _decode(
+        self,
+        type_url: str,
+        resources: Sequence[xds_pb2.Resource],
+        state: _TypeState,
+    ) -> tuple[list[Update], list[str]]:
+        updates: list[Update] = []
+        rejects: list[str] = []
+        for res in resources:
+            if not res.HasField("resource"):
+                rejects.append(f"{res.name}: XDS payload without resource")
+                continue
+            try:
+                record = xds.unpack(type_url, res.resource)
+            except xds.WireError as exc:
+                rejects.append(f"{res.name}: {exc}")
+                continue
+            kind = _kind(record)
+            key = record.uid if isinstance(record, Workload) else record.key
+            updates.append(Update(kind=kind, key=key, record=record, version=res.version))
+            state.held[res.name] = res.version
+        return updates, rejects
+
+
+def _kind(record: Workload | Service | Policy) -> Kind:
+    if isinstance(record, Workload):
+        return Kind.WORKLOAD
+    return Kind.SERVICE if isinstance(record, Service) else Kind.POLICY
+
+
+def address_of(url: str) -> str:
+    """``https://host:port`` or ``host:port`` -> ``host:port`` (ztunnel's XDS_ADDRESS is a URL).
+
+    ``ValueError`` for a plaintext ``http://`` URL (discovery here is TLS only) or no port.
+    """
+    if url.startswith("http://"):
+        raise ValueError("plaintext discovery (http://) is not supported; use https:// (15012)")
+    address = url.removeprefix("https://").rstrip("/")
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not port.isdigit():
+        raise ValueError(f"{url!r} is not HOST:PORT")
+    return address
+
+
+def build_config(settings: ZtunnelSettings, env: Mapping[str, str] | None = None) -> XdsConfig:
+    """The client's configuration from the proxy's settings and Istio's env families
+    (``ISTIO_META_*``, ``ISTIO_METAJSON_*``, ``XDS_HEADER_*``); ``ConfigError`` says what is
+    wrong."""
+    try:
+        address = address_of(settings.xds_address or "")
+    except ValueError as exc:
+        raise ConfigError(
+            f"--xds-address: {exc}",
+            hint="e.g. --xds-address meshctl-controlplane.meshctl-system.svc:15012",
+        ) from exc
+    if settings.xds_on_demand:
+        raise ConfigError(
+            "XDS_ON_DEMAND=true is not supported: this data plane needs every workload up front",
+            hint="unset XDS_ON_DEMAND (wildcard discovery, ztunnel's default)",
+        )
+    roots: Path | bytes
+    if settings.xds_root_ca.lstrip().startswith("-----BEGIN"):
+        roots = settings.xds_root_ca.encode()
+    elif settings.xds_root_ca == "SYSTEM":
+        raise ConfigError(
+            "XDS_ROOT_CA=SYSTEM is not supported",
+            hint="point XDS_ROOT_CA at the mesh root (the meshctl-ca-root-cert ConfigMap)",
+        )
+    else:
+        roots = Path(settings.xds_root_ca)
+        if not roots.is_file():
+            raise ConfigError(
+                f"the control plane's root certificate {roots} is missing",
+                hint="mount the meshctl-ca-root-cert ConfigMap there, or set XDS_ROOT_CA",
+            )
+    meta_json: dict[str, Any] = {}
+    for key, text in config.env_with_prefix("ISTIO_METAJSON_", env).items():
+        try:
+            meta_json[key] = json.loads(text)
+        except ValueError as exc:
+            raise ConfigError(
+                f"ISTIO_METAJSON_{key} is not JSON: {exc}", hint="fix its value"
+            ) from exc
+    headers = tuple(
+        (name.lower().replace("_", "-"), value)
+        for name, value in config.env_with_prefix("XDS_HEADER_", env).items()
+    )
+    node = NodeInfo(
+        instance_ip=settings.instance_ip or "1.1.1.1",  # ztunnel's default when unset
+        pod_name=settings.pod_name or "",
+        pod_namespace=settings.pod_namespace or "",
+        node_name=settings.node_name,
+        meta=config.env_with_prefix("ISTIO_META_", env),
+        meta_json=meta_json,
+    )
+    return XdsConfig(
+        address=address,
+        roots=roots,
+        auth=rpc.CallAuth.from_setting(settings.auth_token, cluster_id=settings.cluster_id),
+        node=node,
+        server_name=settings.alt_xds_hostname,
+        headers=headers,
+    )
+
+
+class XdsFeed(Feed):
+    """Certificates from ``certs`` (a file or CA feed: everything it sends but workloads),
+    workloads from discovery.
+
+    The data plane gets no workloads until the client has ACKed a response of every type (so it
+    is not ready before: ztunnel's rule), then the whole store once, then each change as it
+    arrives (``WorkloadUpdates``), and the client's state for ``/config_dump`` when it changes.
+    """
+
+    def __init__(self, *, certs: Feed, client_config: XdsConfig) -> None:
+        self._certs = certs
+        self.client = XdsClient(client_config, self._changed, self._state_changed)
+        self._generation = 0
+        self._pending: list[channel.Message] = []
+        self._sent_snapshot = False
+        self._sent_state: dict[str, Any] | None = None
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+
+    def _changed(self, store: Store, updates: list[Update]) -> None:
+        self._generation += 1
+        if self._sent_snapshot:
+            plain = tuple(update_to_plain(u) for u in updates)
+            self._pending.append(
+                channel.WorkloadUpdates(updates=plain, generation=self._generation)
+            )
+        self._wake.set()
+
+    def _state_changed(self) -> None:
+        self._wake.set()
+
+    def _snapshot(self) -> channel.Workloads:
+        store = self.client.store
+        document = {
+            "workloads": [render(w) for w in store.workloads],
+            "services": [render(s) for s in store.services],
+            "policies": [render(p) for p in store.policies],
+        }
+        return channel.Workloads(document=document, generation=self._generation)
+
+    @staticmethod
+    def _not_workloads(messages: list[channel.Message]) -> list[channel.Message]:
+        return [
+            m for m in messages if not isinstance(m, channel.Workloads | channel.WorkloadUpdates)
+        ]
+
+    def current(self) -> list[channel.Message]:
+        out = self._not_workloads(self._certs.current())
+        if self.client.synced.is_set():
+            out.append(self._snapshot())
+        out.append(channel.XdsState(state=self.client.state()))
+        return out
+
+    def changes(self) -> list[channel.Message]:
+        out = self._not_workloads(self._certs.changes())
+        if self.client.synced.is_set() and not self._sent_snapshot:
+            self._sent_snapshot = True
+            self._pending.clear()  # the snapshot has them
+            out.append(self._snapshot())
+        out += self._pending
+        self._pending = []
+        state = self.client.state()
+        if state != self._sent_state:
+            self._sent_state = state
+            out.append(channel.XdsState(state=state))
+        return out
+
+    async def wait(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+        self._wake.clear()
+
+    async def run(self) -> None:
+        """The certificates' own work (a CA client renewing) beside the discovery client."""
+        await asyncio.gather(self._certs.run(), self._discover())
+
+    async def _discover(self) -> None:
+        while True:
+            try:
+                await self.client.run(self._stop)
+            except Exception:  # a bug in the client must not leave the proxy without discovery
+                log.exception("discovery client failed; restarting it")
+                await asyncio.sleep(1.0)

@@ -1,0 +1,183 @@
+"""The control plane's manifest against the real API server: every object is accepted, and the
+process does all of its work with exactly the RBAC the manifest grants (its ServiceAccount's
+token, no admin), so the least-privilege rules are proven sufficient, not just written down."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from meshctl_plugins.controlplane.manifest import ManifestSettings
+from meshctl_plugins.controlplane.manifest import objects as manifest_objects
+
+from meshctl.kube import api as raw
+from meshctl.kube import objects
+from meshctl.kube.client import KubeSettings, connect
+from meshctl.kube.resources import Resource
+from tests.harness import controlplane as cp
+from tests.harness.kube import (
+    SA_ISSUER,
+    KubeCluster,
+    create_namespace,
+    delete_namespace,
+    request_token,
+)
+
+pytestmark = pytest.mark.kube
+
+_RESOURCES = {
+    "ServiceAccount": Resource("", "v1", "serviceaccounts", "ServiceAccount"),
+    "ClusterRole": Resource(
+        "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
+    ),
+    "ClusterRoleBinding": Resource(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        namespaced=False,
+    ),
+    "Role": Resource("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    "RoleBinding": Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    "Service": Resource("", "v1", "services", "Service"),
+    "Deployment": Resource("apps", "v1", "deployments", "Deployment"),
+    "PodDisruptionBudget": Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+    "MutatingWebhookConfiguration": Resource(
+        "admissionregistration.k8s.io",
+        "v1",
+        "mutatingwebhookconfigurations",
+        "MutatingWebhookConfiguration",
+        namespaced=False,
+    ),
+}
+# Applied for real (the process needs them); the rest are checked with a server-side dry run.
+_APPLIED = {
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "MutatingWebhookConfiguration",
+}
+
+
+@pytest.fixture
+def installed(kube_cluster: KubeCluster) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    home, revision = f"cp-{secrets.token_hex(3)}", f"r{secrets.token_hex(3)}"
+    kube = connect(KubeSettings(kubeconfig=str(kube_cluster.kubeconfig)))
+    items = manifest_objects(ManifestSettings(namespace=home, revision=revision))
+    with kube_cluster.api_client() as api, contextlib.ExitStack() as undo:
+        create_namespace(api, home)
+        undo.callback(delete_namespace, api, home)
+        undo.callback(kube.api.close)
+        for item in items:
+            resource = _RESOURCES[item["kind"]]
+            ns = home if resource.namespaced else None
+            if item["kind"] in _APPLIED:
+                objects.create(kube, resource, item, ns)
+                if not resource.namespaced:
+                    undo.callback(objects.delete, kube, resource, item["metadata"]["name"])
+            else:
+                raw.request(kube, "POST", resource.path(ns), query=[("dryRun", "All")], body=item)
+        yield home, revision, items
+
+
+def _token_kubeconfig(cluster: KubeCluster, token: str, path: Path) -> Path:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "c",
+                "cluster": {
+                    "server": cluster.server,
+                    "certificate-authority-data": base64.b64encode(cluster.ca_pem).decode(),
+                },
+            }
+        ],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "sa"}}],
+        "current-context": "c",
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _wait(what: str, check: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(ApiException):
+            value = check()
+            if value:
+                return value
+        time.sleep(0.1)
+    raise TimeoutError(what)
+
+
+def test_the_control_plane_works_with_only_the_rbac_its_manifest_grants(
+    kube_cluster: KubeCluster,
+    kube_api: k8s.ApiClient,
+    kube_namespace: str,
+    installed: tuple[str, str, list[dict[str, Any]]],
+    tmp_path: Path,
+) -> None:
+    home, revision, items = installed
+    account = next(i for i in items if i["kind"] == "ServiceAccount")["metadata"]["name"]
+    token = request_token(kube_cluster, home, account, SA_ISSUER, create=False)
+    kubeconfig = _token_kubeconfig(kube_cluster, token, tmp_path / "sa.kubeconfig")
+    with cp.running(
+        kube_cluster,
+        home,
+        tmp_path,
+        "--trusted-node-accounts",
+        f"{home}/meshctl-ztunnel",
+        revision=revision,
+        kubeconfig=kubeconfig,
+    ) as plane:
+        root = cp.root_pem(kube_api, home)  # the Secret it created (create + get in its Role)
+        core = k8s.CoreV1Api(kube_api)
+
+        # TokenReview, and impersonation checks reading pods on a node.
+        node_token = cp.pod_token(kube_cluster, home, "meshctl-ztunnel", "zt-1")
+        cp.pod_token(kube_cluster, kube_namespace, "web", "web-1")
+        web = f"spiffe://cluster.local/ns/{kube_namespace}/sa/web"
+
+        async def impersonate() -> list[str]:
+            async with plane.channel(root, node_token) as channel:
+                return await cp.create_certificate(channel, cp.csr(web)[0], impersonate=web)
+
+        assert asyncio.run(impersonate())[-1].encode() == root
+
+        # Root distribution in a namespace made now (watch namespaces, create configmaps).
+        def published() -> bool:
+            cm = core.read_namespaced_config_map("meshctl-ca-root-cert", kube_namespace)
+            return (cm.data or {}).get("root-cert.pem") == root.decode()
+
+        _wait("root ConfigMap", published)
+
+        # The caBundle of its own webhook configuration (watch + patch by name).
+        name = next(i for i in items if i["kind"] == "MutatingWebhookConfiguration")["metadata"][
+            "name"
+        ]
+        admission = k8s.AdmissionregistrationV1Api(kube_api)
+
+        def patched() -> bool:
+            stored = admission.read_mutating_webhook_configuration(name)
+            return all(w.client_config.ca_bundle for w in stored.webhooks)
+
+        _wait("caBundle patched", patched)
+        lease = k8s.CoordinationV1Api(kube_api).read_namespaced_lease(
+            f"meshctl-controlplane-{revision}-leader", home
+        )
+        assert lease.spec.holder_identity
+        assert "403" not in plane.log_tail(200), plane.log_tail(200)

@@ -1,0 +1,122 @@
+"""Ambient decisions: Istio's enrollment rule, a pod's capture arguments, the node's probe rules."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshctl.core import ambient
+from meshctl.core.capture import hostprobe
+from meshctl.core.capture.parse import parse
+from meshctl.core.capture.render import render
+from meshctl.core.capture.rules import Family
+from meshctl.core.capture.settings import settings_from_args
+
+AMBIENT = {ambient.DATAPLANE_MODE: ambient.MODE_AMBIENT}
+NONE = {ambient.DATAPLANE_MODE: ambient.MODE_NONE}
+
+
+def pod(labels=None, *, annotations=None, **spec) -> dict:
+    return {
+        "metadata": {
+            "name": "p",
+            "namespace": "shop",
+            "labels": labels or {},
+            "annotations": annotations or {},
+        },
+        "spec": {"containers": [{"name": "app"}], **spec},
+        "status": {"phase": "Running"},
+    }
+
+
+def ns(labels=None) -> dict:
+    return {"metadata": {"name": "shop", "labels": labels or {}}}
+
+
+@pytest.mark.parametrize(
+    ("the_pod", "namespace", "enrolled", "why"),
+    [
+        (pod(), ns(AMBIENT), True, "namespace label"),
+        (pod(AMBIENT), ns(), True, "pod label"),
+        (pod(AMBIENT), None, True, "pod label"),  # the pod's label needs no namespace
+        (pod(NONE), ns(AMBIENT), False, "opted out"),
+        (pod(), ns(), False, "no istio.io/dataplane-mode"),
+        (pod(), None, False, "namespace unknown"),
+        (pod(AMBIENT, hostNetwork=True), ns(), False, "hostNetwork"),
+        (pod(annotations={"sidecar.istio.io/status": "{}"}), ns(AMBIENT), False, "sidecar"),
+        (
+            {**pod(), "spec": {"containers": [{"name": "app"}, {"name": "istio-proxy"}]}},
+            ns(AMBIENT),
+            False,
+            "sidecar",
+        ),
+        ({**pod(AMBIENT), "status": {"phase": "Succeeded"}}, ns(), False, "succeeded"),
+        (
+            {**pod(AMBIENT), "metadata": {**pod()["metadata"], "deletionTimestamp": "x"}},
+            ns(),
+            False,
+            "being deleted",
+        ),
+    ],
+)
+def test_enrollment_follows_istios_labels(the_pod, namespace, enrolled, why):
+    decision = ambient.enrollment(the_pod, namespace)
+    assert decision.enrolled is enrolled
+    assert why in decision.reason
+
+
+def test_excluded_namespaces_are_never_enrolled():
+    decision = ambient.enrollment(pod(AMBIENT), ns(AMBIENT), excluded_namespaces=("shop",))
+    assert not decision.enrolled
+
+
+def test_capture_arguments_build_the_in_pod_rules():
+    args = ambient.capture_args(pod())
+    assert args == ["--mode", "ambient"]
+    settings = settings_from_args(args)
+    assert settings.mode == "ambient"
+    assert settings_from_args(ambient.capture_args(pod(), dns=True)).redirect_dns
+    asks = pod(annotations={ambient.DNS_CAPTURE: "true"})
+    assert ambient.dns_requested(asks, default=False)
+    assert not ambient.dns_requested(pod(annotations={ambient.DNS_CAPTURE: "false"}), default=True)
+    assert ambient.dns_requested(pod(), default=True)
+    virt = ambient.capture_args(pod(annotations={ambient.VIRTUAL_INTERFACES: "tun0, tun1"}))
+    assert settings_from_args(virt).kube_virt_interfaces == ("tun0", "tun1")
+
+
+def test_pod_ips_from_status():
+    assert ambient.pod_ips({"status": {"podIPs": [{"ip": "10.1.0.5"}, {"ip": "fd00::5"}]}}) == [
+        "10.1.0.5",
+        "fd00::5",
+    ]
+    assert ambient.pod_ips({"status": {"podIP": "10.1.0.5"}}) == ["10.1.0.5"]
+    assert ambient.pod_ips({}) == []
+
+
+def test_host_probe_rules_snat_node_traffic_to_enrolled_pods_and_read_back_equal():
+    rules = hostprobe.build(["10.1.0.6", "10.1.0.5", "10.1.0.5", "fd00::5"], Family.IPV4)
+    text = render(rules)
+    assert "-A POSTROUTING -j MESH_POSTRT" in text
+    lines = [ln for ln in text.splitlines() if ln.startswith("-A MESH_POSTRT")]
+    snat = "-p tcp -m owner --socket-exists -j SNAT --to-source 169.254.7.127"
+    assert lines == [
+        f"-A MESH_POSTRT -d 10.1.0.5/32 {snat}",
+        f"-A MESH_POSTRT -d 10.1.0.6/32 {snat}",
+    ]
+    # What iptables-save prints parses back to the same rules (check and clean compare them).
+    assert parse(text, Family.IPV4).ours() == rules.ours()
+    v6 = render(hostprobe.build(["fd00::5"], Family.IPV6))
+    assert "-d fd00::5/128" in v6
+    assert "fd16:9254:7127:1337:ffff:ffff:ffff:ffff" in v6
+    assert hostprobe.build([], Family.IPV4).is_empty()
+
+
+def test_host_probe_scope_ignores_everything_else_in_the_nodes_tables():
+    node = parse(
+        "*nat\n:POSTROUTING ACCEPT [0:0]\n:KUBE-POSTROUTING - [0:0]\n:MESH_OTHER - [0:0]\n"
+        ":MESH_POSTRT - [0:0]\n-A POSTROUTING -j KUBE-POSTROUTING\n-A POSTROUTING -j MESH_OTHER\n"
+        "-A POSTROUTING -j MESH_POSTRT\n-A MESH_POSTRT -d 10.1.0.5/32 -p tcp -m owner "
+        "--socket-exists -j SNAT --to-source 169.254.7.127\nCOMMIT\n",
+        Family.IPV4,
+    )
+    mine = hostprobe.scoped(node.ours())
+    assert mine == hostprobe.build(["10.1.0.5"], Family.IPV4)
