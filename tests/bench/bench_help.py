@@ -34,6 +34,8 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
     ("inject", "webhook", "--help"),
     ("ztunnel", "--help"),
     ("cni", "--help"),
+    ("controlplane", "--help"),
+    ("controlplane", "run", "--help"),
     ("completion", "bash"),
 )
 SMOKE_COMMANDS = COMMANDS[:1] + COMMANDS[2:4]
