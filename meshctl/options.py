@@ -233,6 +233,12 @@ def namespace(help: str = "Kubernetes namespace.") -> Any:  # noqa: A002
     return typer.Option("-n", "--namespace", metavar="NAME", help=help)
 
 
+# The image a manifest command writes into its pods (None: this version's).
+ImageOption = Annotated[
+    str | None,
+    typer.Option("--image", metavar="IMAGE", help="meshctl image (default: this version's)."),
+]
+
 FilenameOption = Annotated[
     list[str] | None,
     typer.Option(

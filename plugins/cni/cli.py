@@ -176,9 +176,7 @@ def manifest_cmd(
     namespace: Annotated[str, options.namespace("Namespace of the node agents.")] = (
         "meshctl-system"
     ),
-    image: Annotated[
-        str | None, typer.Option("--image", metavar="IMAGE", help="meshctl image (this version).")
-    ] = None,
+    image: options.ImageOption = None,
     cni_bin_dir: Annotated[
         str, typer.Option("--cni-bin-dir", metavar="DIR", help="Host path.")
     ] = "/opt/cni/bin",

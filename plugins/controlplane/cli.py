@@ -156,9 +156,7 @@ def manifest_cmd(
     namespace: Annotated[str, options.namespace("Namespace of the control plane.")] = (
         "meshctl-system"
     ),
-    image: Annotated[
-        str | None, typer.Option("--image", metavar="IMAGE", help="meshctl image (this version).")
-    ] = None,
+    image: options.ImageOption = None,
     revision: Annotated[
         str, typer.Option("--revision", metavar="NAME", help="Control-plane revision.")
     ] = "default",

@@ -599,9 +599,7 @@ def manifest_cmd(
     namespace: Annotated[str, options.namespace("Namespace of the node proxies.")] = (
         "meshctl-system"
     ),
-    image: Annotated[
-        str | None, typer.Option("--image", metavar="IMAGE", help="meshctl image (this version).")
-    ] = None,
+    image: options.ImageOption = None,
     ca_address: Annotated[
         str | None,
         typer.Option(
