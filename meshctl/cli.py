@@ -24,7 +24,7 @@ import typer.core
 # there (the separate ``click`` distribution is not the same classes). Pinned to a minor range.
 from typer import _click as click
 
-from meshctl import __version__, config, logs, options, values
+from meshctl import __version__, config, logs, values
 from meshctl.errors import EXIT_RUNTIME, EXIT_USAGE, MeshctlError, format_error
 from meshctl.plugins import PluginInfo, discover, load
 
@@ -70,6 +70,8 @@ class PluginGroup(typer.core.TyperGroup):
         info = self.plugins.get(cmd_name)
         if info is None:
             return None
+        from meshctl import options  # deferred: the root's own --help does not need it
+
         command = _as_click_command(load(info), info)
         options.hold_group_options(command)
         self._loaded[cmd_name] = command
@@ -152,6 +154,17 @@ def _print_version(value: bool) -> None:
         raise typer.Exit(0)
 
 
+def _request_timeout(raw: Any) -> Any:
+    """--request-timeout's parser: ``options.typed`` over a duration, imported only when the
+    flag is given (``meshctl --help`` stays off the shared options module)."""
+    from meshctl import options
+
+    return options.typed(_request_timeout.meshctl_parse)(raw)  # type: ignore[attr-defined]
+
+
+_request_timeout.meshctl_parse = values.Duration()  # type: ignore[attr-defined]  # the tree test
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
@@ -184,7 +197,7 @@ def root(
         typer.Option(
             "--request-timeout",
             metavar="DURATION",
-            parser=options.typed(values.Duration()),
+            parser=_request_timeout,
             help="Give up on one API server request after this long (default 30s; 0: never) "
             "[env MESHCTL_REQUEST_TIMEOUT]",
             show_default=False,

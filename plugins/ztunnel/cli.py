@@ -20,7 +20,6 @@ from meshctl.core import certs as certs_mod
 from meshctl.core import channel, proxyconfig
 from meshctl.core.identity import IdentityError, SpiffeId, is_trust_domain, parse_workload_ref
 from meshctl.errors import ConfigError, MeshctlError, UserError
-from meshctl.net.sockets import address_text
 from meshctl.output import OutputFormat, render_objects
 from meshctl.process import Feed, PodFeed
 from meshctl.values import format_duration
@@ -398,6 +397,8 @@ class _Run:
                 pod_ip="" if node else s.instance_ip,
                 app_metrics="" if node else s.app_metrics,
             )
+
+        from meshctl.net.sockets import address_text  # ctypes: not on --help's path
 
         self.feed = feed if feed is not None else self.feed
         logs.listening(
