@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import os
@@ -118,6 +119,14 @@ class Pair:
     key_pem: bytes
 
 
+_IN_USE_HINT = "choose a free port, or stop what is using it"
+# What to do about a bind error other than a port in use (the address, not the port, is wrong).
+_BIND_HINTS = {
+    errno.EADDRNOTAVAIL: "listen on one of this host's addresses, or 0.0.0.0 (:: for IPv6)",
+    errno.EACCES: "ports below 1024 need root or CAP_NET_BIND_SERVICE; choose another port",
+}
+
+
 class BoundConfig(Config):
     """hypercorn's configuration over a socket we bound ourselves (``fd://``): a port in use
     is a one-line error when the configuration is made, not a failure inside a server task."""
@@ -136,7 +145,9 @@ class BoundConfig(Config):
             sock.close()
             raise MeshctlError(
                 f"cannot listen on {shown}: {exc.strerror or exc}",
-                hint="choose a free port, or stop what is using it",
+                hint=_BIND_HINTS.get(
+                    exc.errno or 0, "choose a free port, or stop what is using it"
+                ),
             ) from exc
         self.use(sock)
 

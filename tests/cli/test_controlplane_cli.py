@@ -79,6 +79,23 @@ def test_a_port_in_use_is_named_and_exits_1(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_an_address_not_of_this_host_is_told_about_the_address_not_the_port(
+    tmp_path: Path,
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(KUBECONFIG))
+    result = run_meshctl(
+        *("--kubeconfig", str(kubeconfig), "controlplane", "run"),
+        *("--readiness-address", "192.0.2.1:0"),  # TEST-NET-1: never an address of this host
+        env=CLEAN_ENV,
+        timeout=30,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Error: cannot listen on 192.0.2.1:0: Cannot assign requested address" in result.stderr
+    assert "Hint: listen on one of this host's addresses" in result.stderr
+    assert "free port" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("name", "args"),
     [
