@@ -96,19 +96,21 @@ def _manifest(ep: importlib.metadata.EntryPoint) -> tuple[str, bool]:
 def _manifest_path(module_name: str) -> Path | None:
     """``plugin.json`` in the package holding ``module_name``, or in ``module_name`` if a package.
 
-    Only the parent package's spec is looked up: ``find_spec("a.b")`` imports ``a`` but not
-    ``a.b``, so the plugin's own package is never executed here. A plugin therefore keeps code
-    out of any parent package it lives in.
+    Only the top-level package's spec is looked up (``find_spec("a")`` imports nothing) and the
+    rest of the dotted path is followed as folders, so no package of the plugin's (nor a parent
+    package, as ``meshctl_plugins.ztunnel`` is to ``meshctl_plugins.ztunnel.supervisor``) is
+    executed here.
     """
-    parent, _, last = module_name.rpartition(".")
+    top, *inner, last = module_name.split(".") if "." in module_name else (module_name, "")
     try:
-        spec = importlib.util.find_spec(parent or last)
+        spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
     for location in spec.submodule_search_locations:
-        for folder in (Path(location), Path(location) / last) if parent else (Path(location),):
+        base = Path(location).joinpath(*inner)
+        for folder in (base, base / last) if last else (base,):
             path = folder / MANIFEST_NAME
             if path.is_file():
                 return path

@@ -4,11 +4,15 @@
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(dirname "$here")"
-work="${MESHCTL_BUILD_CACHE:-$HOME/.cache/meshctl-build}/pyinstaller"
-mkdir -p "$work"
+cache="${MESHCTL_BUILD_CACHE:-$HOME/.cache/meshctl-build}/pyinstaller"
+mkdir -p "$cache"
+# One directory per build: builds from several checkouts share the cache folder, and a fixed
+# site dir removed by one build mid-way through another's analysis froze a binary without
+# meshctl's modules. (--clean reuses nothing from a previous build anyway.)
+work="$(mktemp -d "$cache/build.XXXXXX")"
+trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
 site="$work/site"
-rm -rf "$site"
 python -m pip install --quiet --no-deps --no-build-isolation --target "$site" "$root"
 export MESHCTL_FREEZE_SITE="$site"
 python -m PyInstaller --noconfirm --clean --log-level WARN \

@@ -1,10 +1,12 @@
 """A development certificate authority and the facts we read back from PEM certificates.
 
 Owns: minting a self-signed root and SPIFFE workload certificates (ECDSA P-256 keys, as Istio's
-CSRs; the URI SAN is the SPIFFE ID, RFC 5280 §4.2.1.6), and ``describe`` which turns a PEM into
-plain facts (serial, validity, URI SANs) for validation and ``/config_dump``. Invariants: pure
-computation, no files or clocks (``now`` is passed in); private keys leave only as PEM bytes
-returned to the caller, never in a message or a log.
+CSRs; the URI SAN is the SPIFFE ID, RFC 5280 §4.2.1.6), signed by our root or by a CA the user
+brings in Istio's plug-in CA layout (``ca-cert.pem``/``ca-key.pem``, RSA or EC, with
+``root-cert.pem``/``cert-chain.pem`` for an intermediate), and ``describe`` which turns a PEM
+into plain facts (serial, validity, URI SANs) for validation and ``/config_dump``. Invariants:
+pure computation, no files or clocks (``now`` is passed in); private keys leave only as PEM
+bytes returned to the caller, never in a message or a log.
 """
 
 from __future__ import annotations
@@ -15,18 +17,42 @@ from datetime import datetime, timedelta
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509 import verification
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
+from meshctl.core.identity import (
+    CA_CERT_FILE,
+    CA_KEY_FILE,
+    CERT_CHAIN_FILE,
+    KEY_FILE,
+    ROOT_CERT_FILE,
+    IdentityError,
+    SpiffeId,
+    peer_identity,
+)
 
-# File names istio-agent writes for a workload (and ztunnel-style tools read).
-CERT_CHAIN_FILE = "cert-chain.pem"
-KEY_FILE = "key.pem"
-ROOT_CERT_FILE = "root-cert.pem"
-CA_KEY_FILE = "ca-key.pem"  # the plug-in CA secret's names (istio `cacerts`)
-CA_CERT_FILE = "ca-cert.pem"
+__all__ = [
+    "CA_CERT_FILE",
+    "CA_KEY_FILE",
+    "CA_KEY_USAGE",
+    "CERT_CHAIN_FILE",
+    "KEY_FILE",
+    "ROOT_CERT_FILE",
+    "CaError",
+    "CertFacts",
+    "KeyPair",
+    "SigningCa",
+    "accept_issued",
+    "describe",
+    "key_matches",
+    "leaf_key_usage",
+    "mint_root",
+    "mint_workload",
+    "new_csr",
+    "signing_ca",
+]
+_DEV_ROOT_CN = "meshctl development root ({})"  # the subject CN of the roots minted here
 
 # What a root may do: sign certificates and CRLs (RFC 5280 §4.2.1.3), and its own signatures.
 CA_KEY_USAGE = x509.KeyUsage(
@@ -71,6 +97,19 @@ class KeyPair:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SigningCa:
+    """A CA that signs workload certificates, with what its workloads must carry besides."""
+
+    signer: KeyPair  # ca-cert.pem + ca-key.pem: a root, or an intermediate
+    chain_pem: bytes  # what follows a workload's leaf in its cert-chain.pem (empty for a root)
+    root_pem: bytes  # the workload's root-cert.pem
+
+
+class CaError(ValueError):
+    """CA material that cannot sign workload certificates; ``str()`` says which file and why."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class CertFacts:
     """What ``/config_dump`` and the validation rules need from one certificate."""
 
@@ -88,7 +127,7 @@ def mint_root(*, trust_domain: str, now: datetime, ttl: timedelta) -> KeyPair:
     name = x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, trust_domain),
-            x509.NameAttribute(NameOID.COMMON_NAME, f"meshctl development root ({trust_domain})"),
+            x509.NameAttribute(NameOID.COMMON_NAME, _DEV_ROOT_CN.format(trust_domain)),
         ]
     )
     cert = (
@@ -120,9 +159,7 @@ def mint_workload(
     ``not_before`` overrides the start (tests mint expired or not-yet-valid certificates with it).
     """
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
-    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise TypeError("the CA key must be an EC key minted by 'meshctl ztunnel certs'")
+    ca_key = _signing_key(ca.key_pem)
     key = ec.generate_private_key(ec.SECP256R1())
     start = not_before if not_before is not None else now - _BACKDATE
     cert = (
@@ -154,6 +191,73 @@ def mint_workload(
         .sign(ca_key, hashes.SHA256())
     )
     return KeyPair(cert_pem=cert.public_bytes(serialization.Encoding.PEM), key_pem=_key_pem(key))
+
+
+def signing_ca(
+    *,
+    ca_cert: bytes,
+    ca_key: bytes,
+    trust_domain: str,
+    root_cert: bytes | None = None,
+    cert_chain: bytes | None = None,
+) -> SigningCa:
+    """The CA of an Istio plug-in CA directory (``cacerts``), checked before it signs anything.
+
+    ``ca_cert``/``ca_key`` sign (RSA or EC, as Istio's tools make them); ``root_cert`` is the
+    root workloads trust and ``cert_chain`` what follows their leaf, Istio's file names both;
+    for a self-signed ``ca_cert`` neither is needed. Raises ``CaError`` naming the file.
+    """
+    try:
+        cert = x509.load_pem_x509_certificate(ca_cert)
+    except ValueError as exc:
+        raise CaError(f"{CA_CERT_FILE} is not a PEM certificate") from exc
+    _signing_key(ca_key)
+    if not key_matches(ca_cert, ca_key):
+        raise CaError(f"{CA_KEY_FILE} is not the key of {CA_CERT_FILE}")
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        raise CaError(f"{CA_CERT_FILE} is not a CA certificate (basicConstraints CA:FALSE)")
+    # Only roots minted here name their trust domain; any other CA may sign for any of them.
+    prefix = _DEV_ROOT_CN.partition("(")[0]
+    for cn in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME):
+        value = str(cn.value)
+        if value.startswith(prefix) and value != _DEV_ROOT_CN.format(trust_domain):
+            raise CaError(f"{CA_CERT_FILE} is a development root for another trust domain")
+    self_signed = cert.issuer == cert.subject
+    if root_cert is None and not self_signed:
+        raise CaError(f"{CA_CERT_FILE} is an intermediate: {ROOT_CERT_FILE} must be beside it")
+    for name, pem in ((ROOT_CERT_FILE, root_cert), (CERT_CHAIN_FILE, cert_chain)):
+        if pem is not None and not _certificates(pem):
+            raise CaError(f"{name} holds no PEM certificate")
+    # Without cert-chain.pem a root adds nothing after the leaf, an intermediate adds itself.
+    default_chain = b"" if self_signed else ca_cert
+    return SigningCa(
+        signer=KeyPair(cert_pem=ca_cert, key_pem=ca_key),
+        chain_pem=cert_chain if cert_chain is not None else default_chain,
+        root_pem=root_cert if root_cert is not None else ca_cert,
+    )
+
+
+def _signing_key(pem: bytes) -> ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey:
+    try:
+        key = serialization.load_pem_private_key(pem, password=None)
+    except TypeError as exc:
+        raise CaError(f"{CA_KEY_FILE} is encrypted; store it unencrypted for signing") from exc
+    except ValueError as exc:
+        raise CaError(f"{CA_KEY_FILE} is not a PEM private key") from exc
+    if not isinstance(key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey):
+        raise CaError(f"{CA_KEY_FILE} holds a {type(key).__name__}; RSA or EC keys can sign")
+    return key
+
+
+def _certificates(pem: bytes) -> list[x509.Certificate]:
+    try:
+        return x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        return []
 
 
 def describe(pem: bytes) -> list[CertFacts]:

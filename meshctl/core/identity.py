@@ -15,6 +15,15 @@ from datetime import datetime
 
 SCHEME = "spiffe://"
 
+# File names istio-agent writes for a workload (and ztunnel-style tools read), and the plug-in
+# CA secret's (istio ``cacerts``). Here, not in ``certs``: readers of the names alone (the
+# supervisor) must not load an X.509 library for them.
+CERT_CHAIN_FILE = "cert-chain.pem"
+KEY_FILE = "key.pem"
+ROOT_CERT_FILE = "root-cert.pem"
+CA_KEY_FILE = "ca-key.pem"
+CA_CERT_FILE = "ca-cert.pem"
+
 # SPIFFE ID spec §2.1: trust domain = lowercase letters, digits, '.', '-', '_'.
 _TRUST_DOMAIN = re.compile(r"^[a-z0-9._-]+$")
 # A Kubernetes namespace / service-account name (RFC 1123 label / subdomain).

@@ -6,7 +6,9 @@ of Istio ztunnel's local-config document. Sources (the local config, Kubernetes 
 control plane, the xDS client in the proxies) feed it ``Update``s by key; consumers read snapshots.
 Invariants: a ``Store`` never changes (``apply`` builds a new one, so a lookup in flight sees one
 consistent snapshot); every record has a version; the store never fetches anything; a local-config
-field that is unknown or mistyped is refused with its path (``workloads[1].workloadIps[0]``).
+field that is unknown or mistyped is refused with its path (``workloads[1].workloadIps[0]``); a
+field ztunnel's own reader requires is required here too, and one it defaults differently is named
+by ``local_config_warnings``.
 """
 
 from __future__ import annotations
@@ -532,6 +534,9 @@ _SERVICE_PASSIVE = (
 
 def _workload(m: _Mapping) -> Workload:
     status = m.choice("status", ("Healthy", "Unhealthy"), "Healthy")
+    # ztunnel's LocalWorkload has no default for these two (serde): it refuses the file.
+    m.require("workloadIps", "write workloadIps: [] for a workload without addresses")
+    m.require("services", "write services: {} for a workload that backs no service")
     services: dict[str, dict[int, int]] = {}
     for key, value, path in m.mapping_items("services"):
         if "/" not in key:
@@ -566,10 +571,14 @@ def _workload(m: _Mapping) -> Workload:
 
 
 def _service(m: _Mapping) -> Service:
+    m.require("vips", "write vips: [] for a service without virtual IPs")
+    m.require("ports", "write ports: {} for a service without ports")
     vips = []
     for p, v in m.list_of("vips"):
         text = _str(v, p)
-        network, _, ip = text.rpartition("/")  # "<network>/<ip>"; a bare IP has no network
+        network, sep, ip = text.partition("/")  # ztunnel's NetworkAddress: "<network>/<ip>"
+        if not sep:
+            raise LocalConfigError(p, f"{text!r}: want '<network>/<ip>' ('/{text}' for none)")
         vips.append((network, _ip(ip, p)))
     s = Service(
         name=m.text("name", required=True),
@@ -634,6 +643,11 @@ class _Mapping:
 
     def sub(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
+
+    def require(self, key: str, hint: str) -> None:
+        """``key`` must be present (any value, even empty), as ztunnel's reader demands."""
+        if key not in self.value:
+            raise LocalConfigError(self.sub(key), f"required field is missing ({hint})")
 
     def get(self, key: str, default: Any = None) -> Any:
         self.seen.add(key)
@@ -738,3 +752,33 @@ def _string_match(value: Any, path: str) -> StringMatch:
 
 def _kind(value: Any) -> str:
     return "nothing" if value is None else type(value).__name__
+
+
+# Workload fields ztunnel's local-config reader defaults to "" when absent (serde defaults),
+# while this store fills in what its xDS path would: (field, our default, the consequence).
+_ZTUNNEL_EMPTY_DEFAULTS = (
+    ("trustDomain", DEFAULT_TRUST_DOMAIN, "identity"),
+    ("serviceAccount", "default", "identity"),
+    ("clusterId", "Kubernetes", "metrics labels"),
+)
+
+
+def local_config_warnings(doc: Any) -> list[str]:
+    """What ztunnel would read differently in a document ``parse_local_config`` accepts.
+
+    One line per field, naming it by path, what each reader makes of it, and the fix: ztunnel
+    reads a missing ``trustDomain`` or ``serviceAccount`` as empty (an identity no certificate
+    carries), this store as ``cluster.local``/``default``.
+    """
+    out: list[str] = []
+    workloads = doc.get("workloads") if isinstance(doc, Mapping) else None
+    for i, w in enumerate(workloads if isinstance(workloads, list) else ()):
+        if not isinstance(w, Mapping):
+            continue
+        for key, ours, what in _ZTUNNEL_EMPTY_DEFAULTS:
+            if w.get(key) is None:
+                out.append(
+                    f"workloads[{i}].{key}: not set; ztunnel reads that as empty, meshctl as "
+                    f"{ours!r} (it changes the workload's {what}): write {key}: {ours}"
+                )
+    return out

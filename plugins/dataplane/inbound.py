@@ -55,11 +55,12 @@ class Inbound:
         refusal: list[str] = []
 
         def check_peer(proto: TunnelProtocol) -> bool:
+            td = rt.identity.trust_domain
             try:
-                proto.peer = _client_identity(
-                    proto.extra_info("ssl_object"), rt.identity.trust_domain
-                )
+                proto.peer = _client_identity(proto.extra_info("ssl_object"), td)
             except IdentityError as exc:
+                # Also the GOAWAY's debug data: the client's logs name both identities.
+                proto.error = f"client identity refused: {exc}; expected spiffe://{td}/ns/*/sa/*"
                 refusal.append(f"peer refused: {exc}")
                 return False
             return True

@@ -2,9 +2,9 @@
 
 Owns everything that is global to the process and therefore done once, here: glibc malloc
 thresholds (uvloop's TLS transport reads each record into a fresh 256 KiB buffer, above the mmap
-threshold: an mmap/munmap pair and page faults per record), h2's per-frame ``repr`` (it hex-dumps
-every DATA payload for a trace log nobody reads), the cyclic garbage collector's pace, and uvloop
-as the event loop (installed here only, per the architecture rules).
+threshold: an mmap/munmap pair and page faults per record), log records without caller lookups,
+the cyclic garbage collector's pace, and uvloop as the event loop (installed here only, per the
+architecture rules).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import ctypes.util
 import gc
 import logging
 import socket
+
+from meshctl import logs
 
 log = logging.getLogger(__name__)
 
@@ -36,18 +38,6 @@ def tune_malloc() -> bool:
         return False  # not glibc: nothing to tune
 
 
-def quiet_frame_repr() -> None:
-    """Make hyperframe's frame repr O(1): h2 builds ``repr(frame)`` for every frame it receives
-    even when nothing logs it; the default repr formats the flags and serialises the payload
-    (a hex dump of a whole DATA frame), which profiled as a visible share of each frame's cost."""
-    from hyperframe.frame import Frame
-
-    def short_repr(self: Frame) -> str:
-        return f"{type(self).__name__}(stream_id={self.stream_id})"
-
-    Frame.__repr__ = short_repr
-
-
 def lean_log_records() -> None:
     """Skip what a LogRecord gathers that our formats never show (the logging HOWTO's
     "Optimization" switches): the caller's file and line (a stack walk per record), thread,
@@ -62,7 +52,7 @@ def lean_log_records() -> None:
 def tune_gc() -> None:
     """Collect cyclic garbage rarely and never rescan what start-up built.
 
-    Everything alive once the modules are loaded (code, h2's and hpack's tables, the config)
+    Everything alive once the modules are loaded (code, hpack's tables, the config)
     lives as long as the process: ``gc.freeze`` moves it out of the collector's sight, so a full
     collection scans only per-connection objects. Connections allocate many small containers
     (streams, frames, events), so the default young-generation threshold of 700 ran a collection
@@ -94,13 +84,14 @@ def run(channel_fd: int) -> int:
     from .runtime import Runtime
 
     tune_malloc()
-    quiet_frame_repr()
     lean_log_records()
     raise_fd_limit()
     sock = socket.socket(fileno=channel_fd)
     tune_gc()  # last: after every import the data plane needs
 
     async def main() -> int:
+        # Log lines (one access line per connection) leave in one write per loop iteration.
+        logs.defer_writes(asyncio.get_running_loop().call_soon)
         return await Runtime(sock).run()
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:

@@ -13,6 +13,7 @@ of a multiprocess counter is a lock, a getpid and an mmap write: too much per re
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -365,31 +366,42 @@ class Flow:
         if not access_log.isEnabledFor(logging.INFO):
             return  # the line is built only for a logger that writes it
         s, d = self.src, self.dst
+        outbound = self.direction == "outbound"
         fields = {
             "src.addr": _addr(s.addr),
             "src.workload": s.workload.name if s.workload else None,
             "src.namespace": s.workload.namespace if s.workload else None,
-            "src.identity": str(s.identity) if s.identity else None,
+            "src.identity": _text(s.identity) if s.identity else None,
             "dst.addr": _addr(d.addr),
             "dst.hbone_addr": _addr(self.hbone_addr) if self.hbone_addr else None,
             "dst.service": self.service.hostname if self.service else None,
             "dst.workload": d.workload.name if d.workload else None,
             "dst.namespace": d.workload.namespace if d.workload else None,
-            "dst.identity": str(d.identity) if d.identity else None,
+            "dst.identity": _text(d.identity) if d.identity else None,
             "direction": self.direction,
-            "bytes_sent": self.bytes_sent,
-            "bytes_recv": self.bytes_received,
+            # ztunnel's reading: each proxy's bytes_sent is what it forwarded towards the other
+            # proxy's side of the mesh: the client's bytes at the source, the server's at the
+            # destination (its metrics.rs: "Istio flips the metric for source ... unflip for logs").
+            "bytes_sent": self.bytes_received if outbound else self.bytes_sent,
+            "bytes_recv": self.bytes_sent if outbound else self.bytes_received,
             "duration": f"{(time.monotonic() - self.started) * 1000:.0f}ms",
         }
         if error:
             fields["error"] = error
             fields["flags"] = flags
+        # One pass; only the error text can hold a space (ztunnel quotes such values).
         text = " ".join(
-            f'{k}="{v}"' if " " in str(v) else f"{k}={v}"
-            for k, v in fields.items()
-            if v is not None
+            [
+                f'{k}="{v}"' if k == "error" else f"{k}={v}"
+                for k, v in fields.items()
+                if v is not None
+            ]
         )
         access_log.info("connection complete %s", text, extra={"access": fields})
+
+
+# SPIFFE ids repeat per peer: their text is built once (a bounded cache of frozen values).
+_text = functools.lru_cache(maxsize=4096)(str)
 
 
 def _addr(addr: tuple[str, int]) -> str:

@@ -149,7 +149,7 @@ class _OutboundStream(AppStream):
 
     def tunnel_reset(self, reason: str) -> None:
         if self.flow.state == "new":
-            self.flow.fail("TLS" if "identity" in reason or "lost" in reason else "RESET", reason)
+            self.flow.fail(self.tunnel.flags if self.tunnel is not None else "RESET", reason)
         super().tunnel_reset(reason)
 
 

@@ -104,6 +104,12 @@ class Pool:
             if conn.usable and conn.core.can_open():
                 self._busy(conn)
                 return conn
+            if not conn.usable:
+                # It died between its handshake and our first stream. In TLS 1.3 that is how a
+                # peer refuses our certificate (our side of the handshake completes first):
+                # fail the streams that waited for it, never dial the same peer again for them.
+                _, _, addr = key
+                raise DialError(f"{addr[0]}:{addr[1]}: {conn.error or 'closed'}", conn.flags)
             # The peer allows fewer streams than we reserved: go round and dial another.
 
     async def _dial(self, key: PoolKey) -> TunnelProtocol:
@@ -120,7 +126,8 @@ class Pool:
             try:
                 proto.peer = peer_identity(tls.uri_sans(obj), trust_domain=None, expected=[dst_id])
             except IdentityError as exc:
-                proto.error = f"wrong peer identity: {exc}"
+                # Also the GOAWAY's debug data: the server's logs name both identities.
+                proto.error = f"server identity refused: {exc}"
                 return False
             return True
 
@@ -154,6 +161,7 @@ class Pool:
                     ssl=ctx,
                     server_hostname="",  # no SNI: HBONE peers are identified by SAN alone
                     ssl_handshake_timeout=self._handshake_timeout,
+                    ssl_shutdown_timeout=self._handshake_timeout,  # waiting for close_notify
                 ),
                 self._handshake_timeout + 1,
             )

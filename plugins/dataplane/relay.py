@@ -5,7 +5,8 @@ stream; ``Splice`` joins two TCP sockets (passthrough, plaintext). Invariants: b
 forwarded in order; half-close is forwarded per direction (TCP FIN <-> END_STREAM) and a socket
 closes only once both directions ended; an abort on one side aborts the other; flow-control
 credit goes back to the tunnel only for bytes the app socket accepted (its write buffer below the
-high-water mark), so a slow app slows the remote sender instead of growing our memory.
+high-water mark), so a slow app slows the remote sender instead of growing our memory, and
+whatever credit a stream still holds goes back when it ends (the connection window is shared).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class AppStream(asyncio.Protocol):
         return True  # keep our write side open: the other direction may still carry bytes
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._release_credit()  # what its write buffer still held will never reach the app
         if not (self._app_eof and self._tunnel_eof) and self.tunnel is not None:
             self.tunnel.reset(self.sid)  # the app vanished mid-stream: abort, do not end
         elif self.tunnel is not None:
@@ -157,6 +159,7 @@ class AppStream(asyncio.Protocol):
         self._maybe_close()
 
     def tunnel_reset(self, reason: str) -> None:
+        self._release_credit()
         self.tunnel = None
         self._abort(reason)
 
@@ -164,6 +167,18 @@ class AppStream(asyncio.Protocol):
         self.resume_source()
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _release_credit(self) -> None:
+        """Give back the flow credit held for bytes that will never be written to the app.
+
+        The connection window is shared by every stream of the tunnel: credit kept by a stream
+        that ends (reset by the peer while the app socket was full, or the app gone) would be
+        lost to its siblings for good, and enough such streams stall the whole connection.
+        """
+        owed = self._owed + sum(flow for _, flow in self._pending)
+        self._owed, self._pending = 0, []
+        if owed and self.tunnel is not None:
+            self.tunnel.consumed(self.sid, owed)
 
     def _maybe_close(self) -> None:
         if self._app_eof and self._tunnel_eof and self.transport is not None:
@@ -275,10 +290,19 @@ class Accepted:
         ssl: Any = None,
         handshake_timeout: float | None = None,
     ) -> asyncio.Transport:
-        """Wrap the socket in a transport (TLS when ``ssl``) driving ``protocol``."""
+        """Wrap the socket in a transport (TLS when ``ssl``) driving ``protocol``.
+
+        With TLS, ``handshake_timeout`` also bounds the close: how long we wait for the peer's
+        close_notify after sending ours (reading and dropping what it still sends meanwhile).
+        """
         loop = asyncio.get_running_loop()
+        tls_limits = (
+            {"ssl_handshake_timeout": handshake_timeout, "ssl_shutdown_timeout": handshake_timeout}
+            if ssl is not None
+            else {}
+        )
         transport, _ = await loop.connect_accepted_socket(
-            lambda: protocol, self.sock, ssl=ssl, ssl_handshake_timeout=handshake_timeout
+            lambda: protocol, self.sock, ssl=ssl, **tls_limits
         )
         return transport
 

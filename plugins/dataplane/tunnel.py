@@ -34,6 +34,8 @@ from meshctl.core.hbone import (
     Writable,
 )
 
+from . import tls
+
 log = logging.getLogger(__name__)
 
 
@@ -92,6 +94,8 @@ class TunnelProtocol(asyncio.BufferedProtocol):
         self._read_buffer = memoryview(bytearray(READ_BUFFER))
         self.peer: object = None  # whatever on_connected learnt (the peer identity)
         self.connected = asyncio.get_running_loop().create_future()
+        self.refused = False  # on_connected refused the peer (identity, ALPN)
+        self._heard = False  # any bytes from the peer after the handshake
 
     # -- asyncio callbacks -------------------------------------------------------------------
 
@@ -99,7 +103,15 @@ class TunnelProtocol(asyncio.BufferedProtocol):
         self.transport = transport = cast(asyncio.Transport, transport)
         if self._on_connected is not None and not self._on_connected(self):
             self.error = self.error or "peer refused by identity check"
-            transport.abort()
+            self.refused = True
+            if not self.connected.done():  # the dialler learns now, not after the TLS close
+                self.connected.set_exception(ConnectionError(self.error))
+                self.connected.exception()
+            if tls.alpn(self.extra_info("ssl_object")) == tls.ALPN_H2:
+                # Tell the peer why (it speaks HTTP/2): GOAWAY with the reason as debug data.
+                self.core.refuse_peer(self.error)
+                self._flush_now()
+            transport.close()  # TLS close_notify after what was written, then TCP FIN
             return
         self._flush()
         if not self.connected.done():
@@ -109,6 +121,7 @@ class TunnelProtocol(asyncio.BufferedProtocol):
         return self._read_buffer
 
     def buffer_updated(self, nbytes: int) -> None:
+        self._heard = True
         self.data_received(self._read_buffer[:nbytes])
 
     def data_received(self, data: bytes | memoryview) -> None:
@@ -123,6 +136,12 @@ class TunnelProtocol(asyncio.BufferedProtocol):
         return False  # TLS close_notify / TCP FIN on the tunnel: the connection is over
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.error is None and not self._heard:
+            # Not one HTTP/2 byte (the peer's SETTINGS come first) after our handshake: the
+            # peer ended the connection at the TLS layer, as one refusing our certificate does.
+            why = f": {exc}" if exc else ""
+            self.error = f"peer closed the connection before speaking HTTP/2{why}"
+            self.error += " (did it refuse our certificate?)" if self.core.client else ""
         self.error = self.error or (f"connection lost: {exc}" if exc else "connection closed")
         if not self.connected.done():
             self.connected.set_exception(ConnectionError(self.error))
@@ -150,6 +169,12 @@ class TunnelProtocol(asyncio.BufferedProtocol):
     def extra_info(self, name: str) -> Any:
         """``get_extra_info(name)`` of the TLS transport, or None before it exists."""
         return self.transport.get_extra_info(name) if self.transport is not None else None
+
+    @property
+    def flags(self) -> str:
+        """The response flag for streams this connection failed: ``TLS`` when the peer was
+        refused, or ended the connection before speaking HTTP/2; else ``RESET``."""
+        return "TLS" if self.refused or not self._heard else "RESET"
 
     @property
     def usable(self) -> bool:

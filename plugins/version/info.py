@@ -18,6 +18,7 @@ KEY_DEPENDENCIES = (
     "python-iptables",
     "uvloop",
     "h2",
+    "hpack",
     "cryptography",
     "PyYAML",
 )

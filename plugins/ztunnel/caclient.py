@@ -111,7 +111,9 @@ class CaFeed(Feed):
         impersonate: bool = False,
         root_check_seconds: float = 2.0,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        warn: bool = True,
     ) -> None:
+        """``warn``: as ``LocalConfigSource``'s."""
         self._client = client
         self.identity = identity
         self._root_file = root_file
@@ -119,7 +121,7 @@ class CaFeed(Feed):
         self._impersonate = impersonate
         self._root_check = root_check_seconds
         self._clock = clock
-        self.config = LocalConfigSource(local_config)
+        self.config = LocalConfigSource(local_config, warn=warn)
         self.certs: channel.Certs | None = None
         self._key = b""
         self._served = ""

@@ -52,35 +52,64 @@ class Issuer(Protocol):
     async def issue(self, identity: SpiffeId, ttl: timedelta) -> Issued: ...
 
 
-class LocalCa:
-    """A development CA on disk (``ca-cert.pem``, ``ca-key.pem`` from ``meshctl ztunnel certs``)."""
+def read_signing_ca(ca_dir: Path, trust_domain: str) -> certs_mod.SigningCa:
+    """The CA in ``ca_dir`` in Istio's plug-in CA layout (``ca-cert.pem``, ``ca-key.pem``, RSA or
+    EC; ``root-cert.pem`` and ``cert-chain.pem`` beside an intermediate), checked before it
+    signs; a ``UserError`` naming the directory and the file otherwise."""
 
-    def __init__(self, ca_dir: Path) -> None:
-        self.name = f"local CA {ca_dir}"
-        cert, key = ca_dir / certs_mod.CA_CERT_FILE, ca_dir / certs_mod.CA_KEY_FILE
+    def read(name: str, *, required: bool) -> bytes | None:
+        path = ca_dir / name
         try:
-            self._ca = certs_mod.KeyPair(cert_pem=cert.read_bytes(), key_pem=key.read_bytes())
-        except OSError as exc:
+            return path.read_bytes()
+        except FileNotFoundError as exc:
+            if not required:
+                return None
             raise UserError(
-                f"cannot read the CA in {ca_dir}: {exc.strerror or exc}",
+                f"cannot read the CA in {ca_dir}: {name} is missing",
                 hint="mint one with 'meshctl ztunnel certs --out DIR --workload NS/NAME/SA' "
                 "(its CA lands in DIR/../ca), or give --ca-address",
             ) from exc
-        facts = certs_mod.describe(self._ca.cert_pem)
-        if not facts or not facts[0].is_ca:
-            raise UserError(f"{cert} is not a CA certificate", hint="point --ca-dir at a CA")
+        except OSError as exc:
+            raise UserError(
+                f"cannot read the CA in {ca_dir}: {exc.strerror or exc}",
+                hint="make the CA files readable by the proxy",
+            ) from exc
+
+    try:
+        return certs_mod.signing_ca(
+            ca_cert=read(certs_mod.CA_CERT_FILE, required=True) or b"",
+            ca_key=read(certs_mod.CA_KEY_FILE, required=True) or b"",
+            root_cert=read(certs_mod.ROOT_CERT_FILE, required=False),
+            cert_chain=read(certs_mod.CERT_CHAIN_FILE, required=False),
+            trust_domain=trust_domain,
+        )
+    except certs_mod.CaError as exc:
+        raise UserError(
+            f"the CA in {ca_dir} cannot sign: {exc}",
+            hint="point --ca-dir at a CA in Istio's cacerts layout (or one minted by "
+            "'meshctl ztunnel certs')",
+        ) from exc
+
+
+class LocalCa:
+    """A CA on disk in Istio's plug-in CA layout (``read_signing_ca``): a development CA from
+    ``meshctl ztunnel certs``, or the user's own root or intermediate (RSA or EC)."""
+
+    def __init__(self, ca_dir: Path, trust_domain: str) -> None:
+        self.name = f"local CA {ca_dir}"
+        self._ca = read_signing_ca(ca_dir, trust_domain)
 
     async def issue(self, identity: SpiffeId, ttl: timedelta) -> Issued:
         # Key generation and signing take milliseconds: off the event loop.
         leaf = await asyncio.get_running_loop().run_in_executor(None, self._mint, identity, ttl)
         return Issued(
-            chain=leaf.cert_pem.decode(),
+            chain=(leaf.cert_pem + self._ca.chain_pem).decode(),
             key=leaf.key_pem.decode(),
-            roots=self._ca.cert_pem.decode(),
+            roots=self._ca.root_pem.decode(),
         )
 
     def _mint(self, identity: SpiffeId, ttl: timedelta) -> certs_mod.KeyPair:
-        return certs_mod.mint_workload(self._ca, identity, now=datetime.now(UTC), ttl=ttl)
+        return certs_mod.mint_workload(self._ca.signer, identity, now=datetime.now(UTC), ttl=ttl)
 
 
 class CaIssuer:

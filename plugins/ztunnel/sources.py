@@ -4,7 +4,9 @@ Owns reading and validating both sources, and noticing when they change (by cont
 a rotation or an edited local config reaches the data plane without a restart (discovery's feed
 is ``xds.XdsFeed``). Invariants: a
 source that fails validation at start is a ``UserError`` with a hint; one that fails on reload
-is logged and the previous good state stays in force; PEM bytes are never logged.
+is logged and the previous good state stays in force; PEM bytes are never logged; the X.509
+library is imported only to read certificates (the lean supervisor starts from certificates
+checked before it, and loads it only when they change).
 """
 
 from __future__ import annotations
@@ -17,10 +19,17 @@ from typing import Any
 
 import yaml
 
-from meshctl.core import certs as certs_mod
 from meshctl.core import channel
-from meshctl.core.identity import IdentityError, SpiffeId, check_validity, peer_identity
-from meshctl.core.workloads import LocalConfigError, parse_local_config
+from meshctl.core.identity import (
+    CERT_CHAIN_FILE,
+    KEY_FILE,
+    ROOT_CERT_FILE,
+    IdentityError,
+    SpiffeId,
+    check_validity,
+    peer_identity,
+)
+from meshctl.core.workloads import LocalConfigError, local_config_warnings, parse_local_config
 from meshctl.errors import UserError
 from meshctl.process import Feed
 
@@ -29,7 +38,7 @@ log = logging.getLogger(__name__)
 
 def read_certs(cert_dir: Path, identity: SpiffeId, generation: int) -> channel.Certs:
     """Load and check ``cert-chain.pem``, ``key.pem`` and ``root-cert.pem`` from ``cert_dir``."""
-    names = (certs_mod.CERT_CHAIN_FILE, certs_mod.KEY_FILE, certs_mod.ROOT_CERT_FILE)
+    names = (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)
     try:
         chain, key, roots = ((cert_dir / n).read_text() for n in names)
     except OSError as exc:
@@ -64,6 +73,8 @@ def certs_message(
 
 
 def cert_facts(pem: str) -> tuple[dict[str, Any], ...]:
+    from meshctl.core import certs as certs_mod
+
     return tuple(
         channel.certificate_facts(
             f.serial, f.not_before.isoformat(), f.not_after.isoformat(), list(f.uri_sans)
@@ -73,19 +84,24 @@ def cert_facts(pem: str) -> tuple[dict[str, Any], ...]:
 
 
 def _check_certs(chain: str, key: str, roots: str, identity: SpiffeId) -> None:
+    from meshctl.core import certs as certs_mod
+
     facts = certs_mod.describe(chain.encode())
     if not facts:
-        raise IdentityError(f"{certs_mod.CERT_CHAIN_FILE} holds no certificate")
+        raise IdentityError(f"{CERT_CHAIN_FILE} holds no certificate")
     if not certs_mod.describe(roots.encode()):
-        raise IdentityError(f"{certs_mod.ROOT_CERT_FILE} holds no certificate")
+        raise IdentityError(f"{ROOT_CERT_FILE} holds no certificate")
     if not certs_mod.key_matches(chain.encode(), key.encode()):
-        raise IdentityError(f"{certs_mod.KEY_FILE} is not the key of the leaf certificate")
+        raise IdentityError(f"{KEY_FILE} is not the key of the leaf certificate")
     check_validity(facts[0].not_before, facts[0].not_after, datetime.now(UTC))
     peer_identity(facts[0].uri_sans, trust_domain=identity.trust_domain, expected=[identity])
 
 
-def read_local_config(path: Path | None) -> dict[str, Any]:
-    """The local-config document (validated), or an empty one without ``--local-config``."""
+def read_local_config(path: Path | None, *, warn: bool = True) -> dict[str, Any]:
+    """The local-config document (validated), or an empty one without ``--local-config``.
+
+    ``warn``: log what ztunnel would read differently (once per reading that is used).
+    """
     if path is None:
         return {}
     try:
@@ -107,7 +123,14 @@ def read_local_config(path: Path | None) -> dict[str, Any]:
         ) from exc
     if not isinstance(doc, dict):
         raise UserError(f"local config {path} must be a mapping", hint="see docs/ztunnel.md")
+    for warning in local_config_warnings(doc) if warn else ():  # accepted, read otherwise
+        log.warning("local config %s: %s", path, warning)
     return doc
+
+
+def certificate_digest(cert_dir: Path) -> str:
+    """What ``FileFeed`` compares to notice a change of the certificate files in ``cert_dir``."""
+    return _digest(*(cert_dir / n for n in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)))
 
 
 def _digest(*paths: Path) -> str:
@@ -121,11 +144,16 @@ def _digest(*paths: Path) -> str:
 
 
 class LocalConfigSource:
-    """The workloads of ``--local-config`` (or none), re-read when the file's content changes."""
+    """The workloads of ``--local-config`` (or none), re-read when the file's content changes.
 
-    def __init__(self, path: Path | None) -> None:
+    ``warn``: log what ztunnel reads differently in the first reading (off for a check whose
+    source is built again, so each warning is logged once).
+    """
+
+    def __init__(self, path: Path | None, *, warn: bool = True) -> None:
         self.path = path
-        self.workloads = channel.Workloads(document=read_local_config(path), generation=0)
+        doc = read_local_config(path, warn=warn)
+        self.workloads = channel.Workloads(document=doc, generation=0)
         self._digest = _digest(path) if path else ""
 
     def changes(self) -> list[channel.Message]:
@@ -148,16 +176,27 @@ class LocalConfigSource:
 class FileFeed(Feed):
     """Certificates and workloads from files, re-sent when their content changes."""
 
-    def __init__(self, *, cert_dir: Path, local_config: Path | None, identity: SpiffeId) -> None:
+    def __init__(
+        self,
+        *,
+        cert_dir: Path,
+        local_config: Path | None,
+        identity: SpiffeId,
+        certs: tuple[channel.Certs, str] | None = None,
+        warn: bool = True,
+    ) -> None:
+        """Read and check both sources; ``certs``: the certificates as already read and checked
+        from ``cert_dir`` with the files' digest then (by the process this one was exec'd from:
+        a change in between is then still noticed); ``warn`` as ``LocalConfigSource``'s."""
         self.cert_dir = cert_dir
         self.identity = identity
-        self._cert_files = [
-            cert_dir / n
-            for n in (certs_mod.CERT_CHAIN_FILE, certs_mod.KEY_FILE, certs_mod.ROOT_CERT_FILE)
-        ]
-        self.certs = read_certs(cert_dir, identity, 0)
-        self.config = LocalConfigSource(local_config)
-        self._cert_digest = _digest(*self._cert_files)
+        self._cert_files = [cert_dir / n for n in (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)]
+        if certs is None:
+            self._cert_digest = _digest(*self._cert_files)  # before reading: a change is seen
+            self.certs = read_certs(cert_dir, identity, 0)
+        else:
+            self.certs, self._cert_digest = certs
+        self.config = LocalConfigSource(local_config, warn=warn)
 
     @property
     def workloads(self) -> channel.Workloads:
@@ -183,4 +222,4 @@ class FileFeed(Feed):
 
 def has_cert_files(cert_dir: Path) -> bool:
     """Whether ``cert_dir`` holds mounted certificates (which win over a CA, as in Istio)."""
-    return (cert_dir / certs_mod.CERT_CHAIN_FILE).is_file()
+    return (cert_dir / CERT_CHAIN_FILE).is_file()

@@ -1,6 +1,6 @@
 """Benchmark: CNI ADD latency as the runtime sees it (exec of the plugin to its exit).
 
-Run (root, kube binaries built): python tests/bench/bench_cni.py [--runs N]
+Run (root, kube binaries built): python -m tests.bench.bench_cni [--runs N] [--smoke]
 Starts a throwaway etcd + kube-apiserver, creates a CNI-mode-injected pod and a plain one, and
 per sample a fresh pod netns (outside the timed part). Times, in the same run:
 - ``meshctl-cni ADD`` for the injected pod (API lookup + rules applied in the netns),
@@ -9,7 +9,7 @@ per sample a fresh pod netns (outside the timed part). Times, in the same run:
   the floor of exec + runtime start),
 then the parts: bare interpreter start, interpreter + imports + dispatch (``VERSION``), the pod
 GET in-process, the rule apply in-process. Prints p50/p95 in ms; goal p50 <= 150 ms. Figures,
-not a gate.
+not a gate. ``--smoke``: two runs each, only checks that every figure was produced (CI).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from meshctl.core.inject.pipeline import inject_pod
 from meshctl.core.inject.settings import InjectSettings
 from meshctl.kube import pods, rest
 from meshctl.net import capture, netns
+from tests.bench.smoke import figures_produced
 from tests.harness import netns as harness
 from tests.harness.cni import PREV_RESULT, exec_plugin, install_launcher, network_config
 from tests.harness.kube import (
@@ -52,8 +53,12 @@ GOAL_MS = 150.0
 PORTMAP = Path("/usr/lib/cni/portmap")
 
 
+FIGURES: dict[str, float] = {}  # name -> p50 ms, for the smoke check
+
+
 def stats(name: str, samples: list[float]) -> str:
     ordered = sorted(samples)
+    FIGURES[name.strip()] = statistics.median(ordered)
     p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
     return f"{name:<46} p50 {statistics.median(ordered):7.1f} ms   p95 {p95:7.1f} ms"
 
@@ -75,7 +80,9 @@ def timed(action: Callable[[Netns], object], runs: int) -> list[float]:
 def main() -> int:  # noqa: PLR0915 (one linear script)
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=30)
-    runs = parser.parse_args().runs
+    parser.add_argument("--smoke", action="store_true", help="two runs: are figures produced?")
+    args = parser.parse_args()
+    runs = 2 if args.smoke else args.runs
     binaries = locate_binaries()
     if isinstance(binaries, str):
         print(binaries)
@@ -172,7 +179,7 @@ def main() -> int:  # noqa: PLR0915 (one linear script)
         print(stats("  pod GET in-process (TLS + token)", timed(api_get, runs)))
         print(stats("  rule apply in-process (iptc)", timed(apply, runs)))
         print(f"goal: p50 <= {GOAL_MS:.0f} ms for the injected pod")
-    return 0
+    return figures_produced(FIGURES) if args.smoke else 0
 
 
 if __name__ == "__main__":

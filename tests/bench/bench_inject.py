@@ -1,6 +1,8 @@
 """Benchmark: ``meshctl inject`` offline on 1,000 Deployments, and the webhook's p99 at 200 req/s.
 
 Run from the repository root: python -m tests.bench.bench_inject [--deployments N] [--requests N]
+[--smoke] (``--smoke``: 20 Deployments, one run, 50 requests per row; only checks that every
+figure was produced)
 
 Offline: the median of several runs of ``meshctl inject -f <file> -O <out>`` (the console script,
 interpreter start included) and of the in-process pipeline, beside a baseline measured in the
@@ -18,6 +20,7 @@ Not part of the test suite: figures, not a gate.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import http.client
 import json
 import socket
@@ -36,6 +39,7 @@ import yaml
 
 from meshctl.core.inject.documents import dump, inject_text, load
 from meshctl.core.inject.settings import InjectSettings
+from tests.bench.smoke import figures_produced
 from tests.harness.inject_webhook import WebhookProcess, start_webhook, stop_webhook
 from tests.harness.kube import free_port
 
@@ -88,7 +92,7 @@ def timed(fn: Callable[[], object], runs: int) -> list[float]:
     return times
 
 
-def bench_offline(count: int, runs: int) -> None:
+def bench_offline(count: int, runs: int) -> dict[str, float]:
     text = dump([deployment(i) for i in range(count)])
     settings = InjectSettings(image="registry.example/meshctl:bench")
     with tempfile.TemporaryDirectory(prefix="meshctl-bench-") as tmp:
@@ -117,12 +121,14 @@ def bench_offline(count: int, runs: int) -> None:
     size_kib = len(text.encode()) / 1024
     print(f"\n{count} Deployments, {size_kib:.0f} KiB in; median of {runs} runs")
     print(f"{'what':<28} {'median s':>9} {'max s':>7} {'target s':>9}  verdict")
+    figures = {}
     for name, times in rows.items():
-        median = statistics.median(times)
+        median = figures[f"offline {name}"] = statistics.median(times)
         target = OFFLINE_TARGET_S if name.startswith("meshctl") else None
         verdict = "" if target is None else ("meets" if median <= target else "MISSES")
         shown = "" if target is None else f"{target:.1f}"
         print(f"{name:<28} {median:>9.3f} {max(times):>7.3f} {shown:>9}  {verdict}")
+    return figures
 
 
 # --- webhook ------------------------------------------------------------------------------------
@@ -264,7 +270,8 @@ def start_baseline(real: WebhookProcess, workdir: Path, pad: int) -> WebhookProc
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return WebhookProcess(port, real.ca_pem, real.ca_file, process)
+                # Same CA and serving certificate as the real webhook: only the server differs.
+                return dataclasses.replace(real, port=port, process=process)
         except OSError:
             time.sleep(0.05)
     process.kill()
@@ -277,7 +284,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * q))]
 
 
-def bench_webhook(requests: int) -> None:
+def bench_webhook(requests: int) -> dict[str, float]:
     bodies = [review_body(i) for i in range(50)]
     with tempfile.TemporaryDirectory(prefix="meshctl-bench-") as tmp:
         workdir = Path(tmp)
@@ -313,8 +320,9 @@ def bench_webhook(requests: int) -> None:
         f"{'what':<26} {'p50 ms':>7} {'p90 ms':>7} {'p99 ms':>7} {'max ms':>7} {'target':>7}"
         "  verdict"
     )
+    figures = {}
     for name, latencies in rows.items():
-        p99 = percentile(latencies, 0.99)
+        p99 = figures[f"webhook p99 {name}"] = percentile(latencies, 0.99)
         target = P99_TARGET_MS if name.startswith("webhook") else None
         verdict = "" if target is None else ("meets" if p99 <= target else "MISSES")
         shown = "" if target is None else f"{target:.0f}"
@@ -322,6 +330,7 @@ def bench_webhook(requests: int) -> None:
             f"{name:<26} {percentile(latencies, 0.5):>7.2f} {percentile(latencies, 0.9):>7.2f} "
             f"{p99:>7.2f} {max(latencies):>7.2f} {shown:>7}  {verdict}"
         )
+    return figures
 
 
 def main() -> int:
@@ -331,10 +340,13 @@ def main() -> int:
     # hypercorn closes a connection after 1,000 requests (clients reconnect); one connection per
     # row keeps the measurement about serving, not handshakes.
     parser.add_argument("--requests", type=int, default=900, help="per row, a multiple of 50")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes: are figures produced?")
     args = parser.parse_args()
-    bench_offline(args.deployments, args.runs)
-    bench_webhook(max(50, min(args.requests, 950)))
-    return 0
+    if args.smoke:
+        args.deployments, args.runs, args.requests = 20, 1, 50
+    figures = bench_offline(args.deployments, args.runs)
+    figures |= bench_webhook(max(50, min(args.requests, 950)))
+    return figures_produced(figures) if args.smoke else 0
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ def test_version_json_is_valid_and_complete():
         "python-iptables",
         "uvloop",
         "h2",
+        "hpack",
         "cryptography",
     }
     assert all(data["dependencies"].values())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from meshctl.core import certs
 from meshctl.core.identity import SpiffeId, peer_identity
+from tests.harness.cacerts import write_istio_cacerts
 from tests.harness.cli import run_meshctl as meshctl
 
 
@@ -52,7 +53,10 @@ def test_run_with_missing_certificates_says_how_to_make_them(tmp_path):
 def test_run_rejects_an_unknown_local_config_field_with_its_path(tmp_path):
     meshctl("ztunnel", "certs", "--out", str(tmp_path / "c"), "--workload", "a/b/c")
     config = tmp_path / "local.yaml"
-    config.write_text("workloads:\n  - uid: x\n    name: b\n    namespace: a\n    workloadIP: []\n")
+    config.write_text(
+        "workloads:\n"
+        "  - {uid: x, name: b, namespace: a, workloadIps: [], services: {}, workloadIP: []}\n"
+    )
     result = meshctl(
         "ztunnel", "run", "--workload", "a/b/c", "--cert-dir", str(tmp_path / "c"),
         "--local-config", str(config),
@@ -77,6 +81,75 @@ def test_run_refuses_a_handshake_timeout_that_is_not_a_positive_duration(tmp_pat
     assert result.returncode == 2, result.stderr
     assert "env MESHCTL_HANDSHAKE_TIMEOUT: invalid value '0s'" in result.stderr
     assert "(more than 0s, at most 5m)" in result.stderr
+
+
+def _mutual_tls(dir_a, dir_b) -> tuple[str, str]:
+    """A TLS 1.3 mutual handshake between two cert dirs (memory BIOs): each side's peer URI SAN."""
+    import ssl
+
+    def context(side, folder):
+        ctx = ssl.SSLContext(side)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.load_cert_chain(folder / certs.CERT_CHAIN_FILE, folder / certs.KEY_FILE)
+        ctx.load_verify_locations(folder / certs.ROOT_CERT_FILE)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.check_hostname = False
+        return ctx
+
+    bios = [(ssl.MemoryBIO(), ssl.MemoryBIO()) for _ in range(2)]
+    client = context(ssl.PROTOCOL_TLS_CLIENT, dir_a).wrap_bio(*bios[0], server_side=False)
+    server = context(ssl.PROTOCOL_TLS_SERVER, dir_b).wrap_bio(*bios[1], server_side=True)
+    done = set()
+    for _ in range(20):
+        for name, end in (("client", client), ("server", server)):
+            try:
+                end.do_handshake()
+                done.add(name)
+            except ssl.SSLWantReadError:
+                pass
+        bios[1][0].write(bios[0][1].read())  # client -> server
+        bios[0][0].write(bios[1][1].read())  # server -> client
+        if done == {"client", "server"}:
+            break
+    sans = [dict(e.getpeercert()["subjectAltName"])["URI"] for e in (client, server)]
+    return sans[0], sans[1]
+
+
+def test_certs_signs_with_an_istio_rsa_ca_and_the_workloads_trust_each_other(tmp_path):
+    ca_dir = write_istio_cacerts(tmp_path / "cacerts")  # RSA root + RSA intermediate
+    for name in ("a", "b"):
+        done = meshctl(
+            "ztunnel", "certs", "--out", str(tmp_path / name), "--workload", f"ns1/{name}/{name}",
+            "--ca-dir", str(ca_dir),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert "minted" not in done.stderr  # the given CA signed, none was made
+    chain = (tmp_path / "a" / certs.CERT_CHAIN_FILE).read_bytes()
+    assert len(certs.describe(chain)) == 3  # leaf, intermediate, root: Istio's cert-chain.pem
+    assert (tmp_path / "a" / certs.ROOT_CERT_FILE).read_bytes() == (
+        ca_dir / "root-cert.pem"
+    ).read_bytes()
+    seen_by_a, seen_by_b = _mutual_tls(tmp_path / "a", tmp_path / "b")
+    assert (seen_by_a, seen_by_b) == (
+        "spiffe://cluster.local/ns/ns1/sa/b",
+        "spiffe://cluster.local/ns/ns1/sa/a",
+    )
+
+
+def test_certs_refuses_a_ca_it_cannot_sign_with_a_one_line_error(tmp_path):
+    ca_dir = write_istio_cacerts(tmp_path / "cacerts")
+    (ca_dir / "ca-key.pem").write_bytes(b"-----BEGIN PRIVATE KEY-----\nnope\n")
+    done = meshctl(
+        "ztunnel", "certs", "--out", str(tmp_path / "a"), "--workload", "a/b/c",
+        "--ca-dir", str(ca_dir),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr  # bad input: a usage error
+    assert f"Error: the CA in {ca_dir} cannot sign: ca-key.pem is not a PEM private key" in (
+        done.stderr
+    )
+    assert "Hint:" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "a").exists()  # nothing half-written
 
 
 def test_wait_returns_once_the_proxy_is_ready_and_fails_cleanly_when_it_never_is():

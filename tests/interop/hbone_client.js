@@ -4,7 +4,8 @@
 // Opens one mTLS (TLS 1.3, ALPN h2, no SNI) HTTP/2 connection, sends CONNECT AUTHORITY
 // (RFC 9113 §8.5), streams "E" + NBYTES random bytes, half-closes, and reads the echo
 // (sha256(bytes) + bytes, the test echo server's mode E). Prints one JSON line:
-// {status, san, ok, sent, received, error}. Exits 2 when no HTTP response came (TLS or
+// {status, san, ok, sent, received, error, goaway} (goaway: {code, debug} when the server sent
+// one). Exits 2 when no HTTP response came (TLS or
 // connection failure), 1 when one did but a check failed, and 0 only when the peer's
 // certificate carries EXPECTED_SAN as a URI SAN and the echo matches. CERT_DIR "-" sends no
 // client certificate.
@@ -16,7 +17,9 @@ const path = require("node:path");
 const tls = require("node:tls");
 
 const [host, port, authority, nbytes, roots, certDir, expectedSan] = process.argv.slice(2);
-const result = { status: null, san: null, ok: false, sent: Number(nbytes), received: 0, error: null };
+const result = {
+  status: null, san: null, ok: false, sent: Number(nbytes), received: 0, error: null, goaway: null,
+};
 
 function finish(code) {
   process.stdout.write(JSON.stringify(result) + "\n");
@@ -48,6 +51,9 @@ setTimeout(() => {
 
 const session = http2.connect(`https://${host}:${port}`, {
   createConnection: () => tls.connect(options),
+});
+session.on("goaway", (code, lastStreamId, data) => {
+  result.goaway = { code, debug: data ? data.toString() : "" };
 });
 session.on("error", (err) => {
   result.error = String(err.message || err);

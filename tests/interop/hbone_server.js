@@ -5,7 +5,8 @@
 // root-cert.pem). A CONNECT whose :authority is AUTHORITY gets 200 and the test echo server's
 // mode E (read "E" + bytes to END_STREAM, answer sha256(bytes) + bytes); any other request gets
 // 400. Prints {"listening": PORT} once bound, then one JSON line per request with the method,
-// authority, forwarded and baggage headers and the client certificate's URI SANs.
+// authority, forwarded and baggage headers and the client certificate's URI SANs, and one
+// {"goaway": code, "debug": text} line per GOAWAY a client sends.
 "use strict";
 const crypto = require("node:crypto");
 const fs = require("node:fs");
@@ -55,6 +56,13 @@ server.on("stream", (stream, headers) => {
     stream.end(Buffer.concat([digest, body]));
   });
   stream.on("error", () => {});
+});
+server.on("session", (session) => {
+  session.on("goaway", (code, lastStreamId, data) => {
+    const debug = data ? data.toString() : "";
+    process.stdout.write(JSON.stringify({ goaway: code, debug }) + "\n");
+  });
+  session.on("error", () => {});
 });
 server.on("sessionError", () => {});
 server.listen(Number(port), host, () => {

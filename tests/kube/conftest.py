@@ -1,4 +1,8 @@
-"""Fixtures of the ambient kube tests: two nodes with agents and proxies, a mesh namespace."""
+"""Fixtures of the ambient kube tests: two nodes with agents and proxies, a mesh namespace.
+
+Every test that starts a data plane (a sidecar or a node proxy) fails if an exception escaped
+into its log, as in tests/netns.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,9 @@ from tests.harness.kube import (
     kubelet_node,
 )
 from tests.kube.ambient_support import ambient_nodes
+from tests.netns.ztunnel_harness import no_exception_escapes_the_data_plane
+
+__all__ = ["no_exception_escapes_the_data_plane"]  # an autouse fixture: registered by import
 
 
 @pytest.fixture

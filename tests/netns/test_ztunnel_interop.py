@@ -8,13 +8,16 @@ frames give way to a peer's smaller setting.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from h2.errors import ErrorCodes
 
+from meshctl.core.identity import SpiffeId
 from tests.netns.ztunnel_harness import echo_roundtrip, metric_sum
 from tests.netns.ztunnel_topology import APP_PORT, SVC_PORT, two_pod_mesh
 
@@ -26,6 +29,8 @@ pytestmark = [
 INTEROP = Path(__file__).resolve().parent.parent / "interop"
 CLIENT_ID = "spiffe://cluster.local/ns/default/sa/client"
 SERVER_ID = "spiffe://cluster.local/ns/prod/sa/server"
+TD_EVIL = "evil.org"
+INADEQUATE_SECURITY = int(ErrorCodes.INADEQUATE_SECURITY)
 
 
 def _node_client(m, authority: str, nbytes: int, cert_dir: str) -> tuple[int, dict]:
@@ -57,7 +62,14 @@ def test_node_http2_client_tunnels_through_our_hbone_server(tmp_path):
         code, result = _node_client(m, f"{m.b.ip}:{APP_PORT}", 10, "-")
         assert code == 2, result
         assert result["status"] is None
-        assert metric_sum(m.car_b.metrics(), "istio_tcp_connections_failed_total") == 2
+        # A certificate our CA signed for another trust domain: Node hears why, by GOAWAY.
+        evil = m.ca.issue("evil", SpiffeId(TD_EVIL, "default", "client"))
+        code, result = _node_client(m, f"{m.b.ip}:{APP_PORT}", 10, str(evil))
+        assert code == 2, result
+        assert result["goaway"]["code"] == INADEQUATE_SECURITY
+        assert f"spiffe://{TD_EVIL}/ns/default/sa/client" in result["goaway"]["debug"]
+        assert "expected spiffe://cluster.local/ns/*/sa/*" in result["goaway"]["debug"]
+        assert metric_sum(m.car_b.metrics(), "istio_tcp_connections_failed_total") == 3
 
 
 def test_our_outbound_side_tunnels_to_a_node_http2_server(tmp_path):
@@ -82,6 +94,24 @@ def test_our_outbound_side_tunnels_to_a_node_http2_server(tmp_path):
         finally:
             server.terminate()
             server.wait(10)
+        # Node serving as another identity than the store's: our client refuses it and tells it.
+        impostor = m.ca.issue("impostor", SpiffeId("cluster.local", "prod", "impostor"))
+        argv[4] = str(impostor)
+        server = m.b.ns.popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            assert server.stdout is not None
+            assert json.loads(server.stdout.readline()) == {"listening": 15008}
+            with contextlib.suppress(ConnectionResetError):
+                assert echo_roundtrip(m.a.ns, (m.b.ip, APP_PORT), b"x", timeout=10) == b""
+            told = json.loads(server.stdout.readline())
+        finally:
+            server.terminate()
+            server.wait(10)
+        assert told["goaway"] == INADEQUATE_SECURITY
+        assert told["debug"] == (
+            "server identity refused: peer identity spiffe://cluster.local/ns/prod/sa/impostor "
+            f"is not the expected {SERVER_ID}"
+        )
         for request in requests:
             assert request["method"] == "CONNECT"
             assert request["authority"] == f"{m.b.ip}:{APP_PORT}"  # VIP and port mapped

@@ -65,6 +65,10 @@ def test_client_reaches_server_by_pod_ip_and_by_service_vip(tmp_path):
         log = m.car_b.log_text()
         assert "src.identity=spiffe://cluster.local/ns/default/sa/client" in log
         assert "direction=inbound" in log
+        # Access-log bytes as ztunnel logs them: each side's bytes_sent is what it forwarded.
+        request, response = len(payload) + 1, 32 + len(payload)
+        assert f"bytes_sent={response} bytes_recv={request}" in log
+        assert f"bytes_sent={request} bytes_recv={response}" in m.car_a.log_text()
 
 
 def test_bytes_between_the_pods_are_tls_while_unmeshed_traffic_shows_plaintext(tmp_path):

@@ -4,7 +4,9 @@ Helpers, not fixtures: certificates minted with the core CA, a ``Sidecar`` (the 
 pod namespace as the proxy's group, waited for until ready, stopped and checked on exit), the
 sidecar capture rules installed by ``meshctl iptables apply``, HTTP GETs and an HBONE test
 client that run inside a namespace, an echo server with both half-close orders, and a raw
-packet capture on a veth.
+packet capture on a veth. Every sidecar started is remembered: after each test
+``unhandled_errors_since_last_check`` scans their logs (supervisor and data planes share one)
+for an exception that reached the event loop or a task, which fails the test (conftest.py).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import os
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +32,7 @@ from pathlib import Path
 import h2.config
 import h2.connection
 import h2.events
+import pytest
 import yaml
 
 from meshctl.core import certs
@@ -85,11 +90,12 @@ def workload(
         "name": name,
         "namespace": ns,
         "serviceAccount": sa or name,
+        "trustDomain": TD,
+        "clusterId": "Kubernetes",
         "workloadIps": [ip],
         "protocol": protocol,
+        "services": services or {},  # ztunnel's reader requires the field
     }
-    if services:
-        doc["services"] = services
     if policies:
         doc["authorizationPolicies"] = policies
     return doc
@@ -98,6 +104,47 @@ def workload(
 def write_local_config(path: Path, **doc: list) -> Path:
     path.write_text(yaml.safe_dump(doc))
     return path
+
+
+# What asyncio/uvloop and our task guard write when an exception escapes a callback or a task:
+# never a peer's fault to cause (a peer's misbehaviour is an event), so always a bug.
+UNHANDLED_MARKERS = (
+    "Fatal error",
+    "Traceback (most recent call last)",
+    "Exception in callback",
+    "exception was never retrieved",
+    "Unhandled exception",
+    "connection task failed",
+)
+_STARTED: list[Sidecar] = []
+
+
+def unhandled_errors_since_last_check() -> list[str]:
+    """Log lines of every sidecar started since the last call that show an escaped exception."""
+    found = []
+    cars, _STARTED[:] = list(_STARTED), []
+    for car in cars:
+        text = car.log_text(tail=None)
+        for line in text.splitlines():
+            if any(marker in line for marker in UNHANDLED_MARKERS):
+                found.append(f"{car.workload}: {line.strip()[:300]}")
+        if car._own_log and car.log_path is not None:
+            car.log_path.unlink(missing_ok=True)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_exception_escapes_the_data_plane() -> Iterator[None]:
+    """Fail the test if an exception reached the event loop or a task of a sidecar it started
+    (imported into the conftest of every directory whose tests start data planes)."""
+    unhandled_errors_since_last_check()  # a previous test's leftovers are its own
+    yield
+    found = unhandled_errors_since_last_check()
+    if found:
+        pytest.fail(
+            "an exception reached the event loop or a task (a bug, whatever the peer did):\n"
+            + "\n".join(found[:20])
+        )
 
 
 def meshctl_argv(*args: str) -> list[str]:
@@ -144,6 +191,7 @@ class Sidecar:
     log_level: str | None = field(default_factory=lambda: os.environ.get("ZT_LOG", "info"))
     proc: subprocess.Popen[bytes] | None = None
     _log: object = field(default=None, repr=False)
+    _own_log: bool = field(default=False, repr=False)  # a temporary file, removed when scanned
 
     def run_args(self) -> list[str]:
         """The arguments of ``meshctl ztunnel run`` for this proxy."""
@@ -160,8 +208,14 @@ class Sidecar:
         command = (lambda *args: [self.binary, *args]) if self.binary else meshctl_argv
         level = ("--log-level", self.log_level) if self.log_level else ()
         argv = command(*level, "ztunnel", "run", *self.run_args())
-        log = self.log_path.open("wb") if self.log_path else subprocess.DEVNULL
+        if self.log_path is None:  # always a file: the log is scanned for escaped exceptions
+            fd, name = tempfile.mkstemp(prefix="sidecar-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
+            self._own_log = True
+        log = self.log_path.open("wb")
         self._log = log
+        _STARTED.append(self)
         env = {**os.environ, "MESHCTL_RELOAD_INTERVAL": "200ms", **self.env}
         ids = {} if self.group is None else {"group": self.group, "extra_groups": []}
         self.proc = self.ns.popen(argv, stdout=log, stderr=log, env=env, **ids)
@@ -273,6 +327,8 @@ class EchoServer:
     Mode ``E``: read to EOF, answer sha256 + the bytes, close (client half-closes first).
     Mode ``S`` + 8-byte N: send N deterministic bytes and half-close, then read to EOF and
     record the digest of what arrived in ``received`` (server half-closes first).
+    Mode ``R`` + 8-byte N: read N bytes, then reset the connection (TCP RST) with whatever else
+    was sent left unread, as iperf3's server does at the end of a run.
     """
 
     def __init__(self, ns: Netns, ip: str, port: int) -> None:
@@ -305,6 +361,9 @@ class EchoServer:
                 conn.sendall(pattern(n))
                 conn.shutdown(socket.SHUT_WR)
                 self.received.append(hashlib.sha256(_read_all(conn)).hexdigest())
+            elif mode == b"R":
+                _read_exact(conn, int.from_bytes(_read_exact(conn, 8), "big"))
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def close(self) -> None:
         self._stop = True
@@ -355,6 +414,8 @@ class HboneResult:
     status: int | None  # None: no HTTP/2 response (TLS or connection failure)
     error: str = ""
     body: bytes = b""
+    goaway: tuple[int, bytes] | None = None  # the server's GOAWAY: (error code, debug data)
+    close_notify: bool | None = None  # after a GOAWAY: TLS ended with close_notify (not a bare EOF)
 
 
 def client_context(cert_dir: Path | None, roots: Path, *, alpn: str = "h2") -> ssl.SSLContext:
@@ -381,7 +442,8 @@ def hbone_request(
         raw = ns.socket()
         raw.settimeout(timeout)
         raw.connect(addr)
-        tls = ctx.wrap_socket(raw, server_hostname=None)
+        # Ragged EOFs raise: a TLS close without close_notify must be told apart from one with.
+        tls = ctx.wrap_socket(raw, server_hostname=None, suppress_ragged_eofs=False)
     except (OSError, ssl.SSLError) as exc:
         return HboneResult(None, f"handshake: {exc}")
     with tls:
@@ -410,10 +472,27 @@ def hbone_request(
                     elif isinstance(ev, h2.events.StreamEnded | h2.events.StreamReset):
                         return HboneResult(status, "", body)
                     elif isinstance(ev, h2.events.ConnectionTerminated):
-                        return HboneResult(status, f"goaway {ev.error_code}", body)
+                        goaway = (int(ev.error_code or 0), ev.additional_data or b"")
+                        return HboneResult(
+                            status,
+                            f"goaway {ev.error_code}",
+                            body,
+                            goaway=goaway,
+                            close_notify=_ends_with_close_notify(tls),
+                        )
                 tls.sendall(conn.data_to_send())
         except (OSError, ssl.SSLError) as exc:
             return HboneResult(status, f"io: {exc}", body)
+
+
+def _ends_with_close_notify(tls: ssl.SSLSocket) -> bool:
+    """Read to the end of the TLS stream: True for close_notify, False for a bare EOF or reset."""
+    try:
+        while tls.recv(65536):
+            pass
+    except (OSError, ssl.SSLError):  # SSLEOFError: TCP closed without close_notify
+        return False
+    return True
 
 
 @contextlib.contextmanager

@@ -80,6 +80,17 @@ class Pair:
         return sid
 
 
+def _both_ways(p, sid, up, down):
+    """``up`` from client to server and ``down`` back, each direction half-closed after."""
+    p.c.send(sid, up)
+    p.c.end(sid)
+    p.s.send(sid, down)
+    p.s.end(sid)
+    p.pump()
+    assert received(p.sev, sid) == up
+    assert received(p.cev, sid) == down
+
+
 def received(events, sid):
     return b"".join(e.data for e in events if isinstance(e, DataReceived) and e.stream_id == sid)
 
@@ -135,8 +146,9 @@ def test_refusal_status_reaches_the_client_and_ends_the_stream(status):
     p.pump()
     assert TunnelRefused(sid, status) in p.cev
     assert p.c.active_streams == 0
-    with pytest.raises(TunnelStateError):
-        p.c.send(sid, b"x")
+    # The stream is over: bytes the app still sends for it go nowhere (and raise nothing).
+    assert p.c.send(sid, b"x") is True
+    assert p.c.data_to_send() == b""
 
 
 @pytest.mark.parametrize("status", [400, 401, 503])
@@ -337,13 +349,7 @@ def test_graceful_goaway_lets_open_streams_finish_and_refuses_new_ones():
     assert (closed.error_code, closed.remote, closed.last_stream_id) == (0, True, sid)
     assert not p.c.can_open()
     # Both directions still carry bytes and half-close after the GOAWAY.
-    p.c.send(sid, b"after goaway")
-    p.c.end(sid)
-    p.s.send(sid, b"reply")
-    p.s.end(sid)
-    p.pump()
-    assert received(p.sev, sid) == b"after goaway"
-    assert received(p.cev, sid) == b"reply"
+    _both_ways(p, sid, b"after goaway", b"reply")
     assert StreamEnded(sid) in p.cev
     assert StreamEnded(sid) in p.sev
 
@@ -461,3 +467,114 @@ def test_a_frame_above_our_max_frame_size_is_refused_from_its_header_alone():
     assert [type(e) for e in events] == [ConnectionClosed]
     assert events[0].error_code == ErrorCodes.FRAME_SIZE_ERROR
     assert events[0].remote
+
+
+# -- a peer's stream reset is an event, never an error -------------------------------------------
+
+
+def _held_pair():
+    """A client holding unsent bytes for ``sid`` (windows exhausted), a sibling stream open."""
+    small = TunnelSettings(stream_window=65535, connection_window=65535, max_frame_size=16384)
+    p = Pair(client_settings=small, server_settings=small)
+    p.auto_consume = False
+    sid, sibling = p.tunnel(), p.tunnel()
+    p.c.send(sid, b"h" * 300_000)
+    p.pump()
+    assert p.c.held_bytes(sid) > 0
+    return p, sid, sibling
+
+
+def test_a_reset_arriving_with_a_window_update_for_a_held_stream_is_an_event():
+    # The server gives window back (WINDOW_UPDATE for the connection and the stream) and resets
+    # the stream in the same write: the client sees the window open for a stream h2 has
+    # already closed. That must end the stream only, not raise out of receive.
+    p, sid, sibling = _held_pair()
+    for e in [e for e in p.sev if isinstance(e, DataReceived)]:
+        p.s.consumed(e.stream_id, e.flow)
+    p.s.reset(sid)
+    events = p.c.receive(p.s.data_to_send(), 0.0)
+    assert [e for e in events if isinstance(e, StreamReset)] == [
+        StreamReset(sid, ErrorCodes.CANCEL, remote=True)
+    ]
+    assert p.c.closed is None
+    assert p.c.held_bytes(sid) == 0
+    # The sibling moves bytes both ways afterwards.
+    p.auto_consume = True
+    _both_ways(p, sibling, b"still here", b"and back")
+
+
+def test_calls_for_a_stream_the_peer_reset_in_the_same_read_are_no_ops():
+    # The shell dispatches events in order: it may answer or write to a stream whose RST_STREAM
+    # came in the same read (and which the core has already forgotten).
+    p, sid, _ = _held_pair()
+    p.s.reset(sid)
+    p.c.receive(p.s.data_to_send(), 0.0)
+    assert p.c.send(sid, b"late") is True
+    p.c.end(sid)
+    p.c.reset(sid)
+    assert p.c.data_to_send() == b""
+    with pytest.raises(TunnelStateError):
+        p.c.send(sid + 1000, b"never opened")
+
+
+def test_a_connect_reset_in_the_same_read_can_still_be_answered_without_error():
+    # HEADERS + RST_STREAM in one read (rapid reset's shape): the server may still answer the
+    # TunnelRequested it was given; nothing goes out for the dead stream and nothing raises.
+    raw = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    raw.initiate_connection()
+    server = HboneConnection(client=False)
+    server.receive(raw.data_to_send(), 0.0)
+    raw.receive_data(server.data_to_send())
+    for status in (200, 401):
+        sid = raw.get_next_available_stream_id()
+        raw.send_headers(sid, [(":method", "CONNECT"), (":authority", "10.0.0.2:80")])
+        raw.reset_stream(sid, ErrorCodes.CANCEL)
+        events = server.receive(raw.data_to_send(), 0.0)
+        assert any(isinstance(e, TunnelRequested) for e in events)
+        assert StreamReset(sid, ErrorCodes.CANCEL, remote=True) in events
+        server.respond(sid, status)
+        server.send(sid, b"x")
+        assert not raw.receive_data(server.data_to_send())
+    assert server.closed is None
+
+
+def test_a_bad_request_reset_in_the_same_read_is_still_rejected_without_error():
+    raw = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    raw.initiate_connection()
+    raw.send_headers(
+        1, [(":method", "GET"), (":path", "/"), (":scheme", "https"), (":authority", "x:1")]
+    )
+    raw.reset_stream(1, ErrorCodes.CANCEL)
+    server = HboneConnection(client=False)
+    events = server.receive(raw.data_to_send(), 0.0)
+    assert [e.status for e in events if isinstance(e, TunnelRejected)] == [400]
+    assert server.closed is None
+
+
+def test_local_calls_after_the_peer_closed_the_connection_do_not_raise():
+    p = Pair()
+    sid = p.tunnel()
+    p.s.close(ErrorCodes.INTERNAL_ERROR)
+    p.pump()
+    assert p.c.closed is not None
+    p.c.send(sid, b"x")
+    p.c.end(sid)
+    p.c.consumed(sid, 10)
+    p.c.reset(sid)
+    p.c.close()
+    assert not p.c.can_open()
+
+
+def test_small_frames_queued_before_a_graceful_goaway_arrives_still_leave():
+    # h2 empties its output queue on any GOAWAY it receives; after a graceful one the streams
+    # go on, so what they queued before the frame was read must still be written.
+    p = Pair()
+    sid = p.tunnel()
+    p.s.go_away()
+    goaway = p.s.data_to_send()
+    p.c.send(sid, b"queued before the goaway was read")
+    p.c.receive(goaway, 0.0)
+    p.c.end(sid)
+    p.pump()
+    assert received(p.sev, sid) == b"queued before the goaway was read"
+    assert StreamEnded(sid) in p.sev

@@ -15,6 +15,7 @@ from meshctl.core.workloads import (
     NoHealthyEndpointError,
     Protocol,
     Scope,
+    local_config_warnings,
     parse_local_config,
 )
 
@@ -115,8 +116,20 @@ def test_invalid_fields_are_refused_with_their_path(mutate, path):
 def test_duplicate_workload_ips_are_refused():
     doc = {
         "workloads": [
-            {"uid": "a", "name": "a", "namespace": "x", "workloadIps": ["10.1.1.1"]},
-            {"uid": "b", "name": "b", "namespace": "x", "workloadIps": ["10.1.1.1"]},
+            {
+                "uid": "a",
+                "name": "a",
+                "namespace": "x",
+                "workloadIps": ["10.1.1.1"],
+                "services": {},
+            },
+            {
+                "uid": "b",
+                "name": "b",
+                "namespace": "x",
+                "workloadIps": ["10.1.1.1"],
+                "services": {},
+            },
         ]
     }
     with pytest.raises(LocalConfigError, match="two workloads"):
@@ -142,6 +155,51 @@ def test_arbitrary_documents_either_parse_or_fail_with_local_config_error(doc):
         problem = exc
     if problem is not None:
         assert problem.path.startswith("workloads[0]")
+
+
+# -- what ztunnel's own reader does (src/xds.rs LocalWorkload, src/state/{workload,service}.rs) --
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path", "hint"),
+    [
+        (lambda d: d["workloads"][0].pop("services"), "workloads[0].services", "services: {}"),
+        (lambda d: d["workloads"][0].pop("workloadIps"), "workloads[0].workloadIps", "[]"),
+        (lambda d: d["services"][0].pop("vips"), "services[0].vips", "vips: []"),
+        (lambda d: d["services"][0].pop("ports"), "services[0].ports", "ports: {}"),
+        (lambda d: d["services"][0].update(vips=["10.96.0.10"]), "services[0].vips[0]", "/10.96"),
+    ],
+)
+def test_fields_ztunnel_requires_are_required_with_the_fix_in_the_message(mutate, path, hint):
+    import copy
+
+    doc = copy.deepcopy(DOC)
+    mutate(doc)
+    with pytest.raises(LocalConfigError) as info:
+        parse_local_config(doc)
+    assert info.value.path == path
+    assert hint in str(info.value)
+
+
+def test_a_file_ztunnel_reads_the_same_way_has_no_warnings():
+    assert local_config_warnings(DOC) == []
+
+
+def test_fields_ztunnel_defaults_to_empty_are_named_with_both_readings():
+    doc = {
+        "workloads": [
+            {"uid": "a", "name": "a", "namespace": "x", "workloadIps": [], "services": {}},
+        ]
+    }
+    parse_local_config(doc)  # accepted, but read differently by ztunnel:
+    warnings = local_config_warnings(doc)
+    assert [w.split(":")[0] for w in warnings] == [
+        "workloads[0].trustDomain",
+        "workloads[0].serviceAccount",
+        "workloads[0].clusterId",
+    ]
+    assert "ztunnel reads that as empty, meshctl as 'cluster.local'" in warnings[0]
+    assert warnings[0].endswith("write trustDomain: cluster.local")
 
 
 # -- the store receives updates ---------------------------------------------------------------
