@@ -341,6 +341,9 @@ def issue_workload(
     )
 
 
+_MAX_COMMON_NAME = 64  # RFC 5280's ub-common-name
+
+
 def issue_serving(
     authority: Authority,
     *,
@@ -353,7 +356,13 @@ def issue_serving(
     key = ec.generate_private_key(ec.SECP256R1())
     names: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
     names += [x509.IPAddress(ip_address(a)) for a in ip_addresses]
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])])
+    # The CN is for old tools only (clients check the SAN); X.509 caps it at 64 characters
+    # (ub-common-name), which a Service name in a long namespace exceeds: then no subject.
+    subject = x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, dns_names[0])]
+        if len(dns_names[0]) <= _MAX_COMMON_NAME
+        else []
+    )
     cert = _issue(
         authority,
         key.public_key(),

@@ -12,6 +12,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,3 +89,45 @@ def _setns(fd: int, ref: NetnsRef) -> None:
         f"cannot enter network namespace {ref.spec!r}: {os.strerror(code)}",
         hint="entering a namespace needs root (CAP_SYS_ADMIN)",
     )
+
+
+def add(name: str) -> NetnsRef:
+    """Create the named namespace ``/run/netns/NAME`` with ``lo`` up (``ip netns add``)."""
+    _ip(["netns", "add", name], f"create network namespace {name!r}")
+    ref = NetnsRef(name, f"{RUN_DIR}/{name}")
+    _ip(["-n", name, "link", "set", "lo", "up"], f"bring lo up in {name!r}")
+    return ref
+
+
+def delete(name: str) -> None:
+    """Remove the named namespace; one already gone is fine. Its links go with it."""
+    if Path(f"{RUN_DIR}/{name}").exists():
+        _ip(["netns", "delete", name], f"delete network namespace {name!r}")
+
+
+def pids_in(path: str) -> list[int]:
+    """Every process whose network namespace is the one at ``path`` (none if it is gone)."""
+    try:
+        target = Path(path).stat()
+    except OSError:
+        return []
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            st = (entry / "ns" / "net").stat()
+        except OSError:
+            continue  # exited meanwhile, or not ours to look at
+        if (st.st_ino, st.st_dev) == (target.st_ino, target.st_dev):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _ip(args: list[str], what: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=False)
+    if done.returncode != 0:
+        raise NetError(
+            f"cannot {what}: {done.stderr.strip() or f'ip exited {done.returncode}'}",
+            hint="network namespaces need root (or a user namespace)",
+        )

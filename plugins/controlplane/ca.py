@@ -14,22 +14,32 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from meshctl import rpc
 from meshctl.core import ca
-from meshctl.core.callers import CallerError
+from meshctl.core.callers import Caller, CallerError
 from meshctl.core.identity import IdentityError, SpiffeId
 from meshctl.proto import citadel_pb2, citadel_pb2_grpc
 
-from .authn import Authenticator
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 IMPERSONATED_IDENTITY = "ImpersonatedIdentity"  # the metadata key ztunnel sends in shared mode
+
+
+class Callers(Protocol):
+    """Who is calling and what it may have: ``authn.Authenticator`` (TokenReview) in a cluster,
+    ``standalone.StaticTokens`` (a token file) without one."""
+
+    async def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Caller: ...
+
+    async def authorize(
+        self, caller: Caller, requested: SpiffeId, *, impersonating: bool = False
+    ) -> None: ...
 
 
 class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
@@ -38,7 +48,7 @@ class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
     def __init__(
         self,
         *,
-        authenticator: Authenticator,
+        authenticator: Callers,
         authority: Callable[[], ca.Authority | None],
         metrics: Metrics,
         default_ttl: timedelta,

@@ -9,6 +9,7 @@ revision following the control plane's own unless set there.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -148,6 +149,51 @@ def run_cmd(
     finally:
         kube.api.close()
     raise typer.Exit(code)
+
+
+@app.command("ca")
+def ca_cmd(
+    ctx: typer.Context,
+    ca_dir: Annotated[
+        Path,
+        options.output_directory(
+            "--ca-dir",
+            help="ca-cert.pem + ca-key.pem (+ cert-chain.pem, root-cert.pem); minted if empty.",
+        ),
+    ],
+    tokens: Annotated[
+        Path,
+        options.existing_file(
+            "--tokens",
+            help="Callers: token,system:serviceaccount:NS:SA,uid lines (--token-auth-file CSV).",
+        ),
+    ],
+    trust_domain: Annotated[
+        str | None, _setting("trust_domain", help="SPIFFE trust domain.", metavar="DOMAIN")
+    ] = None,
+    grpc_address: Annotated[
+        str | None, _setting("grpc_address", help="CA, TLS (:15012).", metavar="HOST:PORT")
+    ] = None,
+    serving_names: Annotated[
+        str | None,
+        _setting("serving_names", help="DNS names/IPs proxies dial (comma list).", metavar="NAMES"),
+    ] = None,
+    max_workload_cert_ttl: Annotated[
+        str | None,
+        _setting(
+            "max_workload_cert_ttl", help="Longest workload certificate (90d).", metavar="DURATION"
+        ),
+    ] = None,
+) -> None:
+    """Run only the CA, without Kubernetes: Istio's CreateCertificate on 15012, callers
+    authenticated by a static token file (a laptop, a VM, 'meshctl demo')."""
+    flags = {k: v for k, v in locals().items() if k not in ("ctx", "ca_dir", "tokens")}
+    import asyncio
+
+    from .standalone import serve
+
+    settings = _settings(ctx, flags)
+    raise typer.Exit(asyncio.run(serve(settings, ca_dir, tokens)))
 
 
 @app.command("manifest")

@@ -85,6 +85,10 @@ class Discovery:
             watch.start()
         plane.spawn(self._consume(), "discovery source")
 
+    def drain(self) -> None:
+        if self.server is not None:
+            self.server.close_streams()
+
     async def stop(self) -> None:
         await asyncio.gather(*(asyncio.to_thread(w.stop, 1.0) for w in self._watches))
 

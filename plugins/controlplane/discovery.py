@@ -116,6 +116,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.synced = asyncio.Event()
         if synced:
             self.synced.set()
+        self.closing = False  # draining: every stream ends so its proxy reconnects elsewhere
 
     # -- the store side --------------------------------------------------------------------------
 
@@ -138,6 +139,14 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             _merge(stream, AUTHORIZATION_TYPE, names)
             if not stream.since:
                 stream.since = now
+            stream.wake.set()
+
+    def close_streams(self) -> None:
+        """End every stream with UNAVAILABLE (and refuse new ones): called on drain, once the
+        server sent its GOAWAY and stopped accepting, so proxies reconnect to another replica
+        at once instead of when the drain deadline cancels their calls."""
+        self.closing = True
+        for stream in self._streams:
             stream.wake.set()
 
     @property
@@ -201,6 +210,8 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             log.info("discovery refused (%s) for %s: %s", exc.status, rpc.peer(context), exc)
             await rpc.abort(context, exc.status, exc.message)
         await self.synced.wait()
+        if self.closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, _DRAINING)
         stream = _Stream(caller=caller, scope=scope, view=self._view(scope))
         self._streams.add(stream)
         if self.metrics:
@@ -240,6 +251,8 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
             waking.cancel()
             stream.wake.clear()
+            if self.closing:
+                raise _Abort(grpc.StatusCode.UNAVAILABLE, _DRAINING)
             for response in self._decide(stream):
                 await self._send(stream, context, response)
             if reader.done() and not stream.inbox:
@@ -302,6 +315,9 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             self.metrics.pushes.labels(kind).inc()
             if since:
                 self.metrics.xds_push_time.labels(kind).observe(time.monotonic() - since)
+
+
+_DRAINING = "the control plane is shutting down: reconnect (to another replica)"
 
 
 class _Abort(Exception):  # noqa: N818

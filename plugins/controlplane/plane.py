@@ -53,6 +53,7 @@ WHAT = "control plane"  # how the listening and ready lines name this daemon
 
 T = TypeVar("T")
 _QUIET = 0.2  # seconds without a new CA call that count as "nothing in flight"
+_LISTENER_CLOSE = 0.1  # seconds for grpc core to close the listener and send GOAWAY
 
 
 class Component(Protocol):
@@ -62,6 +63,10 @@ class Component(Protocol):
 
     async def start(self, plane: Plane) -> None:
         """Register services on ``plane.server`` and start background work; return promptly."""
+
+    def drain(self) -> None:
+        """Called once the gRPC server stopped accepting (GOAWAY sent): end long-lived calls
+        (discovery streams) so their clients reconnect to another replica."""
 
     async def stop(self) -> None:
         """Called after the gRPC server stopped: end background work."""
@@ -326,7 +331,17 @@ class ControlPlane:
         election_stop.set()
         await self._quiesce(min(deadline / 2, 5.0))
         # grpcio: stop accepting, GOAWAY to every client, cancel what runs past the grace.
-        await server.stop(max(0.0, deadline - 1.0))
+        stopping = asyncio.ensure_future(server.stop(max(0.0, deadline - 1.0)))
+        # Once the listener is closed (the shutdown starts as the task first runs), streams
+        # that would otherwise last until the grace ends are ended: their proxies reconnect
+        # to a replica that accepts, while in-flight signing still finishes here.
+        await asyncio.sleep(_LISTENER_CLOSE)
+        for component in self.components:
+            try:
+                component.drain()
+            except Exception:
+                log.exception("%s did not drain cleanly", component.name)
+        await stopping
         for component in self.components:
             try:
                 await asyncio.wait_for(component.stop(), timeout=2.0)

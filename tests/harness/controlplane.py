@@ -243,6 +243,18 @@ def root_pem(api: k8s.ApiClient, namespace: str) -> bytes:
     return base64.b64decode(secret.data["ca-cert.pem"])
 
 
+def remove_published_roots(api: k8s.ApiClient) -> None:
+    """The root ConfigMaps a control plane published in every namespace, deleted once it is
+    gone (a later control plane on the same cluster mints a root of its own)."""
+    core = k8s.CoreV1Api(api)
+    for cm in core.list_config_map_for_all_namespaces(
+        field_selector="metadata.name=meshctl-ca-root-cert",
+        label_selector="app.kubernetes.io/managed-by=meshctl",
+    ).items:
+        with contextlib.suppress(k8s.ApiException):
+            core.delete_namespaced_config_map(cm.metadata.name, cm.metadata.namespace)
+
+
 # ---------------------------------------------------------------------------------------------
 # What a proxy sends
 

@@ -15,6 +15,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import grpc
+import grpc.aio
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -25,6 +27,7 @@ from kubernetes.client.exceptions import ApiException
 
 from meshctl.core.inject.webhook_config import WebhookTarget, webhook_configuration
 from tests.harness import controlplane as cp
+from tests.harness import xds_client as tc
 from tests.harness.kube import (
     KubeCluster,
     create_namespace,
@@ -409,3 +412,61 @@ def test_sigterm_lets_in_flight_signing_finish(
         assert codes.count("OK") > 0
     finally:
         plane.stop()
+
+
+def test_sigterm_ends_discovery_streams_and_the_proxy_reconnects_to_another_replica(
+    kube_cluster: KubeCluster, kube_api: k8s.ApiClient, home: str, tmp_path: Path
+) -> None:
+    trusted = ("--trusted-node-accounts", f"{home}/meshctl-ztunnel")
+    first = cp.start(kube_cluster, home, tmp_path, *trusted, "--drain-deadline", "10s")
+    second = cp.start(kube_cluster, home, tmp_path, *trusted, revision=first.revision)
+    try:
+        root = cp.root_pem(kube_api, home)
+        token = cp.pod_token(kube_cluster, home, "meshctl-ztunnel", "ztunnel-a", node="node-a")
+
+        async def subscribed(plane: cp.ControlPlaneProcess) -> tuple[Any, tc.TestStream]:
+            channel, stream = await tc.open_stream(
+                f"127.0.0.1:{plane.grpc_port}",
+                root_pem=root,
+                token=token,
+                server_name=plane.server_name,
+            )
+            node = tc.ztunnel_node()
+            await stream.subscribe(tc.ADDRESS, node=node)
+            await stream.subscribe(tc.AUTHORIZATION, node=node)
+            types = set()
+            for _ in range(2):
+                response = await stream.recv(timeout=15)
+                types.add(response.type_url)
+                await stream.ack(response)
+            assert types == {tc.ADDRESS, tc.AUTHORIZATION}
+            return channel, stream
+
+        async def scenario() -> tuple[grpc.aio.AioRpcError, float]:
+            channel, stream = await subscribed(first)
+            started = time.monotonic()
+            first.process.send_signal(signal.SIGTERM)
+            try:
+                await stream.recv(timeout=8)
+            except grpc.aio.AioRpcError as exc:
+                ended = exc
+            else:
+                raise AssertionError("a response instead of the end of the stream")
+            took = time.monotonic() - started
+            await stream.close()
+            await channel.close()
+            # The proxy's next stream, to the replica still serving, gets the full state.
+            channel, stream = await subscribed(second)
+            await stream.close()
+            await channel.close()
+            return ended, took
+
+        ended, took = asyncio.run(scenario())
+        # Ended by the draining replica, long before its 10 s deadline would cancel it.
+        assert ended.code() == grpc.StatusCode.UNAVAILABLE, ended
+        assert "shutting down" in (ended.details() or "")
+        assert took < 4, f"the stream ended {took:.1f}s after SIGTERM"
+        assert first.process.wait(15) == 0
+    finally:
+        first.stop()
+        second.stop()

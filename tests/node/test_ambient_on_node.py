@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from meshctl_plugins.controlplane import crds
 
 from meshctl.core import ambient
 from tests.harness import nodehost
@@ -49,6 +50,9 @@ def ambient_stack(kube_node: TestNode) -> Iterator[dict[str, Any]]:
         applied: list[dict[str, Any]] = []
         try:
             wl.wait_service_account(api, SYSTEM_NS)
+            # Discovery is not ready until the AuthorizationPolicy CRD lists (install applies
+            # it; it stays for the session: later node tests read it too).
+            wl.apply(api, crds.objects())
             plane = manifest("controlplane", "manifest", "--image", image, "--replicas", "1")
             applied += plane
             wl.apply(api, plane)

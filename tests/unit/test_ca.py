@@ -310,3 +310,22 @@ def test_serving_certificate_names_the_control_plane_service(tmp_path: Path) -> 
     assert san.get_values_for_type(x509.DNSName) == ["meshctl-controlplane.meshctl-system.svc"]
     assert [str(a) for a in san.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
     assert serialization.load_pem_private_key(key, None).public_key() == cert.public_key()
+
+
+def test_a_serving_name_too_long_for_a_common_name_is_only_in_the_san() -> None:
+    # A revisioned Service in a long namespace: 82 characters, above X.509's 64 for a CN.
+    name = "meshctl-controlplane-e2e9fa2.n-test-the-controlplane-deployment-gives-i-ec276b.svc"
+    cert_pem, _ = ca.issue_serving(self_signed(), dns_names=[name], ttl=timedelta(hours=2), now=NOW)
+    cert = x509.load_pem_x509_certificate(cert_pem.encode())
+    assert len(cert.subject) == 0
+    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    assert san.critical  # RFC 5280: an empty subject makes the SAN critical
+    assert san.value.get_values_for_type(x509.DNSName) == [name]
+    short, _ = ca.issue_serving(
+        self_signed(),
+        dns_names=["meshctl-controlplane.meshctl-system.svc"],
+        ttl=timedelta(hours=2),
+        now=NOW,
+    )
+    common = x509.load_pem_x509_certificate(short.encode()).subject.rfc4514_string()
+    assert common == "CN=meshctl-controlplane.meshctl-system.svc"

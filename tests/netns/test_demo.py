@@ -1,0 +1,258 @@
+"""``meshctl demo``: the whole scenario as a user runs it, from the CLI, with its cleanup.
+
+Each test runs the real command (the scenario's own assertions decide its exit code) with a state
+directory of its own, and checks afterwards that no namespace of the demo is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pty
+import secrets
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.netns
+
+STEPS = (
+    "pods",
+    "identities",
+    "client -> server",
+    "mTLS on the wire",
+    "L4 policy",
+    "proxy restart",
+    "unmeshed pod",
+)
+
+
+def _env(state: Path) -> dict[str, str]:
+    return {**os.environ, "MESHCTL_DEMO_STATE_DIR": str(state)}
+
+
+def _demo(state: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "meshctl", "demo", *args],
+        env=_env(state),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _run_demo(
+    state: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """``meshctl demo ARGS`` to completion, with the test's state dir."""
+    return subprocess.run(
+        [sys.executable, "-m", "meshctl", "demo", *args],
+        env={**_env(state), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _netns_of(state: Path) -> list[str]:
+    record = json.loads((state / "state.json").read_text())
+    return [record["node"], *record["pods"]]
+
+
+def _existing(names: list[str]) -> list[str]:
+    return [n for n in names if Path(f"/run/netns/{n}").exists()]
+
+
+def _wait_line(proc: subprocess.Popen[str], text: str, timeout: float = 120) -> list[str]:
+    lines: list[str] = []
+    end = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while time.monotonic() < end:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    proc.kill()
+    raise AssertionError(f"no line with {text!r}: {''.join(lines)}")
+
+
+def test_a_killed_run_is_cleaned_up_by_the_next_whose_check_passes_on_a_pipe(tmp_path):
+    state = tmp_path / "state"
+    first = _demo(state)
+    _wait_line(first, "the mesh keeps running")
+    names = _netns_of(state)
+    first.send_signal(signal.SIGKILL)
+    first.wait(10)
+    assert _existing(names) == names  # SIGKILL: nothing could clean up
+
+    done = _run_demo(state, "--check", timeout=180)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert "cleaned up what an earlier run left" in out
+    assert _existing(names) == []
+    for step in STEPS:
+        assert f"PASS  {step}:" in out, out
+    assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in out
+    assert "request marker absent" in out
+    assert "\x1b[" not in out  # a pipe gets plain lines
+    assert not (state / "state.json").exists()  # the passing run removed its own record
+
+
+def test_on_a_terminal_the_live_view_shows_the_pods_and_ctrl_c_cleans_up_within_two_seconds(
+    tmp_path,
+):
+    state = tmp_path / "state"
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "meshctl", "demo"],
+        env={**_env(state), "TERM": "xterm-256color"},
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+    )
+    os.close(slave)
+    screen = bytearray()
+
+    def drain():
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                screen.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        end = time.monotonic() + 120
+        while b"the mesh keeps running" not in screen and time.monotonic() < end:
+            assert proc.poll() is None, screen.decode(errors="replace")[-3000:]
+            time.sleep(0.2)
+        text = screen.decode(errors="replace")
+        assert "the mesh keeps running" in text, text[-3000:]
+        assert "\x1b[" in text  # drawn by the live view, not plain lines
+        for cell in ("spiffe://cluster.local/ns/prod/sa/server", "sidecar up", "unmeshed"):
+            assert cell in text
+        names = _netns_of(state)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(10)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert _existing(names) == []
+    assert took <= 2.0, f"teardown took {took:.1f}s"
+
+
+def _host_netns() -> set[str]:
+    """The host's demo namespaces (md<run id>-*; other tests' come and go meanwhile)."""
+    folder = Path("/run/netns")
+    return (
+        {p.name for p in folder.iterdir() if p.name.startswith("md")} if folder.is_dir() else set()
+    )
+
+
+def _frozen_binary() -> str:
+    binary = os.environ.get("MESHCTL_FROZEN_BINARY")
+    if not binary:
+        pytest.skip("MESHCTL_FROZEN_BINARY is not set: run 'bash packaging/build.sh' first")
+    if not os.access(binary, os.X_OK):
+        pytest.fail(f"MESHCTL_FROZEN_BINARY={binary} is not an executable file")
+    return binary
+
+
+@pytest.mark.slow
+def test_the_frozen_binary_passes_the_check_as_root(tmp_path):
+    done = subprocess.run(
+        [_frozen_binary(), "demo", "--check"],
+        env=_env(tmp_path / "state"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in done.stdout
+
+
+@pytest.mark.slow
+def test_an_unprivileged_user_passes_the_check_in_its_own_namespaces(tmp_path):
+    # The frozen binary: this interpreter lives where another user cannot run it.
+    binary = _frozen_binary()
+    user = f"mdemo{secrets.token_hex(3)}"
+    before = _host_netns()
+    # A regular account: useradd gives it subordinate ids (/etc/subuid, /etc/subgid).
+    subprocess.run(["useradd", "-M", "-s", "/bin/sh", user], check=True, timeout=30)
+    found = subprocess.run(["id", "-u", user], capture_output=True, text=True, check=True)
+    uid = int(found.stdout)
+    try:
+        done = subprocess.run(
+            ["su", user, "-s", "/bin/sh", "-c", f"cd /tmp && exec {binary} demo --check"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    finally:
+        subprocess.run(["userdel", user], check=False, timeout=30)
+        # Without a home, its state (and logs) went to a private folder in /tmp.
+        shutil.rmtree(f"/tmp/meshctl-demo-{uid}", ignore_errors=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in done.stdout
+    assert _host_netns() == before  # its namespaces were its own, never the host's
+
+
+def test_keep_leaves_it_running_for_exec_until_down(tmp_path):
+    state = tmp_path / "state"
+    kept = _run_demo(state, "--keep", timeout=180)
+    names = _netns_of(state)
+    try:
+        assert kept.returncode == 0, kept.stdout + kept.stderr
+        assert "meshctl demo exec client -- curl" in kept.stdout
+        assert _existing(names) == names
+        record = json.loads((state / "state.json").read_text())
+        server_ip = next(
+            p["result"]["ips"][0]["address"].split("/")[0]
+            for p in record["pods"].values()
+            if p["name"] == "server"
+        )
+        # exec runs in the pod's namespace: its eth0 holds the pod's address, and a request
+        # from there goes through the client's proxy to the server.
+        shown = _run_demo(state, "exec", "server", "--", "ip", "-4", "addr", timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert f"inet {server_ip}/" in shown.stdout
+        code = (
+            "import urllib.request as u;"
+            f"print(u.urlopen('http://{server_ip}:8080/via-exec', timeout=5).read().decode())"
+        )
+        asked = _run_demo(state, "exec", "client", "--", sys.executable, "-c", code, timeout=60)
+        assert asked.stdout == "hello from server: you asked /via-exec\n\n", asked.stderr
+    finally:
+        down = _run_demo(state, "down", timeout=60)
+    assert down.returncode == 0, down.stderr
+    assert _existing(names) == []
+    again = _run_demo(state, "down", timeout=60)
+    assert (again.returncode, again.stderr) == (0, "no demo to remove\n")
+
+
+def test_missing_cni_plugins_are_one_error_and_nothing_is_left(tmp_path):
+    state = tmp_path / "state"
+    done = _run_demo(state, env={"MESHCTL_DEMO_CNI_PATH": str(tmp_path / "no-plugins")}, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.startswith("Error: the CNI reference plugins (bridge, host-local, loopback)")
+    assert "apt-get install containernetworking-plugins" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (state / "state.json").exists()
