@@ -8,10 +8,12 @@ cannot be used raises ``ConfigError`` naming the source (flag, env var or file) 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +24,7 @@ from meshctl.errors import ConfigError
 T = TypeVar("T")
 
 CONFIG_ENV = "MESHCTL_CONFIG"
+STATE_ENV = "XDG_STATE_HOME"
 DEFAULT_CONFIG_PATH = Path("~/.config/meshctl/config.yaml")
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -274,3 +277,60 @@ def _strip_optional(hint: Any) -> Any:
         if len(args) == 1:
             return args[0]
     return hint
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def duration(value: str, name: str) -> float:
+    """Seconds in a duration as Go (and kubectl) write them: ``5m``, ``1h30m``, ``300ms``,
+    ``5m0s``, plus days (``7d``); a bare number is seconds. ``name`` is the flag for messages."""
+    text = value.strip()
+    try:
+        seconds = float(text)
+    except ValueError:
+        pos, seconds = 0, 0.0
+        for match in _DURATION.finditer(text):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            pos = match.end()
+        if pos != len(text) or not text:
+            raise ConfigError(
+                f"{name}: {value!r} is not a duration", hint="write e.g. 90s, 5m or 1h30m"
+            ) from None
+    if seconds < 0 or not math.isfinite(seconds):  # float() reads 'nan' and 'inf' too
+        raise ConfigError(
+            f"{name}: {value!r} is not a duration", hint="write e.g. 90s, 5m or 1h30m"
+        )
+    return seconds
+
+
+def state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where meshctl keeps files a user may want back (copies of objects it replaced):
+    ``$XDG_STATE_HOME/meshctl``, else ``~/.local/state/meshctl``."""
+    env = os.environ if env is None else env
+    base = env.get(STATE_ENV) or str(Path("~/.local/state").expanduser())
+    return Path(base) / "meshctl"
+
+
+def values_files(sources: Sequence[tuple[str, str]]) -> list[tuple[str, Any]]:
+    """Each ``-f`` values source (its name, its text) as (its name, its one YAML document or
+    None when empty)."""
+    import yaml
+
+    loaded = []
+    for name, text in sources:
+        try:
+            documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"-f {name}: not valid YAML{at}", hint="fix the YAML syntax") from exc
+        if len(documents) > 1:
+            raise ConfigError(
+                f"-f {name}: holds {len(documents)} YAML documents", hint="give one values mapping"
+            )
+        loaded.append((name, documents[0] if documents else None))
+    return loaded

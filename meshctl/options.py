@@ -239,15 +239,15 @@ ImageOption = Annotated[
     typer.Option("--image", metavar="IMAGE", help="meshctl image (default: this version's)."),
 ]
 
+
+def filename(help: str) -> Any:  # noqa: A002
+    """``-f/--filename``: files, directories of .yaml/.yml/.json files, or ``-`` (stdin)."""
+    return typer.Option("-f", "--filename", metavar="FILE|DIR|-", help=help, show_default=False)
+
+
 FilenameOption = Annotated[
     list[str] | None,
-    typer.Option(
-        "-f",
-        "--filename",
-        metavar="FILE|DIR|-",
-        help="Manifest file, directory of .yaml/.yml/.json files, or - for stdin; repeatable.",
-        show_default=False,
-    ),
+    filename("Manifest file, directory of .yaml/.yml/.json files, or - for stdin; repeatable."),
 ]
 RecursiveOption = Annotated[
     bool,
@@ -317,6 +317,13 @@ def read_sources(filenames: Iterable[str], *, recursive: bool = False) -> list[S
         else:
             sources.append(Source(name, _read(path)))
     return sources
+
+
+def values_sources(filenames: Iterable[str]) -> list[tuple[str, Any]]:
+    """Install values given with ``-f`` (files, directories, ``-``): each as (name, document)."""
+    from meshctl import config
+
+    return config.values_files([(s.name, s.text) for s in read_sources(filenames)])
 
 
 def _read(path: Path) -> str:

@@ -2,7 +2,9 @@
 
 Invariant: listing plugins never imports a plugin's code. The help line comes from a
 ``plugin.json`` manifest beside the plugin's package (located with ``find_spec`` on the package,
-which does not execute it), else from the distribution's ``Summary``. Only ``load`` imports.
+which does not execute it), else from the distribution's ``Summary``. A package that provides
+several subcommands gives each its own line under ``commands`` (``{"help": ..., "commands":
+{"uninstall": {"help": ...}}}``). Only ``load`` imports.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ def _manifest(ep: importlib.metadata.EntryPoint) -> tuple[str, bool]:
     if path is not None:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return str(data.get("help", "")), bool(data.get("hidden", False))
+            entry = (data.get("commands") or {}).get(ep.name) or data
+            return str(entry.get("help", "")), bool(entry.get("hidden", False))
         except (OSError, ValueError) as exc:
             log.debug("unreadable plugin manifest %s: %s", path, exc)
     summary = ep.dist.metadata["Summary"] if ep.dist is not None else None

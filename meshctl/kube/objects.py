@@ -1,10 +1,14 @@
-"""Small verbs over any kind of object, as plain dicts: get, list, create, replace, patch, delete.
+"""Small verbs over any kind of object, as plain dicts: get, list, create, replace, patch, apply,
+delete.
 
 Invariants: ``get`` answers None for an object that does not exist (404) instead of raising;
 ``create`` is create-only (409 ``AlreadyExists`` raises, nothing is overwritten) and ``replace``
 carries the object's ``resourceVersion``, so a writer that lost a race gets 409 ``Conflict``
 (optimistic concurrency, the API conventions) and never overwrites a newer object. Every other
 failure is an ``ApiStatusError`` / ``ApiUnreachableError`` from ``meshctl.kube.api``.
+``apply`` is server-side apply (the API conventions' field management): the server merges the
+applier's intent with other managers' fields and records who owns what; a field another manager
+owns is a 409 conflict unless ``force`` takes it over.
 """
 
 from __future__ import annotations
@@ -79,18 +83,75 @@ def list_objects(
 
 
 def create(
-    kube: Kube, resource: Resource, body: dict[str, Any], namespace: str | None = None
+    kube: Kube,
+    resource: Resource,
+    body: dict[str, Any],
+    namespace: str | None = None,
+    *,
+    dry_run: bool = False,
+    field_manager: str | None = None,
 ) -> dict[str, Any]:
-    """Create-only: an existing object of that name raises 409 (``is_conflict``)."""
-    return api.request(kube, "POST", resource.path(namespace), body=body)
+    """Create-only: an existing object of that name raises 409 (``is_conflict``). A dry run
+    goes through admission (webhooks included) and persists nothing."""
+    return api.request(
+        kube,
+        "POST",
+        resource.path(namespace),
+        body=body,
+        query=_write_query(dry_run, field_manager),
+    )
 
 
 def replace(
-    kube: Kube, resource: Resource, body: dict[str, Any], namespace: str | None = None
+    kube: Kube,
+    resource: Resource,
+    body: dict[str, Any],
+    namespace: str | None = None,
+    *,
+    field_manager: str | None = None,
 ) -> dict[str, Any]:
     """Replace the object named in ``body``; its ``metadata.resourceVersion`` guards the write."""
     name = str(body["metadata"]["name"])
-    return api.request(kube, "PUT", resource.path(namespace, name), body=body)
+    return api.request(
+        kube,
+        "PUT",
+        resource.path(namespace, name),
+        body=body,
+        query=_write_query(False, field_manager),
+    )
+
+
+def apply(
+    kube: Kube,
+    resource: Resource,
+    body: dict[str, Any],
+    namespace: str | None = None,
+    *,
+    field_manager: str,
+    force: bool = False,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """Server-side apply of ``body`` (the whole intent of ``field_manager`` for this object)."""
+    name = str(body["metadata"]["name"])
+    query = _write_query(dry_run, field_manager)
+    if force:
+        query.append(("force", "true"))
+    # JSON is YAML: the apply content type takes the object as we hold it.
+    return api.request(
+        kube,
+        "PATCH",
+        resource.path(namespace, name),
+        body=body,
+        query=query,
+        content_type="application/apply-patch+yaml",
+    )
+
+
+def _write_query(dry_run: bool, field_manager: str | None) -> list[tuple[str, str]]:
+    query = [("dryRun", "All")] if dry_run else []
+    if field_manager:
+        query.append(("fieldManager", field_manager))
+    return query
 
 
 def patch(
@@ -112,10 +173,22 @@ def patch(
     )
 
 
-def delete(kube: Kube, resource: Resource, name: str, namespace: str | None = None) -> bool:
-    """Delete the object; False when it was already gone."""
+def delete(
+    kube: Kube,
+    resource: Resource,
+    name: str,
+    namespace: str | None = None,
+    *,
+    propagation: Literal["Foreground", "Background", "Orphan"] | None = None,
+) -> bool:
+    """Delete the object; False when it was already gone. ``Foreground`` keeps the object (with
+    a deletion timestamp) until the garbage collector removed its dependents (a DaemonSet's
+    pods), so waiting for it to be gone waits for them too."""
+    body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
     try:
-        api.request(kube, "DELETE", resource.path(namespace, name))
+        api.request(
+            kube, "DELETE", resource.path(namespace, name), body=body if propagation else None
+        )
     except ApiStatusError as exc:
         if exc.status == 404:
             return False

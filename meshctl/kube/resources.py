@@ -72,3 +72,20 @@ MUTATING_WEBHOOK_CONFIGURATIONS = Resource(
     "MutatingWebhookConfiguration",
     namespaced=False,
 )
+EVENTS = Resource("", "v1", "events", "Event")
+DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
+DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
+CUSTOM_RESOURCE_DEFINITIONS = Resource(
+    "apiextensions.k8s.io",
+    "v1",
+    "customresourcedefinitions",
+    "CustomResourceDefinition",
+    namespaced=False,
+)
+SELF_SUBJECT_ACCESS_REVIEWS = Resource(
+    "authorization.k8s.io",
+    "v1",
+    "selfsubjectaccessreviews",
+    "SelfSubjectAccessReview",
+    namespaced=False,
+)

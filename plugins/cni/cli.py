@@ -83,6 +83,14 @@ def install_cmd(
     poll_interval: Annotated[
         float | None, _setting("poll_interval", "How often the node's files are checked (0.5s).")
     ] = None,
+    plugin_tree: Annotated[
+        str | None,
+        _setting(
+            "plugin_tree",
+            "One-dir tree to install as the plugin (default: the one this binary runs from).",
+            "DIR",
+        ),
+    ] = None,
     ambient: Annotated[
         bool | None,
         typer.Option(
@@ -113,11 +121,12 @@ def install_cmd(
     options.daemon_logging(ctx)
     settings = _settings(ctx, flags)
     _ = settings.server  # an unusable API address is a usage error now, not a warning loop later
+    installer = Installer(settings)  # so is an unusable --plugin-tree
     kube_settings = options.kube_settings(ctx)  # --kubeconfig, --context, --request-timeout
 
     async def main() -> int:
         agent = _agent(settings, kube_settings) if settings.ambient else None
-        return await daemon.run(settings, agent=agent)
+        return await daemon.run(settings, installer, agent=agent)
 
     raise typer.Exit(asyncio.run(main()))
 
@@ -167,7 +176,7 @@ def uninstall_cmd(
     """Remove the plugin's entry, binary and kubeconfig: the node's config as it was."""
     settings = _settings(ctx, {k: v for k, v in locals().items() if k != "ctx"})
     # The binary to compare against is irrelevant for removal; skip building the launcher.
-    done = Installer(settings, binary=b"").cleanup()
+    done = Installer(settings, binary=b"").cleanup(everything=True)
     typer.echo(f"uninstalled: {', '.join(done) or 'nothing was installed'}", err=True)
 
 
@@ -197,13 +206,11 @@ def manifest_cmd(
     ] = "/var/run/netns",
 ) -> None:
     """Print the Namespace, RBAC and DaemonSet that run 'meshctl cni install' on every node."""
-    from meshctl.core.inject.settings import DEFAULT_IMAGE
-
     from .manifest import objects
 
     items = objects(
         namespace=namespace,
-        image=image or DEFAULT_IMAGE,
+        image=image,
         cni_bin_dir=cni_bin_dir,
         cni_conf_dir=cni_conf_dir,
         ambient=ambient,

@@ -5,7 +5,8 @@ Invariants:
   binary or a rotated token is noticed within one interval and repaired; repairs are rate-limited
   (a token bucket) and a component that keeps undoing them is named in a warning with a hint.
 - ``/readyz`` answers 200 only while the runtime's config includes us (``Installer.status``);
-  ``/healthz`` answers 200 while the loop runs. Every read has a timeout.
+  ``/healthz`` answers 200 while the loop runs; ``/status`` is JSON for ``meshctl verify``
+  (ready, reason, repairs within the conflict window). Every read has a timeout.
 - SIGTERM or SIGINT: stop watching, then ``Installer.cleanup`` (the node's config as it was).
 - The CNI plugin's log records arriving on ``<run_dir>/log.sock`` are re-logged here.
 - Ambient mode (``--ambient``): the node agent runs beside the installer (``ambient.py``): the
@@ -23,7 +24,7 @@ import logging
 import signal
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -73,7 +74,22 @@ class _State:
     status: Status
     running: bool = True
     announced: bool = False  # the ready line was logged
+    repairs: collections.deque[float] = field(default_factory=collections.deque)
     agent: AmbientAgent | None = None
+
+    def recent_repairs(self, now: float) -> int:
+        while self.repairs and self.repairs[0] < now - CONFLICT_WINDOW:
+            self.repairs.popleft()
+        return len(self.repairs)
+
+    def report(self) -> dict[str, object]:
+        return {
+            "ready": self.status.ready,
+            "reason": self.status.reason,
+            "repairs": self.recent_repairs(time.monotonic()),
+            "repairWindowSeconds": CONFLICT_WINDOW,
+            "conflictRepairs": CONFLICT_REPAIRS,
+        }
 
     def ready(self) -> tuple[bool, str]:
         if not self.status.ready:
@@ -142,7 +158,7 @@ async def _watch(
     installer: Installer, settings: InstallSettings, state: _State, stop: asyncio.Event
 ) -> None:
     budget = RepairBudget()
-    repairs: collections.deque[float] = collections.deque()
+    repairs = state.repairs
     installed_once = False
     last_problem = ""
     while not stop.is_set():
@@ -153,8 +169,7 @@ async def _watch(
                 changed = installer.install()
                 if installed_once and changed:
                     repairs.append(now)
-                    while repairs and repairs[0] < now - CONFLICT_WINDOW:
-                        repairs.popleft()
+                    state.recent_repairs(now)
                     log.warning("repaired (%s): %s", status.reason, ", ".join(changed))
                     if len(repairs) > CONFLICT_REPAIRS:
                         log.warning(
@@ -192,9 +207,12 @@ async def _readiness_server(address: str, state: _State) -> asyncio.Server:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
             path = request.split(b" ", 2)[1].decode(errors="replace") if b" " in request else ""
+            content_type = "text/plain"
             if path == "/readyz":
                 ok, reason = state.ready()
                 code, body = (200, "ok") if ok else (503, reason)
+            elif path == "/status":
+                code, body, content_type = 200, json.dumps(state.report()), "application/json"
             elif path == "/healthz":
                 code, body = (200, "ok") if state.running else (503, "stopping")
             else:
@@ -202,7 +220,7 @@ async def _readiness_server(address: str, state: _State) -> asyncio.Server:
             payload = (body + "\n").encode()
             reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[code]
             writer.write(
-                f"HTTP/1.1 {code} {reason}\r\nContent-Type: text/plain\r\n"
+                f"HTTP/1.1 {code} {reason}\r\nContent-Type: {content_type}\r\n"
                 f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
                 + payload
             )

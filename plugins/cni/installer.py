@@ -4,6 +4,12 @@ Decisions come from ``meshctl.core.cni.netconf``; this module reads and writes f
 Invariants:
 - Every write is atomic (temp file in the same directory, fsync, rename), so a runtime never
   reads a half-written config or executes a half-copied binary; a config keeps its file mode.
+- Run from the image (the frozen one-dir tree), the plugin installed is a verified copy of that
+  tree in ``<cni_bin_dir>/.meshctl-cni/<version>-<digest>/`` and ``meshctl-cni`` is a relative
+  symlink to its executable: it starts without unpacking itself. A new tree is copied and checked
+  beside the old one, then the symlink is replaced by rename; only then are older trees removed
+  (the previous one stays, a plugin started from it a moment ago may still be loading). A crash
+  at any point leaves ``meshctl-cni`` pointing at a complete tree.
 - ``install`` is idempotent: when everything is in place it writes nothing.
 - The original of the config we merged into is kept in ``<run_dir>/conf-backup.json`` before the
   merged file is written, so ``cleanup`` (SIGTERM, ``meshctl cni uninstall``, or a later installer
@@ -18,10 +24,12 @@ import logging
 import os
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshctl import tree as trees
 from meshctl import values
 from meshctl.config import setting
 from meshctl.core.cni import netconf
@@ -31,11 +39,15 @@ from meshctl.core.cni.spec import (
     KUBECONFIG_NAME,
     PLUGIN_TYPE,
 )
+from meshctl.core.tree import MANIFEST_NAME, Manifest, ManifestError
+from meshctl.core.tree import parse as parse_manifest
 from meshctl.errors import ConfigError, MeshctlError
 
 log = logging.getLogger(__name__)
 
 BACKUP_NAME = "conf-backup.json"
+TREES_DIR = f".{PLUGIN_TYPE}"  # in the CNI bin dir: the verified one-dir trees
+STALE_TEMP = 600.0  # seconds: an older temp copy is a dead installer's leftover
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
@@ -91,6 +103,9 @@ class InstallSettings:
         parse=values.Duration(positive=True, maximum=3600),
         hint=f"give a duration, {values.DURATION_EXAMPLES}",
     )
+    # A one-dir tree (its manifest beside the executable) to install as the plugin; empty: the
+    # tree this binary runs from when it runs from one (the image), else the binary itself.
+    plugin_tree: str = setting("", env="MESHCTL_CNI_PLUGIN_TREE", flag="--plugin-tree")
     # Ambient mode (Istio's istio-cni node agent): enroll this node's pods for the node proxy.
     ambient: bool = setting(False, env="AMBIENT_ENABLED", flag="--ambient")
     ztunnel_socket: str = setting(
@@ -151,6 +166,41 @@ def plugin_binary() -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
+class PluginTree:
+    """The one-dir tree this installer runs from, to be placed on the node as the plugin."""
+
+    root: Path
+    manifest: Manifest
+
+    @property
+    def link_target(self) -> str:
+        """What ``meshctl-cni`` points to: relative, so it resolves on the host and in here."""
+        return f"{TREES_DIR}/{self.manifest.name}/{self.manifest.executable}"
+
+
+def plugin_form(settings: InstallSettings) -> bytes | PluginTree:
+    """What to install: ``--plugin-tree``, else the tree this process runs from (the image),
+    else the binary (``plugin_binary``)."""
+    if settings.plugin_tree:
+        root = Path(settings.plugin_tree)
+        try:
+            return PluginTree(root.resolve(), parse_manifest((root / MANIFEST_NAME).read_bytes()))
+        except OSError as exc:
+            raise ConfigError(
+                f"--plugin-tree {root}: cannot read {MANIFEST_NAME}: {exc.strerror}",
+                hint="give the directory bash packaging/build.sh writes (dist/meshctl-tree)",
+            ) from exc
+        except ManifestError as exc:
+            raise ConfigError(
+                f"--plugin-tree {root}: {exc}", hint="rebuild it with bash packaging/build.sh"
+            ) from exc
+    own = trees.own()
+    if own is not None:
+        return PluginTree(*own)
+    return plugin_binary()
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     ready: bool
     reason: str
@@ -159,9 +209,15 @@ class Status:
 class Installer:
     """Puts the plugin in place on this node, checks it is still there, and takes it away."""
 
-    def __init__(self, settings: InstallSettings, binary: bytes | None = None) -> None:
+    def __init__(
+        self, settings: InstallSettings, binary: bytes | None = None, tree: PluginTree | None = None
+    ) -> None:
         self.settings = settings
-        self._binary = plugin_binary() if binary is None else binary
+        form = (
+            (tree or binary) if (tree is not None or binary is not None) else plugin_form(settings)
+        )
+        self._tree = form if isinstance(form, PluginTree) else None
+        self._binary = form if isinstance(form, bytes) else b""
 
     # --- install -----------------------------------------------------------------------------
 
@@ -179,17 +235,83 @@ class Installer:
 
     def _install_binary(self) -> bool:
         path = self.settings.binary_path
+        if self._tree is not None:
+            return self._install_tree(self._tree)
         with contextlib.suppress(OSError):
-            if path.read_bytes() == self._binary and os.access(path, os.X_OK):
+            if (
+                not path.is_symlink()
+                and path.read_bytes() == self._binary
+                and os.access(path, os.X_OK)
+            ):
                 return False
+        previous = self._linked_tree()
         try:
             atomic_write(path, self._binary, 0o755)
         except OSError as exc:
-            raise MeshctlError(
-                f"cannot install the plugin binary into {path.parent}: {exc.strerror or exc}",
-                hint="the CNI bin dir must be a writable hostPath (on GKE: /home/kubernetes/bin)",
-            ) from exc
+            raise _bin_dir_error(path.parent, exc) from exc
+        self._prune_trees(keep={previous} if previous else set())
         return True
+
+    def _install_tree(self, tree: PluginTree) -> bool:
+        """Place the verified tree, point ``meshctl-cni`` at it, then drop older trees."""
+        link = self.settings.binary_path
+        if self._tree_problem(tree) is None:
+            return False
+        previous = self._linked_tree()
+        try:
+            trees.place(tree.root, tree.manifest, self._trees_dir())
+            tmp = link.with_name(f".{link.name}.meshctl-tmp")
+            trees.remove(tmp)
+            tmp.symlink_to(tree.link_target)
+            tmp.replace(link)  # rename(2): the runtime sees the old plugin or the new, never none
+            trees.fsync_dir(link.parent)
+        except OSError as exc:
+            raise _bin_dir_error(link.parent, exc) from exc
+        log.info("plugin tree %s in place (%d files)", tree.manifest.name, len(tree.manifest.files))
+        self._prune_trees(keep={tree.manifest.name, *([previous] if previous else [])})
+        return True
+
+    def _tree_problem(self, tree: PluginTree) -> str | None:
+        """Why the installed plugin is not this tree (cheap: the link, sizes and modes)."""
+        link = self.settings.binary_path
+        try:
+            target = str(link.readlink())
+        except OSError:
+            return f"{link} is not the symlink to the plugin tree {tree.manifest.name}"
+        if target != tree.link_target:
+            return f"{link} points to {target}, not to the plugin tree {tree.manifest.name}"
+        found = trees.problems(self._trees_dir() / tree.manifest.name, tree.manifest, content=False)
+        return f"the plugin tree {tree.manifest.name} is damaged: {found[0]}" if found else None
+
+    def _trees_dir(self) -> Path:
+        return Path(self.settings.cni_bin_dir) / TREES_DIR
+
+    def _linked_tree(self) -> str | None:
+        """The name of the tree ``meshctl-cni`` points into now, if it does."""
+        try:
+            parts = self.settings.binary_path.readlink().parts
+        except OSError:
+            return None
+        return parts[1] if len(parts) == 3 and parts[0] == TREES_DIR else None
+
+    def _prune_trees(self, keep: set[str], *, temp_too: bool = False) -> None:
+        directory = self._trees_dir()
+        try:
+            entries = list(directory.iterdir())
+        except FileNotFoundError:
+            return
+        now = time.time()
+        for entry in entries:
+            if entry.name in keep:
+                continue
+            if entry.name.startswith((".tmp-", ".old-")) and not temp_too:
+                with contextlib.suppress(OSError):
+                    if now - entry.lstat().st_mtime < STALE_TEMP:
+                        continue  # maybe another installer's copy in progress
+            trees.remove(entry)
+            log.info("removed the old plugin tree %s", entry.name)
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only when empty
 
     def desired_kubeconfig(self) -> bytes:
         sa = Path(self.settings.service_account_dir)
@@ -287,9 +409,13 @@ class Installer:
 
     # --- status ------------------------------------------------------------------------------
 
-    def status(self) -> Status:
+    def status(self) -> Status:  # noqa: PLR0911 (one exit per reason)
         """Ready when the binary, the kubeconfig and our entry in the runtime's config are there."""
-        if not os.access(self.settings.binary_path, os.X_OK):
+        if self._tree is not None:
+            problem = self._tree_problem(self._tree)
+            if problem is not None:
+                return Status(False, problem)
+        elif not os.access(self.settings.binary_path, os.X_OK):
             return Status(False, f"{self.settings.binary_path} is missing")
         try:
             if self.settings.kubeconfig_path.read_bytes() != self.desired_kubeconfig():
@@ -309,14 +435,22 @@ class Installer:
 
     # --- cleanup -----------------------------------------------------------------------------
 
-    def cleanup(self) -> list[str]:
-        """Take everything out again; the node's config as it was before ``install``."""
+    def cleanup(self, *, everything: bool = False) -> list[str]:
+        """Take everything out again; the node's config as it was before ``install``.
+
+        The plugin goes only if it is this installer's (its bytes, or the link to its tree), so
+        that an old installer stopping after a new one started leaves the new one's plugin;
+        ``everything`` (``meshctl cni uninstall``) removes whatever plugin and trees are there.
+        """
         done = []
         with contextlib.suppress(MeshctlError):
             actions = netconf.restore(self.read_backup(), self._conf_files())
             self._apply(actions)
             done += [f"{type(a).__name__.lower()} {a.name}" for a in actions]
-        for path in (self._backup_path(), self.settings.kubeconfig_path, self.settings.binary_path):
+        paths = [self._backup_path(), self.settings.kubeconfig_path]
+        if everything or self._plugin_is_ours():
+            paths.append(self.settings.binary_path)
+        for path in paths:
             try:
                 path.unlink()
                 done.append(f"removed {path}")
@@ -324,7 +458,24 @@ class Installer:
                 pass
             except OSError as exc:
                 log.warning("cannot remove %s: %s", path, exc.strerror)
+        # A newer installer's tree (the link still points into it) stays; ours and older go.
+        linked = self._linked_tree()
+        ours = self._tree.manifest.name if self._tree is not None else None
+        keep = {linked} if linked and linked != ours and not everything else set()
+        if self._trees_dir().is_dir():
+            self._prune_trees(keep=keep, temp_too=everything)
+            if not self._trees_dir().exists():
+                done.append(f"removed {self._trees_dir()}")
         return done
+
+    def _plugin_is_ours(self) -> bool:
+        path = self.settings.binary_path
+        if self._tree is not None:
+            return self._linked_tree() == self._tree.manifest.name
+        try:
+            return not path.is_symlink() and path.read_bytes() == self._binary
+        except OSError:
+            return False
 
     def read_backup(self) -> netconf.Backup | None:
         try:
@@ -346,6 +497,13 @@ class Installer:
             if mode < 0:
                 mode = stat.S_IMODE(path.stat().st_mode)
             atomic_write(path, action.data, mode)
+
+
+def _bin_dir_error(directory: Path, exc: OSError) -> MeshctlError:
+    return MeshctlError(
+        f"cannot install the plugin into {directory}: {exc.strerror or exc}",
+        hint="the CNI bin dir must be a writable hostPath (on GKE: /home/kubernetes/bin)",
+    )
 
 
 def atomic_write(path: Path, data: bytes, mode: int) -> None:

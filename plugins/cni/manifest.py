@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshctl.core.cni.spec import DEFAULT_RUN_DIR
-from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.image import default_image
 from meshctl.core.podspec import node_security_context
 
 NAME = "meshctl-cni-node"
@@ -24,11 +24,12 @@ READINESS_PORT = 8000
 def objects(
     *,
     namespace: str = "meshctl-system",
-    image: str = DEFAULT_IMAGE,
+    image: str | None = None,
     cni_bin_dir: str = "/opt/cni/bin",
     cni_conf_dir: str = "/etc/cni/net.d",
     run_dir: str = DEFAULT_RUN_DIR,
     exclude_namespaces: tuple[str, ...] = ("kube-system", "meshctl-system"),
+    image_pull_policy: str | None = None,
     ambient: bool = False,
     ztunnel_dir: str = "/var/run/ztunnel",
     netns_dir: str = "/var/run/netns",
@@ -64,7 +65,8 @@ def objects(
         ]
     container = {
         "name": "install-cni",
-        "image": image,
+        "image": image or default_image(),
+        **({"imagePullPolicy": image_pull_policy} if image_pull_policy else {}),
         "command": ["meshctl"],
         "args": ["--log-level", "info", "--log-format", "json", "cni", "install"],
         "env": env,

@@ -217,13 +217,16 @@ def manifest_cmd(
     output: options.OutputOption = OutputFormat.YAML,
 ) -> None:
     """Print the control plane's objects (RBAC, Service, Deployment, webhook configuration)."""
-    from meshctl.core.inject.settings import DEFAULT_IMAGE
+    from meshctl.core.image import default_image
 
     from .manifest import ManifestSettings, objects
 
     items = objects(
         ManifestSettings(
-            namespace=namespace, image=image or DEFAULT_IMAGE, revision=revision, replicas=replicas
+            namespace=namespace,
+            image=image or default_image(),
+            revision=revision,
+            replicas=replicas,
         )
     )
     typer.echo(render_objects(items, output), nl=False)

@@ -10,10 +10,11 @@ MutatingWebhookConfiguration carries no caBundle (the leader patches the mesh ro
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.image import default_image
 from meshctl.core.inject.webhook_config import (
     WebhookTarget,
     configuration_name,
@@ -33,10 +34,15 @@ PROXY_UID = 1337
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ManifestSettings:
     namespace: str = "meshctl-system"
-    image: str = DEFAULT_IMAGE
+    image: str = dataclasses.field(default_factory=default_image)
     revision: str = "default"
     replicas: int = 2
     trust_domain: str = "cluster.local"
+    image_pull_policy: str | None = None  # None: the cluster's default for the tag
+    # More env for the process (install passes the injector's settings: CNI mode, image).
+    extra_env: tuple[tuple[str, str], ...] = ()
+    cpu: str = "100m"
+    memory: str = "128Mi"
 
 
 def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
@@ -118,9 +124,10 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
     def env_field(var: str, path: str) -> dict[str, Any]:
         return {"name": var, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
-    container = {
+    container: dict[str, Any] = {
         "name": "discovery",
         "image": settings.image,
+        **({"imagePullPolicy": settings.image_pull_policy} if settings.image_pull_policy else {}),
         "command": ["meshctl"],
         "args": ["--log-level", "info", "--log-format", "json", "controlplane", "run"],
         "env": [
@@ -128,6 +135,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
             env_field("POD_NAMESPACE", "metadata.namespace"),
             {"name": "REVISION", "value": settings.revision},
             {"name": "TRUST_DOMAIN", "value": settings.trust_domain},
+            *({"name": k, "value": v} for k, v in settings.extra_env),
         ],
         "ports": [
             {"name": "grpc-xds", "containerPort": GRPC_PORT, "protocol": "TCP"},
@@ -141,7 +149,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
             "periodSeconds": 3,
             "timeoutSeconds": 5,
         },
-        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},
+        "resources": {"requests": {"cpu": settings.cpu, "memory": settings.memory}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},

@@ -338,13 +338,13 @@ def manifest_cmd(
     output: options.OutputOption = OutputFormat.YAML,
 ) -> None:
     """Print the DaemonSet that runs the ambient node proxy ('ztunnel run --mode node')."""
-    from meshctl.core.inject.settings import DEFAULT_IMAGE
+    from meshctl.core.image import default_image
 
     from .manifest import objects
 
     items = objects(
         namespace=namespace,
-        image=image or DEFAULT_IMAGE,
+        image=image or default_image(),
         ca_address=ca_address or "",
         xds_address=xds_address or "",
         workers=workers,

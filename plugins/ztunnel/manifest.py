@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshctl.core.inject.settings import DEFAULT_IMAGE
+from meshctl.core.image import default_image
 from meshctl.core.podspec import node_security_context
 
 NAME = "meshctl-ztunnel"
@@ -26,7 +26,7 @@ TOKEN_SECONDS = 43200
 def objects(
     *,
     namespace: str = "meshctl-system",
-    image: str = DEFAULT_IMAGE,
+    image: str = "",
     ca_address: str = "",
     xds_address: str = "",
     root_configmap: str = "meshctl-ca-root-cert",
@@ -62,7 +62,7 @@ def objects(
     ]
     container = {
         "name": "ztunnel",
-        "image": image,
+        "image": image or default_image(),
         "command": ["meshctl"],
         "args": ["--log-level", "info", "--log-format", "json", "ztunnel", "run"],
         "env": env,

@@ -43,7 +43,8 @@ class ZtunnelSettings:
     pod_name: str | None = setting(None, env="POD_NAME")
     pod_namespace: str | None = setting(None, env="POD_NAMESPACE")
     service_account: str | None = setting(None, env="SERVICE_ACCOUNT")
-    instance_ip: str = setting("", env="INSTANCE_IP")  # the pod's IP: where app probes go
+    # The pod's IP: where app probes go, and what discovery's node id carries.
+    instance_ip: str = setting("", env="INSTANCE_IP")
     # The kubelet's probes the injector moved to :15020/app-health/... (Istio's variable).
     app_probers: str = setting(
         "",

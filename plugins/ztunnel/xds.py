@@ -53,11 +53,14 @@ _CHEAP_ENDS = (
 _CHEAP_UNAVAILABLE = ("transport is closing", "received prior goaway", "goaway")
 
 
+DEFAULT_INSTANCE_IP = "1.1.1.1"  # ztunnel's default when INSTANCE_IP is unset
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeInfo:
     """Who this proxy is, as ztunnel tells the control plane."""
 
-    instance_ip: str = "1.1.1.1"  # ztunnel's default when INSTANCE_IP is unset
+    instance_ip: str = DEFAULT_INSTANCE_IP
     pod_name: str = ""
     pod_namespace: str = ""
     node_name: str = ""
@@ -381,7 +384,7 @@ def build_config(settings: ZtunnelSettings, env: Mapping[str, str] | None = None
         for name, value in config.env_with_prefix("XDS_HEADER_", env).items()
     )
     node = NodeInfo(
-        instance_ip=settings.instance_ip or "1.1.1.1",  # ztunnel's default when unset
+        instance_ip=settings.instance_ip or DEFAULT_INSTANCE_IP,
         pod_name=settings.pod_name or "",
         pod_namespace=settings.pod_namespace or "",
         node_name=settings.node_name,

@@ -39,7 +39,7 @@ def test_bash_completes_commands_and_options_from_the_script():
     assert script.returncode == 0, script.stderr
     probe = textwrap.dedent("""
         source /dev/stdin
-        for words in "meshctl ver" "meshctl iptables tr" "meshctl version -o "; do
+        for words in "meshctl vers" "meshctl iptables tr" "meshctl version -o "; do
             read -ra COMP_WORDS <<< "$words"
             [[ "$words" == *" " ]] && COMP_WORDS+=("")
             COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))
@@ -54,7 +54,7 @@ def test_bash_completes_commands_and_options_from_the_script():
 @pytest.mark.shells
 def test_fish_completes_from_its_script():
     script = meshctl("completion", "fish").stdout
-    probe = 'source; complete -C "meshctl ver"; complete -C "meshctl version -o "'
+    probe = 'source; complete -C "meshctl vers"; complete -C "meshctl version -o "'
     lines = _complete_in(["fish", "-c"], probe, script)
     assert lines[0].startswith("version\t")
     assert sorted(lines[1:]) == ["json", "name", "table", "yaml"]
@@ -68,7 +68,7 @@ def test_zsh_completes_from_its_script():
         compdef() { : }
         _arguments() { print -rl -- "$@" }
         source /dev/stdin
-        words=(meshctl ver); CURRENT=2; _meshctl_completion
+        words=(meshctl vers); CURRENT=2; _meshctl_completion
         words=(meshctl version -o ""); CURRENT=4; _meshctl_completion
     """)
     lines = _complete_in(["zsh", "-c"], probe, script)

@@ -100,8 +100,8 @@ def test_help_runs_and_says_what_the_command_does(node, capsys):
     assert (node.command.help or "").strip(), f"meshctl {node.id} has no help text"
 
 
-# A type name (PORT, DURATION, NS/NAME/SA, HOST:PORT, FILE|DIR|-) or the choices (a|b|c).
-TYPE_METAVAR = re.compile(r"^[A-Z][A-Z0-9_]*(?:[/:|.,][A-Z0-9_]+|\|-)*$")
+# A type name (PORT, DURATION, NS/NAME/SA, HOST:PORT, KEY=VALUE, FILE|DIR|-) or the choices (a|b|c).
+TYPE_METAVAR = re.compile(r"^[A-Z][A-Z0-9_]*(?:[/:|.,=][A-Z0-9_]+|\|-)*$")
 CHOICE_METAVAR = re.compile(r"^[A-Za-z0-9_.-]+(?:\|[A-Za-z0-9_.-]+)+$")
 GENERIC = {"TEXT", "STR", "STRING", "INTEGER", "INT", "FLOAT", "BOOLEAN", "BOOL", "VALUE"}
 

@@ -33,7 +33,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from tests.harness import images, nodehost
+from tests.harness import clusterdns, images, nodehost
 from tests.harness import workloads as wl
 from tests.harness.kube import (
     BUILD_HINT,
@@ -144,7 +144,7 @@ def host_unfit_reason() -> str | None:
             f"cgroups: neither cgroup2 nor the v1 cpu, memory and pids hierarchies under "
             f"{nodehost.CGROUP_FS} (found {sorted(hierarchies)})"
         )
-    for tool in ("nft", "ip", "iptables-nft-save", "mount"):
+    for tool in ("nft", "ip", "iptables-nft-save", "mount", "dnsmasq"):
         if shutil.which(tool) is None:
             return f"no {tool} on PATH (.ci/run installs it)"
     return None
@@ -265,7 +265,9 @@ def kubelet_config(pki: Path, socket: Path, healthz_port: int, workdir: Path) ->
         "tlsPrivateKeyFile": str(pki / "kubelet-serving.key"),
         "containerRuntimeEndpoint": f"unix://{socket}",
         "imageServiceEndpoint": f"unix://{socket}",
-        "clusterDomain": "cluster.local",
+        "clusterDomain": clusterdns.DOMAIN,
+        # Pods resolve Service names through the node's DNS (tests/harness/clusterdns.py).
+        "clusterDNS": [NODE_IP],
         "podLogsDir": str(workdir / "pod-logs"),
         "resolvConf": str(workdir / "resolv.conf"),
         # A shared CI disk must not make kubelet evict pods or collect our imported images.
@@ -441,6 +443,7 @@ class _Start:
         server_ca.issue(NODE_NAME, server=True, ip_sans=[NODE_IP], dns_sans=[NODE_NAME]).write(
             pki, "kubelet-serving"
         )
+        self._cluster_dns(cluster, workdir)
         # containerd first: the images must be there before kubelet asks for the sandbox.
         socket, tags = self._containerd(workdir, image_archives)
         self._controllers(workdir, pki, kubeconfigs)
@@ -495,9 +498,27 @@ class _Start:
             start_seconds=time.monotonic() - started,
         )
 
+    def _cluster_dns(self, cluster: KubeCluster, workdir: Path) -> None:
+        """Service names for pods: dnsmasq on the node address, fed the cluster's Services."""
+        hosts = workdir / "dns"
+        feed = clusterdns.ServiceRecords(cluster.api_client, hosts).start()
+        self.stack.callback(feed.stop)
+        dns = self.child(
+            "dnsmasq", clusterdns.dnsmasq_argv(str(shutil.which("dnsmasq")), NODE_IP, hosts)
+        )
+        name = f"kubernetes.default.svc.{clusterdns.DOMAIN}"
+        _wait(
+            f"the cluster DNS to answer {name}",
+            lambda: bool(clusterdns.query_a(NODE_IP, name)),
+            30,
+            self.children,
+            dns.name,
+        )
+
     def _prepare_host(self, workdir: Path) -> None:
         workdir.mkdir(parents=True)
-        (workdir / "resolv.conf").write_text("")  # pods get no DNS (no cluster DNS here)
+        # The host's resolvers stay out of pods: names outside the cluster are not resolved.
+        (workdir / "resolv.conf").write_text("")
         for hierarchy in nodehost.hierarchies():
             (hierarchy / nodehost.CGROUP_ROOT).mkdir(exist_ok=True)
         nodehost.setup_network(
@@ -671,13 +692,13 @@ def node_images(frozen: Path | None) -> tuple[dict[str, Path], dict[str, str]]:
     cache = cache_root() / "images"
     archives: dict[str, Path] = {}
     missing: dict[str, str] = {}
-    from meshctl.core.inject.settings import DEFAULT_IMAGE
+    from meshctl.core.image import default_image
 
     made = {
         "pause": images.pause_image(cache),
         "busybox": images.busybox_image(cache),
         "meshctl": (
-            images.meshctl_image(cache, frozen, (images.MESHCTL_IMAGE, DEFAULT_IMAGE))
+            images.meshctl_image(cache, frozen, (images.MESHCTL_IMAGE, default_image()))
             if frozen is not None
             else "no frozen binary: set MESHCTL_FROZEN_BINARY or run bash packaging/build.sh"
         ),

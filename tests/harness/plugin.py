@@ -1,8 +1,9 @@
 """The pytest plugin: privileged-test gating, the CI no-skip rule, and the netns fixtures.
 
-Rule: a test marked ``netns``, ``kube``, ``node`` or ``shells`` may skip on a developer's laptop
-(not root, no kube-apiserver build, no zsh) with a reason, but when ``CI=true`` such a skip is
-reported as a failure, so a privileged suite can never pass by not running.
+Rule: a test marked ``netns``, ``kube``, ``node``, ``packaging`` or ``shells`` may skip on a
+developer's laptop (not root, no kube-apiserver build, no frozen build, no zsh) with a reason, but
+when ``CI=true`` such a skip is reported as a failure, so a privileged suite can never pass by not
+running.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from tests.harness import netns as netns_mod
 
-PRIVILEGED_MARKERS = ("netns", "kube", "node", "shells")
+PRIVILEGED_MARKERS = ("netns", "kube", "node", "packaging", "shells")
 
 
 MARKERS = {
@@ -24,6 +25,8 @@ MARKERS = {
     "node": "needs the real single-node cluster (fails instead of skipping when CI=true)",
     "shells": "runs real zsh and fish (.ci/run installs them; fails instead of skipping in CI)",
     "slow": "takes more than a few seconds (frozen-binary build, cold fixtures)",
+    "packaging": "needs packaging's outputs or tools: the frozen build (MESHCTL_FROZEN_BINARY, "
+    "MESHCTL_FROZEN_TREE), Go and gcc -static (fails instead of skipping when CI=true)",
 }
 
 

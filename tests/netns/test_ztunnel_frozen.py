@@ -1,8 +1,9 @@
 """The frozen binary as a sidecar: ``ztunnel run`` re-executes itself as its data plane.
 
-Runs the one-file binary that ``bash packaging/build.sh`` writes, named by the environment
-variable ``MESHCTL_FROZEN_BINARY`` (``.ci/run`` sets it after the build). Without it the test
-skips and says why; under ``CI=true`` that skip fails the run (it is a netns test). One pod's
+Runs the one-file binary and the one-dir tree (the image's form) that ``bash packaging/build.sh``
+writes, named by ``MESHCTL_FROZEN_BINARY`` and ``MESHCTL_FROZEN_TREE`` (``.ci/run`` sets them
+after the build). Without them the test skips and says why; under ``CI=true`` that skip fails the
+run (it is a netns test). One pod's
 sidecar is frozen and the other runs from the source tree, in both roles, so HBONE is proven
 between the frozen binary and an independent build of the same code, with the frozen side's
 lazily imported pieces (uvloop, h2/hpack/hyperframe, prometheus-client's multiprocess mode with
@@ -12,37 +13,26 @@ two workers, the TLS stack) all exercised.
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 from pathlib import Path
 
 import pytest
 
+from tests.harness.frozen import frozen_binary, frozen_tree
 from tests.netns.ztunnel_harness import echo_roundtrip, metric_sum
 from tests.netns.ztunnel_topology import APP_PORT, SVC_PORT, two_pod_mesh
 
 pytestmark = [pytest.mark.netns, pytest.mark.slow]
 
-FROZEN_ENV = "MESHCTL_FROZEN_BINARY"
 CLIENT = "spiffe://cluster.local/ns/default/sa/client"
 SERVER = "spiffe://cluster.local/ns/prod/sa/server"
 
 
-def frozen_binary() -> Path:
-    value = os.environ.get(FROZEN_ENV)
-    if not value:
-        pytest.skip(
-            f"{FROZEN_ENV} is not set: run 'bash packaging/build.sh' and point it at dist/meshctl"
-        )
-    path = Path(value).resolve()
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"{FROZEN_ENV}={value} is not an executable file")  # set but wrong: no skip
-    return path
-
-
-@pytest.mark.parametrize("frozen_side", ["client", "server"])
-def test_frozen_sidecar_moves_bytes_over_hbone_with_an_unfrozen_peer(tmp_path, frozen_side):
-    binary = frozen_binary()
+@pytest.mark.parametrize(
+    ("frozen_side", "form"), [("client", "one-file"), ("server", "one-file"), ("server", "tree")]
+)
+def test_frozen_sidecar_moves_bytes_over_hbone_with_an_unfrozen_peer(tmp_path, frozen_side, form):
+    binary = frozen_binary() if form == "one-file" else frozen_tree() / "meshctl"
     workers = ("--workers", "2")
     if frozen_side == "client":
         mesh = two_pod_mesh(tmp_path, binary_a=str(binary), extra_a=workers)

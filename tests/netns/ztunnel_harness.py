@@ -271,10 +271,11 @@ class Sidecar:
         ``ip netns exec`` execs its command, so that is the Popen pid, except for a one-file
         frozen binary: there the Popen pid is PyInstaller's bootloader, which unpacks the
         archive and runs Python as its only child (the data plane it re-executes reuses that
-        unpacked archive and is a single process).
+        unpacked archive and is a single process). The one-dir tree (its manifest beside the
+        executable) unpacks nothing and runs Python in the one process.
         """
         assert self.proc is not None
-        if self.binary is None:
+        if self.binary is None or (Path(self.binary).parent / "meshctl-tree.json").is_file():
             return self.proc.pid
         end = time.monotonic() + 10
         while not (children := _children(self.proc.pid)):

@@ -15,12 +15,16 @@ def test_privileged():
 def test_cluster():
     pytest.skip("no apiserver")
 
+@pytest.mark.packaging
+def test_frozen():
+    pytest.skip("no frozen build")
+
 def test_plain():
     pytest.skip("optional")
 """
 
 
-@pytest.mark.parametrize(("ci", "failed", "skipped"), [("true", 2, 1), ("", 0, 3)])
+@pytest.mark.parametrize(("ci", "failed", "skipped"), [("true", 3, 1), ("", 0, 4)])
 def test_privileged_skips_fail_only_in_ci(pytester, monkeypatch, ci, failed, skipped):
     monkeypatch.setenv("CI", ci)
     pytester.makepyfile(INNER)

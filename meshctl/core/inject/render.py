@@ -38,7 +38,9 @@ MESHCTL = "meshctl"
 TOKEN_VOLUME = "istio-token"  # noqa: S105 -- a volume name, not a secret
 ROOT_CA_VOLUME = "istiod-ca-cert"
 CERTS_VOLUME = "workload-certs"
-# The proxy's root filesystem is read-only; a one-file frozen binary unpacks itself under /tmp.
+# The proxy's root filesystem is read-only; /tmp is its one writable place: the data plane's
+# metrics dir, and where a one-file frozen binary unpacks itself (an image built on it rather than
+# on the one-dir tree our image carries, which unpacks nothing).
 TMP_VOLUME = "meshctl-tmp"
 VOLUMES = (CERTS_VOLUME, TMP_VOLUME, TOKEN_VOLUME, ROOT_CA_VOLUME)
 CONTAINERS = (INIT_CONTAINER, VALIDATION_CONTAINER, PROXY_CONTAINER)
@@ -217,7 +219,8 @@ def validation_container(options: PodOptions, settings: InjectSettings) -> dict[
             "runAsUser": settings.proxy_uid,
         },
     )
-    # The one writable place: the frozen binary unpacks itself into /tmp.
+    # The one writable place, for an image whose meshctl is the one-file binary (it unpacks into
+    # /tmp); our image's one-dir tree needs none.
     container["volumeMounts"] = [{"name": TMP_VOLUME, "mountPath": "/tmp"}]  # noqa: S108
     return container
 

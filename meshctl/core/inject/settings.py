@@ -10,13 +10,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from meshctl import __version__, values
+from meshctl import values
 from meshctl.config import setting
+from meshctl.core.image import default_image
 from meshctl.core.inject import annotations as ann
 from meshctl.core.inject.errors import InvalidAnnotationError
 from meshctl.errors import ConfigError
 
-DEFAULT_IMAGE = f"meshctl/meshctl:{__version__}"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # The proxy runs as a non-root id (Istio's default 1337).
 PROXY_ID = values.Integer(1, 2**31 - 1, what="a non-root uid/gid", metavar="ID")
@@ -29,7 +29,7 @@ _NETWORK = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a
 class InjectSettings:
     """Settings of one injection run (CLI) or of the webhook server."""
 
-    image: str = setting(DEFAULT_IMAGE, env="MESHCTL_INJECT_IMAGE", flag="--image")
+    image: str = setting(default_image(), env="MESHCTL_INJECT_IMAGE", flag="--image")
     image_pull_policy: str = setting(
         "IfNotPresent", env="MESHCTL_INJECT_IMAGE_PULL_POLICY", choices=PULL_POLICIES
     )

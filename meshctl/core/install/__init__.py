@@ -1,0 +1,2 @@
+"""Install as data: values and their schema, components, the rendered manifest, readiness,
+drift and ownership rules. Pure: no cluster access here (the install plugin applies)."""

@@ -1,0 +1,166 @@
+"""The CNI node agent's part of install and verify.
+
+One shared component (``meshctl.components`` entry point ``cni``): the DaemonSet that runs
+``meshctl cni install`` on every node, with its RBAC. Checks: the DaemonSet runs ready on every
+node, and every node's agent reports our entry in the runtime's CNI config (its ``/status``,
+read through the API server's pod proxy), naming a node where another component keeps
+rewriting the config.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from meshctl.core.checks import Check, Result
+from meshctl.core.install.components import Component, Values
+from meshctl.core.install.context import CheckContext, rollout
+from meshctl.core.install.values import Field, dns_label
+from meshctl.errors import KubeError
+
+from .manifest import NAME, READINESS_PORT, objects
+
+CATEGORY = "meshctl-cni"
+
+
+def _render(values: Values) -> list[dict[str, Any]]:
+    own = values.component("cni")
+    excluded = tuple(dict.fromkeys([*own["excludeNamespaces"], values.namespace]))
+    items = objects(
+        namespace=values.namespace,
+        image=values.image,
+        cni_bin_dir=own["cniBinDir"],
+        cni_conf_dir=own["cniConfDir"],
+        exclude_namespaces=excluded,
+        image_pull_policy=values.image_pull_policy,
+        ambient=own["ambient"],
+        netns_dir=own["netnsDir"],
+    )
+    # The install renders the mesh's Namespace itself (with its install record); 'cni manifest'
+    # carries one only so that it applies on its own.
+    return [o for o in items if o["kind"] != "Namespace"]
+
+
+def _daemonset(ctx: CheckContext) -> tuple[Any, dict[str, Any] | None]:
+    items = ctx.of("cni", "DaemonSet")
+    return (items[0], ctx.live(items[0])) if items else (None, None)
+
+
+def _ready(ctx: CheckContext) -> Result:
+    return rollout(
+        ctx,
+        "cni",
+        "DaemonSet",
+        absent="the CNI node agent is not part of this install",
+        missing="new pods get no traffic capture",
+    )
+
+
+def _node_status(ctx: CheckContext, pod: dict[str, Any]) -> dict[str, Any]:
+    from meshctl.kube import api
+
+    meta = pod["metadata"]
+    path = (
+        f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}:{READINESS_PORT}/proxy/status"
+    )
+    answer: dict[str, Any] = api.request(ctx.kube, "GET", path, timeout=5)
+    return answer
+
+
+def _conflist(ctx: CheckContext) -> Result:
+    item, live = _daemonset(ctx)
+    if item is None:
+        return Result.skip("the CNI node agent is not part of this install")
+    if live is None:
+        return Result.skip(f"{item.key} not found")
+    pods = [p for p in ctx.cluster.pods(live) if (p.get("status") or {}).get("phase") == "Running"]
+    if not pods:
+        return Result.fail(
+            "no CNI node agent pod is running",
+            hint=f"see 'kubectl -n {item.key.namespace} get pods -l app.kubernetes.io/name={NAME}'",
+        )
+    failed, warned, fine = [], [], []
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName", "?")
+        try:
+            status = _node_status(ctx, pod)
+        except (KubeError, json.JSONDecodeError) as exc:
+            failed.append(f"node {node}: cannot read the agent's status: {exc}")
+            continue
+        repairs = int(status.get("repairs") or 0)
+        window = int(status.get("repairWindowSeconds") or 60)
+        if not status.get("ready"):
+            failed.append(f"node {node}: {status.get('reason')}")
+        elif repairs > int(status.get("conflictRepairs") or 5):
+            failed.append(
+                f"node {node}: our entry was removed and put back {repairs} times in {window}s: "
+                "another component keeps rewriting the CNI config"
+            )
+        elif repairs:
+            warned.append(
+                f"node {node}: our entry was removed and put back {repairs} times in {window}s"
+            )
+        else:
+            fine.append(node)
+    if failed:
+        return Result.fail(
+            f"{len(failed)} of {len(pods)} nodes lack our entry in their CNI config",
+            hint="pods started there now run without capture; stop whatever rewrites the "
+            "node's CNI config (e.g. Cilium with cni.exclusive=true, a second CNI installer), "
+            "then 'meshctl install' again",
+            details=failed + warned,
+        )
+    if warned:
+        return Result.warn(
+            "our CNI entry was rewritten recently (the node agent put it back)",
+            hint="something on the node edits the CNI config; pods started meanwhile may "
+            "lack capture",
+            details=warned,
+        )
+    return Result.ok(f"{len(fine)} node{'s' * (len(fine) != 1)}")
+
+
+cni = Component(
+    name="cni",
+    title="CNI node agent",
+    phase=10,
+    revisioned=False,
+    schema={
+        "cniBinDir": Field(
+            kind="string", default="/opt/cni/bin", help="the nodes' CNI plugin directory"
+        ),
+        "cniConfDir": Field(
+            kind="string", default="/etc/cni/net.d", help="the nodes' CNI config directory"
+        ),
+        "excludeNamespaces": Field(
+            kind="strings",
+            default=["kube-system"],
+            help="namespaces whose pods are never captured (the mesh's own is always added)",
+            check=dns_label,
+        ),
+        "ambient": Field(
+            kind="bool",
+            default=False,
+            help="also run the ambient node agent (enrolls pods for the node proxy)",
+        ),
+        "netnsDir": Field(
+            kind="string",
+            default="/var/run/netns",
+            help="ambient: where the runtime pins pod network namespaces on the nodes",
+        ),
+    },
+    profiles={
+        "default": {"enabled": True},
+        "ambient": {"enabled": True, "ambient": True},
+        "demo": {"enabled": True},
+    },
+    render=_render,
+    checks=(
+        Check(category=CATEGORY, description="CNI node agent is ready on every node", run=_ready),
+        Check(
+            category=CATEGORY,
+            description="our entry is in every node's CNI config",
+            run=_conflist,
+        ),
+    ),
+)

@@ -1,0 +1,1 @@
+"""meshctl install, uninstall and manifest generate (see cli.py)."""

@@ -1,0 +1,278 @@
+"""Putting a rendered install into the cluster: preflight, take-over, apply, prune.
+
+Order of a run: read every object the manifest names and every mutating webhook configuration;
+refuse (unless ``--force``) when an object with our name is someone else's or a foreign webhook
+would inject the pods ours does; then server-side apply (field manager ``meshctl``, forced over
+fields other managers took from ours) in manifest order, CRDs established before anything
+else; then prune this revision's objects the manifest no longer has, and shared ones no revision
+still enables. Invariants: an object that is not ours is never changed without ``--force``, and
+never without a copy saved first; CRDs and namespaces are never pruned (they hold users' data);
+applying an unchanged manifest writes nothing the server keeps (no resourceVersion moves).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meshctl import config
+from meshctl.core.install import manifest as mf
+from meshctl.core.install import ownership
+from meshctl.core.install.components import Registry, Values
+from meshctl.core.install.readiness import crd as crd_readiness
+from meshctl.errors import MeshctlError
+from meshctl.kube import objects
+from meshctl.kube.inventory import Inventory
+from meshctl.kube.resources import MUTATING_WEBHOOK_CONFIGURATIONS, SERVICES
+
+log = logging.getLogger(__name__)
+
+NEVER_PRUNED = frozenset({"CustomResourceDefinition", "Namespace"})
+CRD_ESTABLISH_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Something that stops an install until the user (or ``--force``) decides."""
+
+    key: mf.Key
+    text: str  # one line: what it is and why it is in the way
+    live: dict[str, Any]
+    action: str  # "replace": take over an object with our name; "delete": a foreign webhook
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    key: mf.Key
+    outcome: str  # "created", "configured" or "unchanged"
+
+
+def all_kinds(registry: Registry, values: Values) -> list[tuple[str, str]]:
+    """(apiVersion, kind) of everything any component renders with every component enabled:
+    what prune and uninstall list (a kind no current component renders may still be live)."""
+    every = [f"components.{c.name}.enabled=true" for c in registry.components]
+    full = registry.resolve(
+        profile=values.profile,
+        files=[("install values", dict(values.data))],
+        assignments=every,
+    )
+    kinds = [(r.api_version, r.kind) for r in mf.render(registry, full)]
+    return list(dict.fromkeys(kinds))
+
+
+class Installer:
+    def __init__(
+        self,
+        inventory: Inventory,
+        registry: Registry,
+        values: Values,
+        rendered: Sequence[mf.Rendered],
+        *,
+        say: Callable[[str], None],
+    ) -> None:
+        self.inventory = inventory
+        self.kube = inventory.kube
+        self.registry = registry
+        self.values = values
+        self.rendered = list(rendered)
+        self.say = say
+        self.live: dict[mf.Key, dict[str, Any] | None] = {}
+
+    # -- preflight -------------------------------------------------------------------------
+
+    def preflight(self) -> list[Problem]:
+        """Objects with our names that are not ours, and foreign webhooks overlapping ours."""
+        problems: list[Problem] = []
+        for item in self.rendered:
+            if not self.inventory.mapper.served(item.api_version, item.kind):
+                self.live[item.key] = None  # its CRD is not installed yet: nothing to clash
+                continue
+            live = self.inventory.get(item.object)
+            self.live[item.key] = live
+            if live is None:
+                continue
+            if (live.get("metadata") or {}).get("deletionTimestamp"):
+                raise MeshctlError(
+                    f"{item.key} is being deleted",
+                    hint="wait until it is gone (meshctl uninstall waits for it), then install",
+                )
+            if not ownership.is_ours(live):
+                text = f"{item.key}: {ownership.foreign_reason(live)}"
+                if item.kind == "MutatingWebhookConfiguration":
+                    text += self._targets(live)
+                problems.append(Problem(item.key, text, live, "replace"))
+        ours = [r.object for r in self.rendered if r.kind == "MutatingWebhookConfiguration"]
+        if ours:
+            configurations, _ = objects.list_objects(self.kube, MUTATING_WEBHOOK_CONFIGURATIONS)
+            rendered_keys = {r.key for r in self.rendered}
+            for live in configurations:
+                live.setdefault("apiVersion", MUTATING_WEBHOOK_CONFIGURATIONS.api_version)
+                live.setdefault("kind", MUTATING_WEBHOOK_CONFIGURATIONS.kind)
+                key = mf.key_of(live)
+                if key in rendered_keys or ownership.is_ours(live):
+                    continue
+                found = ownership.overlaps(live, ours)
+                if found:
+                    first = found[0]
+                    text = (
+                        f"{key} ({ownership.foreign_reason(live)}) injects the pods ours does: its "
+                        f"webhook {first.webhook} overlaps {first.ours}"
+                    ) + self._targets(live)
+                    problems.append(Problem(key, text, live, "delete"))
+        return problems
+
+    def _targets(self, configuration: dict[str, Any]) -> str:
+        """'; it sends pods to service ns/name (which does not exist: ...)' for a webhook config."""
+        hooks = [h for h in configuration.get("webhooks") or () if h.get("clientConfig")]
+        if not hooks:
+            return "; it has no webhooks"
+        hook = hooks[0]
+        target, service = ownership._target(hook)
+        text = f"; it sends pods to {target}"
+        if service is not None and objects.get(self.kube, SERVICES, service[1], service[0]) is None:
+            policy = hook.get("failurePolicy") or "Fail"
+            text += ", which does not exist"
+            if policy == "Fail":
+                text += " (failurePolicy Fail: every pod it matches is refused)"
+        return text
+
+    def take_over(self, problems: Sequence[Problem]) -> None:
+        """``--force``: save a copy of each, then replace it with ours or delete it."""
+        for problem in problems:
+            saved = save_copy(problem.live)
+            resource = self.inventory.resource(problem.live)
+            namespace = self.inventory.namespace_of(problem.live)
+            if problem.action == "delete":
+                objects.delete(self.kube, resource, problem.key.name, namespace)
+                self.say(f"removed {problem.key} (a copy is in {saved})")
+                continue
+            ours = next(r.object for r in self.rendered if r.key == problem.key)
+            body = json.loads(json.dumps(ours))
+            body["metadata"]["resourceVersion"] = problem.live["metadata"]["resourceVersion"]
+            # A replace drops every field the other owner set; the apply below then owns ours.
+            self.live[problem.key] = objects.replace(
+                self.kube, resource, body, namespace, field_manager=mf.FIELD_MANAGER
+            )
+            self.say(f"took over {problem.key} (a copy of the old one is in {saved})")
+
+    # -- apply -----------------------------------------------------------------------------
+
+    def apply(self) -> list[Applied]:
+        done: list[Applied] = []
+        crds_pending: list[mf.Rendered] = []
+        for item in self.rendered:
+            if crds_pending and item.kind != "CustomResourceDefinition":
+                self._wait_established(crds_pending)
+                crds_pending = []
+            resource = self.inventory.resource(item.object)
+            namespace = self.inventory.namespace_of(item.object)
+            before = self.live.get(item.key)
+            answer = objects.apply(
+                self.kube,
+                resource,
+                item.object,
+                namespace,
+                field_manager=mf.FIELD_MANAGER,
+                force=True,
+            )
+            if before is None:
+                outcome = "created"
+            elif _version(before) == _version(answer):
+                outcome = "unchanged"
+            else:
+                outcome = "configured"
+            done.append(Applied(item.key, outcome))
+            log.info("%s %s", item.key, outcome)
+            if item.kind == "CustomResourceDefinition":
+                crds_pending.append(item)
+        if crds_pending:
+            self._wait_established(crds_pending)
+        return done
+
+    def _wait_established(self, crds: Sequence[mf.Rendered]) -> None:
+        deadline = time.monotonic() + CRD_ESTABLISH_TIMEOUT
+        for item in crds:
+            while True:
+                state = crd_readiness(self.inventory.get(item.object) or {})
+                if state.ready:
+                    break
+                if time.monotonic() > deadline:
+                    raise MeshctlError(
+                        f"{item.key} not established after {CRD_ESTABLISH_TIMEOUT:.0f}s: "
+                        f"{state.reason}",
+                        hint="check the API server's log; another CRD may claim the same names",
+                    )
+                time.sleep(0.2)
+
+    # -- prune -----------------------------------------------------------------------------
+
+    def prune(self) -> list[mf.Key]:
+        """Delete this install's objects the manifest no longer has (never CRDs or namespaces)."""
+        wanted = {r.key for r in self.rendered}
+        kinds = [k for k in all_kinds(self.registry, self.values) if k[1] not in NEVER_PRUNED]
+        stale = self.inventory.list_labelled(kinds, mf.selector(self.values.revision))
+        enabled_elsewhere = self.enabled_by_other_revisions()
+        for live in self.inventory.list_labelled(kinds, mf.selector(None)):
+            if mf.component_of(live) not in enabled_elsewhere:
+                stale.append(live)
+        removed = []
+        for live in stale:
+            key = mf.key_of(live)
+            if key in wanted:
+                continue
+            resource = self.inventory.resource(live)
+            objects.delete(
+                self.kube,
+                resource,
+                key.name,
+                self.inventory.namespace_of(live),
+                propagation="Background",
+            )
+            removed.append(key)
+            self.say(f"pruned {key} (no longer in the manifest)")
+        return removed
+
+    def enabled_by_other_revisions(self) -> set[str]:
+        """Components the install records of other revisions enable (their shared objects stay)."""
+        return enabled_by_records(
+            self.inventory, self.values.namespace, exclude=self.values.revision
+        )
+
+
+def enabled_by_records(inventory: Inventory, namespace: str, exclude: str | None) -> set[str]:
+    records = inventory.list_labelled(
+        [("v1", "ConfigMap")], f"{mf.COMPONENT_LABEL}={mf.INSTALL}", namespace
+    )
+    enabled: set[str] = set()
+    for record in records:
+        data = record.get("data") or {}
+        if data.get("revision") == exclude:
+            continue
+        enabled.update(filter(None, str(data.get("components", "")).split(",")))
+    return enabled
+
+
+def _version(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def save_copy(live: dict[str, Any]) -> Path:
+    """A YAML copy of an object install is about to replace or delete, under the state dir."""
+    import yaml
+
+    directory = config.state_dir() / "backups"
+    directory.mkdir(parents=True, exist_ok=True)
+    key = mf.key_of(live)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+    name = f"{stamp}-{key.kind}-{key.namespace + '-' if key.namespace else ''}{key.name}.yaml"
+    path = directory / name
+    clean = json.loads(json.dumps(live))
+    clean.get("metadata", {}).pop("managedFields", None)
+    path.write_text(yaml.safe_dump(clean, sort_keys=False), encoding="utf-8")
+    return path

@@ -1,0 +1,298 @@
+"""``meshctl install``, ``meshctl uninstall`` and ``meshctl manifest generate``.
+
+Invariants: values are resolved and validated, and the manifest rendered, before anything
+connects (a bad ``--set`` is one line, exit 2, nothing touched); ``--dry-run`` and ``manifest
+generate`` print exactly the objects install would apply and never contact a cluster; nothing is
+written without a confirmation (``-y`` gives it; without a terminal to ask on, install refuses);
+progress goes to stderr, data to stdout.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import typer
+
+from meshctl import config, options
+from meshctl.core.install import manifest as mf
+from meshctl.core.install.components import PROFILE_HELP, Registry, Values
+from meshctl.errors import MeshctlError, UserError
+from meshctl.output import OutputFormat, render, render_objects
+from meshctl.values import Duration
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+uninstall_app = typer.Typer(
+    add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None
+)
+manifest_app = typer.Typer(
+    help="Print the manifest of an install ('manifest generate').",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+ProfileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--profile",
+        "-p",
+        metavar="PROFILE",
+        help="default, ambient, minimal or demo (those the installed components offer).",
+    ),
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        "-s",
+        metavar="KEY=VALUE",
+        help="KEY=VALUE over the profile, e.g. components.cni.enabled=false.",
+    ),
+]
+FileOpt = Annotated[
+    list[str] | None,
+    options.filename(
+        "Values YAML file, directory of them, or - for stdin (repeatable; later ones win)."
+    ),
+]
+RevisionOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--revision",
+        "-r",
+        metavar="REVISION",
+        help="Revision: names every object and the webhook's selectors.",
+    ),
+]
+NamespaceOpt = Annotated[str | None, options.namespace("Namespace of the mesh (meshctl-system).")]
+YesOpt = Annotated[bool, typer.Option("--skip-confirmation", "-y", help="Do not ask.")]
+
+
+def resolve(
+    profile: str | None,
+    files: Sequence[str] | None,
+    sets: Sequence[str] | None,
+    revision: str | None,
+    namespace: str | None,
+) -> tuple[Registry, Values, list[mf.Rendered]]:
+    """The registry, the validated values and the rendered manifest (no cluster access)."""
+    from meshctl import components
+
+    registry = components.load()
+    values = registry.resolve(
+        profile=profile,
+        files=options.values_sources(files or ()),
+        assignments=list(sets or ()),
+        flags={"revision": revision, "namespace": namespace},
+    )
+    return registry, values, mf.render(registry, values)
+
+
+def print_manifest(rendered: Sequence[mf.Rendered], output: OutputFormat) -> None:
+    typer.echo(render_objects(mf.documents(rendered), output), nl=False)
+
+
+def _connect(ctx: typer.Context) -> Any:
+    from meshctl.kube.client import connect
+
+    return connect(options.kube_settings(ctx))  # --kubeconfig, --context, --request-timeout
+
+
+def _confirm(question: str, yes: bool) -> None:
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UserError(
+            "refusing to change the cluster without a confirmation",
+            hint="pass -y (--skip-confirmation); there is no terminal to ask on",
+        )
+    if not typer.confirm(question, default=False, err=True):
+        raise MeshctlError("aborted: nothing was changed", exit_code=1)
+
+
+def _say(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+@app.command()
+def install(
+    ctx: typer.Context,
+    profile: ProfileOpt = None,
+    sets: SetOpt = None,
+    files: FileOpt = None,
+    revision: RevisionOpt = None,
+    namespace: NamespaceOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the manifest instead of applying it.")
+    ] = False,
+    output: options.OutputOption = OutputFormat.YAML,
+    yes: YesOpt = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Take over objects with our names that are not ours, and remove foreign "
+            "webhooks that would inject the same pods (copies are saved first).",
+        ),
+    ] = False,
+    readiness_timeout: Annotated[
+        float,
+        options.option(
+            "--readiness-timeout",
+            parse=Duration(positive=True),
+            help="How long to wait for readiness (default 5m).",
+            show_default=False,
+        ),
+    ] = 300.0,
+) -> None:
+    """Render the profile with your values, apply it (server-side), prune, wait until ready."""
+    timeout = readiness_timeout
+    registry, values, rendered = resolve(profile, files, sets, revision, namespace)
+    if dry_run:
+        print_manifest(rendered, output)
+        return
+    from meshctl.kube.inventory import Inventory
+
+    from .apply import Installer
+    from .progress import Progress
+    from .wait import wait_ready
+
+    kube = _connect(ctx)
+    enabled = registry.enabled(values)
+    titles = ", ".join(c.title for c in enabled)
+    _confirm(
+        f"This installs the meshctl {values.profile!r} profile (revision {values.revision!r}: "
+        f"{titles}) into {kube.source} [{kube.api.configuration.host}]. Proceed?",
+        yes,
+    )
+    inventory = Inventory(kube)
+    installer = Installer(inventory, registry, values, rendered, say=_say)
+    problems = installer.preflight()
+    if problems and not force:
+        for problem in problems:
+            _say(f"  {problem.text}")
+        raise MeshctlError(
+            f"{len(problems)} object(s) in the way of the install (listed above)",
+            hint="delete them, or rerun with --force to take them over "
+            "(a copy of each is saved under " + str(config.state_dir() / "backups") + ")",
+        )
+    if problems:
+        installer.take_over(problems)
+    applied = installer.apply()
+    counts = {
+        o: sum(a.outcome == o for a in applied) for o in ("created", "configured", "unchanged")
+    }
+    _say(", ".join(f"{n} {o}" for o, n in counts.items()) + f" ({len(applied)} objects)")
+    installer.prune()
+    by_component: dict[str, list[mf.Rendered]] = {}
+    for item in rendered:
+        by_component.setdefault(item.component, []).append(item)
+    lines = [(c.name, c.title) for c in enabled if c.name in by_component]
+    progress = Progress(lines, verb="ready")
+    try:
+        wait_ready(inventory, {n: by_component[n] for n, _ in lines}, progress, timeout)
+    finally:
+        progress.close()
+    _say(f"✔ meshctl {values.profile} profile installed (revision {values.revision})")
+
+
+@manifest_app.command("generate")
+def generate(
+    profile: ProfileOpt = None,
+    sets: SetOpt = None,
+    files: FileOpt = None,
+    revision: RevisionOpt = None,
+    namespace: NamespaceOpt = None,
+    output: options.OutputOption = OutputFormat.YAML,
+) -> None:
+    """Print the manifest 'meshctl install' would apply (as 'install --dry-run')."""
+    print_manifest(resolve(profile, files, sets, revision, namespace)[2], output)
+
+
+@manifest_app.command("profiles")
+def profiles(output: options.OutputOption = OutputFormat.TABLE) -> None:
+    """List the profiles the installed components offer."""
+    from meshctl import components
+
+    registry = components.load()
+    rows = [
+        {
+            "profile": name,
+            "components": ",".join(
+                c.name for c in registry.components if c.profiles.get(name, {}).get("enabled")
+            ),
+            "description": PROFILE_HELP.get(name, ""),
+        }
+        for name in registry.profiles()
+    ]
+    typer.echo(render(rows, output, names=[str(r["profile"]) for r in rows]), nl=False)
+
+
+@uninstall_app.command()
+def uninstall(
+    ctx: typer.Context,
+    revision: RevisionOpt = None,
+    namespace: NamespaceOpt = None,
+    purge: Annotated[
+        bool,
+        typer.Option(
+            "--purge",
+            help="Everything meshctl made in every revision: also the CRDs (and every "
+            "AuthorizationPolicy), the CA secret, the root ConfigMaps and the namespace.",
+        ),
+    ] = False,
+    yes: YesOpt = False,
+    timeout: Annotated[
+        float,
+        options.option(
+            "--timeout",
+            parse=Duration(positive=True),
+            help="How long to wait until everything is gone (default 5m).",
+            show_default=False,
+        ),
+    ] = 300.0,
+) -> None:
+    """Remove an install revision (default: 'default'), or with --purge all of meshctl."""
+    if purge and revision is not None:
+        raise UserError("--purge removes every revision", hint="drop --revision or --purge")
+    wait_for = timeout
+    from meshctl import components
+    from meshctl.kube.inventory import Inventory
+
+    from . import remove
+    from .progress import Progress
+    from .wait import wait_gone
+
+    registry = components.load()
+    values = registry.resolve(profile=None, flags={"revision": revision, "namespace": namespace})
+    kube = _connect(ctx)
+    inventory = Inventory(kube)
+    items = remove.targets(inventory, registry, values, purge=purge)
+    what = (
+        "everything meshctl made (all revisions, CRDs, CA secret)"
+        if purge
+        else (f"revision {values.revision!r}")
+    )
+    if not items:
+        _say(f"nothing of {what} is installed in {kube.source}")
+        return
+    _confirm(f"This removes {what}: {len(items)} objects from {kube.source}. Proceed?", yes)
+    for stage in remove.stages(items):
+        by_component: dict[str, list[dict[str, Any]]] = {}
+        for obj in stage:
+            by_component.setdefault(mf.component_of(obj) or "other", []).append(obj)
+        titles = {c.name: c.title for c in registry.components}
+        titles.setdefault(mf.INSTALL, "Namespace and install record")
+        progress = Progress(
+            [(name, titles.get(name, name)) for name in by_component], verb="removed"
+        )
+        try:
+            remove.delete(inventory, stage, lambda _text: None)
+            wait_gone(inventory, by_component, progress, wait_for)
+        finally:
+            progress.close()
+    _say(f"✔ removed {what}")

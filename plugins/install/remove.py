@@ -1,0 +1,92 @@
+"""Uninstall: which objects go, in which order, and waiting until they are gone.
+
+Without ``--purge``: the objects of one revision (by label), and the shared ones once no other
+revision's install record needs them, but never the namespace or the CRDs (they hold the CA
+secret and users' policies). With ``--purge``: everything meshctl made, in every revision,
+listed by label across every resource type the server serves, the namespace and CRDs included.
+Invariants: only objects carrying our labels are ever deleted; webhook configurations go first
+(no pod is sent to a webhook that is going away), workloads with foreground propagation (gone
+means their pods are gone, so the CNI DaemonSet's cleanup on each node has run).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from meshctl.core.install import manifest as mf
+from meshctl.core.install.components import Registry, Values
+from meshctl.errors import KubeError
+from meshctl.kube import objects
+from meshctl.kube.inventory import Inventory
+
+from .apply import NEVER_PRUNED, all_kinds, enabled_by_records
+
+log = logging.getLogger(__name__)
+
+Object = dict[str, Any]
+_FOREGROUND = frozenset({"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"})
+
+
+def targets(
+    inventory: Inventory, registry: Registry, values: Values, *, purge: bool
+) -> list[Object]:
+    """What uninstall deletes, in deletion order."""
+    if purge:
+        found = []
+        selector = f"{mf.MANAGED_BY_LABEL}={mf.MANAGED_BY}"
+        for resource in inventory.mapper.listable():
+            if resource.kind in ("Event",):
+                continue
+            try:
+                items, _ = objects.list_objects(inventory.kube, resource, label_selector=selector)
+            except KubeError as exc:  # an aggregated API that is down holds nothing of ours
+                log.info("cannot list %s: %s", resource.plural, exc)
+                continue
+            found += items
+    else:
+        kinds = all_kinds(registry, values)
+        found = inventory.list_labelled(kinds, mf.selector(values.revision))
+        still_needed = enabled_by_records(inventory, values.namespace, exclude=values.revision)
+        for live in inventory.list_labelled(kinds, mf.selector(None)):
+            if live.get("kind") in NEVER_PRUNED:
+                continue
+            if mf.component_of(live) not in still_needed:
+                found.append(live)
+    unique = {mf.key_of(o): o for o in found if not _owned_by_another(o)}
+    return sorted(unique.values(), key=lambda o: mf.kind_rank(str(o.get("kind"))), reverse=True)
+
+
+def _owned_by_another(obj: Object) -> bool:
+    """Objects a controller made from ours (an EndpointSlice of our Service): their owner's
+    deletion removes them, and deleting them first only makes the controller recreate them."""
+    return any(
+        ref.get("controller") for ref in (obj.get("metadata") or {}).get("ownerReferences") or ()
+    )
+
+
+def stages(items: list[Object]) -> list[list[Object]]:
+    """Webhook configurations and workloads first, the rest once those are gone: a control
+    plane still draining would recreate the root ConfigMaps deleted beside it."""
+    first_rank = mf.kind_rank("DaemonSet")
+    early = [o for o in items if mf.kind_rank(str(o.get("kind"))) >= first_rank]
+    late = [o for o in items if mf.kind_rank(str(o.get("kind"))) < first_rank]
+    return [group for group in (early, late) if group]
+
+
+def delete(inventory: Inventory, items: list[Object], say: Callable[[str], None]) -> None:
+    for obj in items:
+        resource = inventory.resource(obj)
+        meta = obj["metadata"]
+        namespace = meta.get("namespace") if resource.namespaced else None
+        kind = str(obj.get("kind"))
+        gone = objects.delete(
+            inventory.kube,
+            resource,
+            meta["name"],
+            namespace,
+            propagation="Foreground" if kind in _FOREGROUND else "Background",
+        )
+        if gone:
+            say(f"deleting {mf.key_of(obj)}")

@@ -1,0 +1,1 @@
+"""meshctl verify (see cli.py)."""

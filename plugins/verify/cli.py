@@ -1,0 +1,197 @@
+"""``meshctl verify``: run every contributed check, print one report, exit 3 on any failure.
+
+Invariants: the checks come from the components and the ``meshctl.checks`` group (this plugin
+adds only the cluster-wide ones); a check that raises is a failure with its message, never a
+traceback; a fatal failure (API unreachable, nothing installed) ends the run; the report and the
+exit code are decided by ``meshctl.core.checks`` alone; ``--wait`` reruns until nothing fails or
+the time is up, then reports once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+import typer
+
+from meshctl import options
+from meshctl.core.checks import (
+    Check,
+    Outcome,
+    Ran,
+    Result,
+    exit_code,
+    report_json,
+    report_text,
+    selected,
+)
+from meshctl.errors import MeshctlError, UserError
+from meshctl.output import OutputFormat, render
+from meshctl.values import Duration, format_duration
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+
+RETRY_INTERVAL = 2.0
+
+
+def run_checks(checks: Sequence[Check], ctx: Any) -> list[Ran]:
+    ran: list[Ran] = []
+    for check in checks:
+        try:
+            result = check.run(ctx)
+        except MeshctlError as exc:
+            result = Result.fail(exc.message, exc.hint or "see the message")
+        except Exception as exc:  # noqa: BLE001 -- one broken check must not hide the others
+            result = Result.fail(
+                f"the check failed to run: {type(exc).__name__}: {exc}",
+                hint="rerun with --debug and report it to the component's maintainers",
+            )
+        ran.append(Ran(check=check, result=result))
+        if check.fatal and result.outcome is Outcome.FAIL:
+            break
+    return ran
+
+
+@app.command()
+def verify(
+    ctx: typer.Context,
+    pre: Annotated[
+        bool, typer.Option("--pre", help="Before install: can this cluster take the mesh?")
+    ] = False,
+    output: options.OutputOption = OutputFormat.TABLE,
+    wait: Annotated[
+        float | None,
+        options.option(
+            "--wait",
+            parse=Duration(),
+            help="Retry failing checks for up to this long (e.g. 2m).",
+            show_default=False,
+        ),
+    ] = None,
+    workload: Annotated[
+        str | None,
+        typer.Option(
+            "--workload", metavar="NAMESPACE/POD", help="Also check that pod's data plane."
+        ),
+    ] = None,
+    revision: Annotated[
+        str | None,
+        typer.Option(
+            "--revision", "-r", metavar="REVISION", help="The install revision (default)."
+        ),
+    ] = None,
+    namespace: Annotated[
+        str | None, options.namespace("The mesh's namespace (meshctl-system).")
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            "--profile", "-p", metavar="PROFILE", help="With --pre: the profile to install."
+        ),
+    ] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option("--set", "-s", metavar="KEY=VALUE", help="With --pre: install values."),
+    ] = None,
+    files: Annotated[
+        list[str] | None,
+        options.filename("With --pre: values files, directories of them, or - for stdin."),
+    ] = None,
+) -> None:
+    """Check the installed mesh (or, with --pre, the cluster before install).
+
+    -o table is the checklist, json/yaml the report, name the failing checks (none: healthy).
+    """
+    from meshctl import components
+    from meshctl.core.install import manifest as mf
+    from meshctl.core.install.context import CheckContext
+    from meshctl.kube.client import connect
+    from meshctl.kube.inventory import Inventory
+
+    from . import builtin
+
+    deadline = wait or 0.0
+    if not pre and (profile or sets or files):
+        raise UserError(
+            "--profile, --set and -f describe an install to come: use them with --pre",
+            hint="without --pre verify reads the installed values from the cluster",
+        )
+    if workload is not None and (workload.count("/") != 1 or not all(workload.split("/"))):
+        raise UserError(f"--workload {workload!r}: expected NAMESPACE/POD", hint="e.g. shop/web-1")
+    if workload is not None and pre:
+        raise UserError("--workload checks a running pod: not with --pre", hint="drop one of them")
+    kube = connect(options.kube_settings(ctx))  # --kubeconfig, --context, --request-timeout
+    registry = components.load()
+    flags = {"revision": revision, "namespace": namespace}
+    record = None
+    if pre:
+        values = registry.resolve(
+            profile=profile,
+            files=options.values_sources(files or ()),
+            assignments=list(sets or ()),
+            flags=flags,
+        )
+    else:
+        base = registry.resolve(profile=None, flags=flags)
+        record = _record(kube, base.revisioned(mf.RECORD_NAME), base.namespace)
+        values = _installed_values(registry, record, flags) if record else base
+    checks = list(builtin.CHECKS)
+    for component in registry.components:
+        checks += component.checks
+    checks += components.load_checks()
+    chosen = selected(checks, pre=pre, workload=workload is not None)
+    give_up = time.monotonic() + deadline
+    while True:
+        context = CheckContext(
+            kube=kube,
+            cluster=Inventory(kube),
+            registry=registry,
+            values=values,
+            rendered=mf.render(registry, values),
+            pre=pre,
+            workload=workload,
+        )
+        context.memo["record"] = record
+        ran = run_checks(chosen, context)
+        if exit_code(ran) == 0 or time.monotonic() + RETRY_INTERVAL > give_up:
+            break
+        count = sum(r.result.outcome is Outcome.FAIL for r in ran)
+        sys.stderr.write(
+            f"{count} check(s) failing; retrying (--wait {format_duration(deadline)})\n"
+        )
+        time.sleep(RETRY_INTERVAL)
+        if not pre:
+            record = _record(kube, values.revisioned(mf.RECORD_NAME), values.namespace)
+    failing = [r for r in ran if r.result.outcome is Outcome.FAIL]
+    names = [f"{r.check.category}: {r.check.description}" for r in failing]
+    typer.echo(render(report_json(ran), output, table=report_text(ran), names=names), nl=False)
+    code = exit_code(ran)
+    if code:
+        raise typer.Exit(code)
+
+
+def _record(kube: Any, name: str, namespace: str) -> dict[str, Any] | None:
+    from meshctl.kube import objects
+    from meshctl.kube.resources import CONFIG_MAPS
+
+    return objects.get(kube, CONFIG_MAPS, name, namespace)
+
+
+def _installed_values(registry: Any, record: dict[str, Any], flags: dict[str, Any]) -> Any:
+    """The values the install record holds: its profile, with what the user changed."""
+    data = record.get("data") or {}
+    try:
+        changed = json.loads(data.get("values.json") or "{}")
+    except ValueError as exc:
+        raise MeshctlError(
+            f"install record {record['metadata']['name']}: values.json is not JSON",
+            hint="run 'meshctl install' again to rewrite it",
+        ) from exc
+    return registry.resolve(
+        profile=str(data.get("profile") or "default"),
+        files=[(f"install record {record['metadata']['name']}", changed)],
+        flags=flags,
+    )

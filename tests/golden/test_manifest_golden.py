@@ -1,0 +1,106 @@
+"""Goldens of the manifests meshctl prints with default settings, and the one image they all run.
+
+``MESHCTL_REFRESH_GOLDEN=1`` rewrites the goldens. The image every printed object names is
+``meshctl.core.image.default_image()`` unless overridden (``--image``, ``MESHCTL_INJECT_IMAGE``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from meshctl import __version__
+from meshctl.cli import main
+from meshctl.core.image import default_image
+from tests.harness.golden import assert_golden
+
+DATA = Path(__file__).resolve().parent / "manifests"
+POD = """apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: shop}
+spec:
+  containers: [{name: app, image: app:1}]
+"""
+
+
+def printed(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def images(documents: list[Any]) -> set[str]:
+    found = set()
+    for doc in documents:
+        spec = doc.get("spec", {})
+        pod = spec.get("template", {}).get("spec", spec)
+        for container in pod.get("initContainers", []) + pod.get("containers", []):
+            if container["name"] != "app":
+                found.add(container["image"])
+    return found
+
+
+def test_the_cni_manifest_with_defaults(capsys):
+    assert_golden(DATA / "cni-manifest.yaml.golden", printed(capsys, "cni", "manifest"))
+
+
+def test_every_printed_manifest_runs_the_default_image_unless_told_otherwise(capsys, tmp_path):
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(POD)
+    outputs = [
+        printed(capsys, "cni", "manifest"),
+        printed(capsys, "inject", "-f", str(pod)),
+        printed(capsys, "inject", "--cni", "-f", str(pod)),
+    ]
+    for text in outputs:
+        assert images(list(yaml.safe_load_all(text))) == {default_image()}
+    assert default_image() == f"localhost/meshctl:{__version__}"
+    overridden = printed(capsys, "cni", "manifest", "--image", "registry.example/m:2")
+    assert images(list(yaml.safe_load_all(overridden))) == {"registry.example/m:2"}
+    injected = printed(capsys, "inject", "--image", "registry.example/m:2", "-f", str(pod))
+    assert images(list(yaml.safe_load_all(injected))) == {"registry.example/m:2"}
+
+
+@pytest.mark.parametrize("profile", ["default", "ambient", "minimal", "demo"])
+def test_install_manifest_of_each_profile(capsys, profile):
+    """``meshctl manifest generate`` is ``install --dry-run``: the same text, no anchors."""
+    text = printed(capsys, "manifest", "generate", "--profile", profile)
+    assert text == printed(capsys, "install", "--dry-run", "-o", "yaml", "--profile", profile)
+    assert "&id" not in text
+    assert "*id" not in text
+    documents = list(yaml.safe_load_all(text))
+    # CRDs and the namespace before everything that lives in it or uses them.
+    kinds = [d["kind"] for d in documents]
+    first = kinds.index("Namespace") + 1
+    assert set(kinds[:first]) <= {"CustomResourceDefinition", "Namespace"}, kinds
+    assert images(documents) == {default_image()}
+    assert_golden(DATA / f"install-{profile}.yaml.golden", text)
+
+
+def test_a_revision_names_every_revisioned_object_and_the_webhook_selectors(capsys):
+    documents = list(
+        yaml.safe_load_all(printed(capsys, "manifest", "generate", "--revision", "canary"))
+    )
+    webhook = next(d for d in documents if d["kind"] == "MutatingWebhookConfiguration")
+    assert webhook["metadata"]["name"].endswith("-canary")
+    selected = [
+        e
+        for hook in webhook["webhooks"]
+        for s in (hook.get("namespaceSelector") or {}, hook.get("objectSelector") or {})
+        for e in s.get("matchExpressions", [])
+        if e["key"] == "istio.io/rev" and e["operator"] == "In"
+    ]
+    assert selected, webhook
+    for hook in webhook["webhooks"]:
+        selectors = [hook.get("namespaceSelector") or {}, hook.get("objectSelector") or {}]
+        expressions = [e for s in selectors for e in s.get("matchExpressions", [])]
+        revs = [e for e in expressions if e["key"] == "istio.io/rev" and e["operator"] == "In"]
+        # Each rev webhook selects exactly this revision; the tag-less ones have no In.
+        assert all(e["values"] == ["canary"] for e in revs), hook
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    assert deployment["metadata"]["name"] == "meshctl-controlplane-canary"
+    assert deployment["metadata"]["labels"]["istio.io/rev"] == "canary"

@@ -1,0 +1,122 @@
+"""The pure parts of install and verify: whose an object is, which foreign webhooks overlap ours
+(seed 003), drift named by field, and the verify report and exit code decided in one place."""
+
+from __future__ import annotations
+
+import yaml
+
+from meshctl import components
+from meshctl.core.checks import Check, Outcome, Ran, Result, exit_code, report_json, report_text
+from meshctl.core.install import drift, ownership
+from meshctl.core.install import manifest as mf
+
+SEED_003 = {
+    "apiVersion": "admissionregistration.k8s.io/v1",
+    "kind": "MutatingWebhookConfiguration",
+    "metadata": {"name": "w-istio-sidecar-injector-istio-system"},
+    "webhooks": [
+        {
+            "name": "sidecar-injector.istio.io",
+            "clientConfig": {"service": {"name": "istiod", "namespace": "istio-system"}},
+            "rules": [
+                {
+                    "operations": ["CREATE"],
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods"],
+                }
+            ],
+            "namespaceSelector": {"matchLabels": {"istio-injection": "enabled"}},
+        }
+    ],
+}
+
+
+def our_webhooks(revision: str = "default") -> list[dict]:
+    registry = components.load()
+    values = registry.resolve(profile="default", flags={"revision": revision})
+    return [
+        r.object for r in mf.render(registry, values) if r.kind == "MutatingWebhookConfiguration"
+    ]
+
+
+def test_seed_003s_leftover_webhook_overlaps_ours_and_names_its_service():
+    found = ownership.overlaps(SEED_003, our_webhooks())
+    assert [o.configuration for o in found] == ["w-istio-sidecar-injector-istio-system"]
+    assert found[0].service == ("istio-system", "istiod")
+    assert found[0].failure_policy == "Fail"
+
+
+def test_a_webhook_that_does_not_intercept_pod_creation_does_not_overlap():
+    other = yaml.safe_load(yaml.safe_dump(SEED_003))
+    other["webhooks"][0]["rules"][0]["resources"] = ["services"]
+    other["webhooks"][0]["namespaceSelector"] = {}
+    assert ownership.overlaps(other, our_webhooks()) == []
+    other["webhooks"][0]["rules"][0]["resources"] = ["pods"]
+    other["webhooks"][0]["rules"][0]["operations"] = ["UPDATE"]
+    assert ownership.overlaps(other, our_webhooks()) == []
+
+
+def test_selectors_are_satisfiable_only_together():
+    assert ownership.satisfiable([{"matchLabels": {"a": "1"}}, {}])
+    assert not ownership.satisfiable(
+        [
+            {"matchLabels": {"a": "1"}},
+            {"matchExpressions": [{"key": "a", "operator": "DoesNotExist"}]},
+        ]
+    )
+    assert not ownership.satisfiable(
+        [{"matchExpressions": [{"key": "a", "operator": "In", "values": ["1"]}]},
+         {"matchExpressions": [{"key": "a", "operator": "NotIn", "values": ["1"]}]}]
+    )  # fmt: skip
+
+
+def test_ours_is_our_label_or_our_field_manager():
+    assert ownership.is_ours({"metadata": {"labels": {mf.COMPONENT_LABEL: "cni"}}})
+    applied = {"manager": "meshctl", "operation": "Apply"}
+    assert ownership.is_ours({"metadata": {"managedFields": [applied]}})
+    # The control plane's caBundle patch of a foreign webhook configuration with our name.
+    patched = {"manager": "meshctl", "operation": "Update"}
+    assert not ownership.is_ours({"metadata": {"managedFields": [patched]}})
+    foreign = {"metadata": {"managedFields": [{"manager": "kubectl-client-side-apply"}]}}
+    assert not ownership.is_ours(foreign)
+    assert "kubectl-client-side-apply" in ownership.foreign_reason(foreign)
+
+
+def test_drift_is_named_by_field_path():
+    desired = {"spec": {"replicas": 2, "template": {"spec": {"containers": [
+        {"name": "discovery", "image": "m:1"}]}}}}  # fmt: skip
+    live = {"spec": {"replicas": 0, "template": {"spec": {"containers": [
+        {"name": "discovery", "image": "other:2", "env": []}]}}}}  # fmt: skip
+    found = [str(d) for d in drift.differences(desired, live)]
+    assert found == [
+        "spec.replicas is 0, the manifest sets 2",
+        "spec.template.spec.containers[discovery].image is 'other:2', the manifest sets 'm:1'",
+    ]
+    assert drift.differences(desired, desired) == []
+
+
+def test_the_report_and_exit_code_come_from_the_results():
+    def check(description: str) -> Check:
+        return Check(category="meshctl-x", description=description, run=lambda _ctx: Result.ok())
+
+    ran = [
+        Ran(check=check("fine"), result=Result.ok("2/2")),
+        Ran(check=check("warned"), result=Result.warn("odd", hint="look")),
+    ]
+    assert exit_code(ran) == 0
+    assert "✔ fine (2/2)" in report_text(ran)
+    assert "⚠ warned: odd" in report_text(ran)
+    broken = [*ran, Ran(check=check("broken"), result=Result.fail("gone", hint="reinstall"))]
+    assert exit_code(broken) == 3
+    text = report_text(broken)
+    assert "✘ broken: gone\n    Hint: reinstall" in text
+    assert "(1 failed)" in text
+    as_json = report_json(broken)
+    assert as_json["success"] is False
+    assert [c["result"] for c in as_json["categories"][0]["checks"]] == [
+        Outcome.OK.value, Outcome.WARN.value, Outcome.FAIL.value,
+    ]  # fmt: skip
+    # A failure without a hint still gets one (every ✘ has a hint).
+    bare = [Ran(check=check("bare"), result=Result(outcome=Outcome.FAIL, message="x"))]
+    assert "Hint:" in report_text(bare)

@@ -1,0 +1,144 @@
+"""Install values: profiles, --set typing, files, and refusals that name the key's path."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshctl.core.install import values as v
+from meshctl.core.install.components import Component, Registry
+from meshctl.errors import ConfigError
+
+
+def component(name: str, profiles: dict, **schema: v.Field) -> Component:
+    return Component(
+        name=name,
+        title=name.title(),
+        phase=10,
+        revisioned=True,
+        schema=schema,
+        profiles=profiles,
+        render=lambda values: [],
+    )
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return Registry(
+        [
+            component(
+                "plane",
+                {"default": {"enabled": True}, "minimal": {"enabled": True, "replicas": 1}},
+                replicas=v.Field(kind="int", default=2, minimum=1, help="replicas"),
+                dirs=v.Field(kind="strings", default=["a"], check=v.dns_label),
+                debug=v.Field(kind="bool", default=False),
+            ),
+            component(
+                "node",
+                {"default": {"enabled": True}},
+                binDir=v.Field(kind="string", default="/opt/cni/bin"),
+            ),
+        ]
+    )
+
+
+def test_profiles_come_from_the_components_default_first(registry):
+    assert registry.profiles() == ["default", "minimal"]
+    assert registry.resolve(profile=None).enabled("node")
+    minimal = registry.resolve(profile="minimal")
+    assert not minimal.enabled("node")
+    assert minimal.component("plane")["replicas"] == 1
+
+
+def test_set_types_values_by_the_schema_and_later_sources_win(registry, tmp_path):
+    values = registry.resolve(
+        profile=None,
+        files=[("a.yaml", {"components": {"plane": {"replicas": 5}}, "image": "r/m:1.0"})],
+        assignments=[
+            "components.plane.replicas=3",
+            "components.plane.debug=true",
+            "components.plane.dirs=x,y",
+            "components.node.binDir=1.0",
+        ],
+        flags={"revision": "canary", "namespace": None},
+    )
+    plane = values.component("plane")
+    assert (plane["replicas"], plane["debug"], plane["dirs"]) == (3, True, ["x", "y"])
+    assert values.component("node")["binDir"] == "1.0"  # a string field keeps the text
+    assert values.image == "r/m:1.0"
+    assert values.revision == "canary"
+    assert values.revisioned("meshctl-x") == "meshctl-x-canary"
+
+
+def test_a_file_names_the_profile_unless_the_flag_does(registry):
+    files = [("v.yaml", {"profile": "minimal"})]
+    assert registry.resolve(profile=None, files=files).profile == "minimal"
+    assert registry.resolve(profile="default", files=files).profile == "default"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        (
+            {"assignments": ["components.plane.replicsa=2"]},
+            "unknown key 'components.plane.replicsa'",
+        ),
+        (
+            {"assignments": ["components.plane.replicas=two"]},
+            "components.plane.replicas: expected an integer",
+        ),
+        (
+            {"assignments": ["components.plane.replicas=0"]},
+            "components.plane.replicas: 0 is below the minimum 1",
+        ),
+        ({"assignments": ["components.plane.debug=yes"]}, "expected true or false, got 'yes'"),
+        ({"assignments": ["components.plane=1"]}, "components.plane is a section"),
+        (
+            {"assignments": ["components.plane.replicas.x=1"]},
+            "components.plane.replicas is a value",
+        ),
+        ({"assignments": ["noequals"]}, "expected KEY=VALUE"),
+        ({"assignments": ["a..b=1"]}, "is not a key path"),
+        ({"assignments": ["components.plane.dirs=ok,Not_Ok"]}, "'Not_Ok' must be a DNS-1123 label"),
+        (
+            {"files": [("v.yaml", {"components": {"plane": {"replicas": "3"}}})]},
+            "v.yaml: components.plane.replicas: expected an integer, got string '3'",
+        ),
+        (
+            {"files": [("v.yaml", {"components": {"nope": {}}})]},
+            "v.yaml: unknown key 'components.nope'",
+        ),
+        ({"files": [("v.yaml", ["a"])]}, "v.yaml: the values must be a mapping"),
+        (
+            {"files": [("v.yaml", {"components": None})]},
+            "v.yaml: components must be a mapping, not null",
+        ),
+        ({"profile": "ambient"}, "--profile: unknown profile 'ambient'"),
+        (
+            {"flags": {"revision": "Canary"}},
+            "--revision Canary: revision: 'Canary' must be a DNS-1123",
+        ),
+    ],
+)
+def test_refusals_name_the_source_and_the_path(registry, kwargs, expected):
+    kwargs.setdefault("profile", None)
+    with pytest.raises(ConfigError) as caught:
+        registry.resolve(**kwargs)
+    assert expected in caught.value.message
+    assert caught.value.hint
+
+
+def test_an_unknown_key_lists_the_keys_of_its_section(registry):
+    with pytest.raises(ConfigError) as caught:
+        registry.resolve(profile=None, assignments=["components.node.bindir=/x"])
+    assert "enabled, binDir" in (caught.value.hint or "")
+
+
+def test_non_defaults_keep_only_what_changed():
+    base = {"a": 1, "b": {"c": 2, "d": 3}}
+    assert v.non_defaults({"a": 1, "b": {"c": 2, "d": 4}}, base) == {"b": {"d": 4}}
+    assert v.non_defaults(base, base) == {}
+
+
+def test_duplicate_component_names_are_refused():
+    with pytest.raises(ConfigError, match="two installed components"):
+        Registry([component("x", {}), component("x", {})])
