@@ -23,7 +23,7 @@ import typer.core
 # there (the separate ``click`` distribution is not the same classes). Pinned to a minor range.
 from typer import _click as click
 
-from meshctl import __version__, config, logs
+from meshctl import __version__, config, logs, values
 from meshctl.errors import EXIT_RUNTIME, EXIT_USAGE, MeshctlError, format_error
 from meshctl.plugins import PluginInfo, discover, load
 
@@ -39,7 +39,11 @@ _GLOBAL_FLAGS = {
     "--kubeconfig": True,
     "--context": True,
     "--config": True,
+    "--request-timeout": True,
 }
+
+# Where the shell's completion script (``meshctl completion SHELL``) asks for candidates.
+COMPLETE_VAR = "_MESHCTL_COMPLETE"
 
 
 class PluginGroup(typer.core.TyperGroup):
@@ -65,7 +69,10 @@ class PluginGroup(typer.core.TyperGroup):
         info = self.plugins.get(cmd_name)
         if info is None:
             return None
+        from meshctl import options  # deferred: the root's own --help does not need it
+
         command = _as_click_command(load(info), info)
+        options.hold_group_options(command)
         self._loaded[cmd_name] = command
         return command
 
@@ -142,11 +149,29 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"meshctl {__version__}")
+        raise typer.Exit(0)
+
+
+def _request_timeout(raw: Any) -> Any:
+    """--request-timeout's parser: ``options.typed`` over a duration, imported only when the
+    flag is given (``meshctl --help`` stays off the shared options module)."""
+    from meshctl import options
+
+    return options.typed(_request_timeout.meshctl_parse)(raw)  # type: ignore[attr-defined]
+
+
+_request_timeout.meshctl_parse = values.Duration()  # type: ignore[attr-defined]  # the tree test
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
     debug: Annotated[
-        bool | None, typer.Option("--debug", help="Show tracebacks and debug logs.")
+        bool | None,
+        typer.Option("--debug", help="Show tracebacks and debug logs [env MESHCTL_DEBUG]"),
     ] = None,
     log_level: Annotated[
         str | None,
@@ -163,16 +188,36 @@ def root(
         typer.Option("--kubeconfig", metavar="PATH", help="Kubeconfig file [env KUBECONFIG]"),
     ] = None,
     context: Annotated[
-        str | None, typer.Option("--context", metavar="NAME", help="Kubeconfig context to use")
+        str | None,
+        typer.Option(
+            "--context", metavar="NAME", help="Kubeconfig context to use [env MESHCTL_CONTEXT]"
+        ),
+    ] = None,
+    request_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--request-timeout",
+            metavar="DURATION",
+            parser=_request_timeout,
+            help="Give up on one API server request after this long (default 30s; 0: never) "
+            "[env MESHCTL_REQUEST_TIMEOUT]",
+            show_default=False,
+        ),
     ] = None,
     config_file: Annotated[
         str | None,
         typer.Option(
             "--config",
             metavar="PATH",
-            help="Settings file [env MESHCTL_CONFIG, default ~/.config/meshctl/config.yaml]",
+            help="Settings file (default ~/.config/meshctl/config.yaml) [env MESHCTL_CONFIG]",
         ),
     ] = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
 ) -> None:
     """meshctl: a service mesh in one binary (Istio's ports and conventions)."""
     flags = {
@@ -182,12 +227,14 @@ def root(
         "kubeconfig": kubeconfig,
         "context": context,
         "config_file": config_file,
+        "request_timeout": request_timeout,
     }
     data, file_name = config.load_file(config_file)
     settings = config.resolve(
         config.GlobalSettings, flags=flags, file=_globals_of(data), file_name=file_name
     )
-    logs.configure("debug" if settings.debug else settings.log_level, settings.log_format)
+    level = "debug" if settings.debug else (settings.log_level or logs.DEFAULT_LEVEL)
+    logs.configure(level, settings.log_format)
     # Subcommands read shared settings from ctx.obj and their own section from ctx.meta.
     ctx.obj = settings
     ctx.meta[config.SETTINGS_FILE_META] = (data, file_name)
@@ -225,9 +272,12 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit p
     args = hoist_global_flags(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or config._to_bool(os.environ.get("MESHCTL_DEBUG") or "false")
     command = typer.main.get_command(app)
+    _answer_completion_requests()
     try:
         # Without standalone mode click returns typer.Exit's code instead of raising it.
-        result = command.main(args=args, prog_name="meshctl", standalone_mode=False)
+        result = command.main(
+            args=args, prog_name="meshctl", complete_var=COMPLETE_VAR, standalone_mode=False
+        )
     except MeshctlError as exc:
         if debug:
             log.exception("failed")
@@ -243,7 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit p
         hint = "run 'meshctl --help' for usage"
         if exc.ctx is not None and exc.ctx.command_path != "meshctl":
             hint = f"run '{exc.ctx.command_path} --help' for usage"
-        return _report(exc.format_message(), hint, EXIT_USAGE)
+        # typer validates through pydantic, which prefixes a validator's reason with
+        # "Value error, "; the reason alone reads as every other meshctl message does.
+        return _report(exc.format_message().replace("Value error, ", ""), hint, EXIT_USAGE)
     except click.exceptions.ClickException as exc:
         return _report(exc.format_message(), None, exc.exit_code)
     except typer.Abort:
@@ -259,6 +311,16 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit p
             EXIT_RUNTIME,
         )
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def _answer_completion_requests() -> None:
+    """When the shell's completion script asks (``meshctl completion``), typer's shell classes
+    answer it from the same lazily loaded command tree; registering them costs an import, so
+    only completion requests pay it."""
+    if os.environ.get(COMPLETE_VAR):
+        from typer._completion_classes import completion_init
+
+        completion_init()
 
 
 def _report(message: str, hint: str | None, code: int) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from meshctl import values
 from meshctl.errors import ConfigError
 
 T = TypeVar("T")
@@ -57,8 +58,9 @@ class GlobalSettings:
     """Options every subcommand shares; built once by the root command."""
 
     debug: bool = setting(False, env="MESHCTL_DEBUG", flag="--debug")
-    log_level: str = setting(
-        "warning", env="MESHCTL_LOG_LEVEL", flag="--log-level", choices=LOG_LEVELS
+    # None: the command's own default (warning; info for daemons, see meshctl.logs).
+    log_level: str | None = setting(
+        None, env="MESHCTL_LOG_LEVEL", flag="--log-level", choices=LOG_LEVELS
     )
     log_format: str = setting(
         "text", env="MESHCTL_LOG_FORMAT", flag="--log-format", choices=LOG_FORMATS
@@ -66,6 +68,14 @@ class GlobalSettings:
     kubeconfig: str | None = setting(None, env="KUBECONFIG", flag="--kubeconfig")
     context: str | None = setting(None, env="MESHCTL_CONTEXT", flag="--context")
     config_file: str | None = setting(None, env=CONFIG_ENV, flag="--config")
+    # kubectl's --request-timeout: one API request's limit in seconds; 0 waits forever.
+    request_timeout: float = setting(
+        30.0,
+        env="MESHCTL_REQUEST_TIMEOUT",
+        flag="--request-timeout",
+        parse=values.Duration(),
+        hint=f"give a duration, {values.DURATION_EXAMPLES}, or 0 for no limit",
+    )
 
 
 def resolve(
@@ -81,7 +91,7 @@ def resolve(
     env = os.environ if env is None else env
     file = file or {}
     hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
+    resolved: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         meta = f.metadata
         flag_name = meta.get("flag") or "--" + f.name.replace("_", "-")
@@ -99,7 +109,7 @@ def resolve(
             raw, source = file[key], f"{file_name} key {key!r}"
         else:
             continue
-        values[f.name] = _coerce(
+        resolved[f.name] = _coerce(
             raw, hints[f.name], meta.get("choices"), source, meta.get("parse"), meta.get("hint")
         )
     unknown = sorted(
@@ -115,7 +125,7 @@ def resolve(
             f"{file_name}: unknown key(s) {', '.join(unknown)}",
             hint="check the spelling against 'meshctl --help'",
         )
-    return cls(**values)
+    return cls(**resolved)
 
 
 def env_with_prefix(prefix: str, env: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -305,27 +315,22 @@ def state_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "meshctl"
 
 
-def values_files(paths: Sequence[Path]) -> list[tuple[str, Any]]:
-    """Each ``-f`` values file as (its name, its one YAML document or None when empty)."""
+def values_files(sources: Sequence[tuple[str, str]]) -> list[tuple[str, Any]]:
+    """Each ``-f`` values source (its name, its text) as (its name, its one YAML document or
+    None when empty)."""
     import yaml
 
     loaded = []
-    for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                f"-f {path}: {exc.strerror or exc}", hint="give a readable values file"
-            ) from exc
+    for name, text in sources:
         try:
             documents = [d for d in yaml.safe_load_all(text) if d is not None]
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"-f {path}: not valid YAML{at}", hint="fix the YAML syntax") from exc
+            raise ConfigError(f"-f {name}: not valid YAML{at}", hint="fix the YAML syntax") from exc
         if len(documents) > 1:
             raise ConfigError(
-                f"-f {path}: holds {len(documents)} YAML documents", hint="give one values mapping"
+                f"-f {name}: holds {len(documents)} YAML documents", hint="give one values mapping"
             )
-        loaded.append((str(path), documents[0] if documents else None))
+        loaded.append((name, documents[0] if documents else None))
     return loaded

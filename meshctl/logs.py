@@ -15,6 +15,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+DEFAULT_LEVEL = "warning"  # commands: only what needs attention
+DAEMON_LEVEL = "info"  # long-running commands: also where they listen and when they are ready
+
 # Attributes every LogRecord has; anything else was passed through ``extra=`` and is kept.
 _STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -102,7 +105,7 @@ def defer_writes(schedule: Callable[[Callable[[], None]], object]) -> None:
             root.addHandler(new)
 
 
-def configure(level: str = "warning", fmt: str = "text", stream: TextIO | None = None) -> None:
+def configure(level: str = DEFAULT_LEVEL, fmt: str = "text", stream: TextIO | None = None) -> None:
     """Route the root logger to ``stream`` (stderr) at ``level`` in ``fmt`` ("text" or "json")."""
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
@@ -111,3 +114,13 @@ def configure(level: str = "warning", fmt: str = "text", stream: TextIO | None =
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+
+
+def listening(logger: logging.Logger, what: str, addresses: list[str]) -> None:
+    """The one line a daemon logs once its sockets are bound: what, and every address."""
+    logger.info("%s listening on %s", what, ", ".join(addresses))
+
+
+def ready(logger: logging.Logger, what: str, detail: str = "") -> None:
+    """The one line a daemon logs when it starts doing its job (serving, installed)."""
+    logger.info("%s ready%s", what, f": {detail}" if detail else "")

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshctl import logs
 from meshctl.core import channel
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,7 @@ class Supervisor:
         backoff: Backoff | None = None,
         hello_timeout: float = 30.0,
         report_timeout: float = 1.0,
+        ready_line: tuple[str, str] = ("data plane", ""),
         pods: PodFeed | None = None,
     ) -> None:
         if workers < 1:
@@ -161,6 +163,10 @@ class Supervisor:
         self._requests = 0  # tokens of ReportRequests, unique for this supervisor
         self._reports: dict[tuple[int, int], asyncio.Future[channel.Report]] = {}
         self._gathering: set[asyncio.Task[None]] = set()
+        # (what, detail) of the one "ready" line, logged when every worker first says ready.
+        self._ready_line = ready_line
+        self._ready: set[int] = set()
+        self._announced = False
         self._pods = pods
 
     def stop(self) -> None:
@@ -284,7 +290,7 @@ class Supervisor:
             for message, descriptors in self._pods.current():
                 self._send_pod(child, message, descriptors)
         child.fed = True
-        log.info("data plane %d started (pid %d)", index, proc.pid)
+        log.debug("data plane %d started (pid %d)", index, proc.pid)
         child.reading = asyncio.ensure_future(self._read(child, decoder, hello[1:]))
         return child
 
@@ -299,6 +305,7 @@ class Supervisor:
                         log.error("data plane %d: %s", child.index, message.problem)
                     else:
                         log.debug("data plane %d status: ready=%s", child.index, message.ready)
+                    self._note_ready(child.index, message.ready)
                 elif isinstance(message, channel.Drained):
                     child.quit_requested = not self._stop.is_set()
                     child.drained.set()
@@ -318,6 +325,17 @@ class Supervisor:
             except (ConnectionError, channel.ChannelError) as exc:
                 log.error("data plane %d channel: %s", child.index, exc)  # noqa: TRY400 (expected; no traceback)
                 return
+
+    def _note_ready(self, index: int, ready: bool) -> None:
+        if ready:
+            self._ready.add(index)
+        else:
+            self._ready.discard(index)
+        if not self._announced and len(self._ready) == self._workers:
+            self._announced = True
+            what, detail = self._ready_line
+            workers = f"{self._workers} data-plane worker{'s' if self._workers > 1 else ''}"
+            logs.ready(log, what, f"{detail}, {workers}" if detail else workers)
 
     async def _gather(self, asker: _Child, request: int) -> None:
         """Ask every other live worker for its ``Report``; answer ``asker`` with what came in

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
 import os
@@ -118,6 +119,14 @@ class Pair:
     key_pem: bytes
 
 
+_IN_USE_HINT = "choose a free port, or stop what is using it"
+# What to do about a bind error other than a port in use (the address, not the port, is wrong).
+_BIND_HINTS = {
+    errno.EADDRNOTAVAIL: "listen on one of this host's addresses, or 0.0.0.0 (:: for IPv6)",
+    errno.EACCES: "ports below 1024 need root or CAP_NET_BIND_SERVICE; choose another port",
+}
+
+
 class BoundConfig(Config):
     """hypercorn's configuration over a socket we bound ourselves (``fd://``): a port in use
     is a one-line error when the configuration is made, not a failure inside a server task."""
@@ -136,9 +145,16 @@ class BoundConfig(Config):
             sock.close()
             raise MeshctlError(
                 f"cannot listen on {shown}: {exc.strerror or exc}",
-                hint="choose a free port, or stop what is using it",
+                hint=_BIND_HINTS.get(
+                    exc.errno or 0, "choose a free port, or stop what is using it"
+                ),
             ) from exc
-        self.where = f"{shown.rsplit(':', 1)[0]}:{sock.getsockname()[1]}"
+        self.use(sock)
+
+    def use(self, sock: socket.socket) -> None:
+        """Serve on ``sock``, bound and listening already (by a caller with its own errors)."""
+        host, port = sock.getsockname()[:2]
+        self.where = f"[{host}]:{port}" if sock.family == socket.AF_INET6 else f"{host}:{port}"
         # hypercorn wraps the descriptor in a socket of its own; ours lets go of it.
         self.bind = [f"fd://{sock.detach()}"]
 
@@ -211,14 +227,19 @@ def config_for(
     pair: Pair | None = None,
     graceful_seconds: float = 5.0,
     read_timeout_seconds: int = 30,
+    sock: socket.socket | None = None,
 ) -> TlsConfig:
-    """The hypercorn configuration: TLS with ALPN h2 then http/1.1, no access log."""
+    """The hypercorn configuration: TLS with ALPN h2 then http/1.1, no access log; serving
+    ``sock`` (bound and listening) when given, else bound to ``address``:``port`` now."""
     if pair is None:
         if tls_cert is None or tls_key is None:
             raise MeshctlError("no serving certificate", hint="pass --tls-cert and --tls-key")
         check_tls_files(tls_cert, tls_key)
     config = TlsConfig(pair)
-    config.bind_to(str(ipaddress.ip_address(address)), port)
+    if sock is not None:
+        config.use(sock)
+    else:
+        config.bind_to(str(ipaddress.ip_address(address)), port)
     if pair is None:
         config.certfile = str(tls_cert)
         config.keyfile = str(tls_key)
@@ -233,14 +254,15 @@ def config_for(
 
 def check_tls_files(cert: Path, key: Path) -> None:
     """Fails with a one-line error unless ``cert`` and ``key`` load as a matching pair."""
+    for what, path in (("certificate", cert), ("key", key)):
+        if not path.is_file():  # ssl's own error names no file ("None")
+            raise MeshctlError(
+                f"TLS {what} file {path} does not exist",
+                hint="pass the webhook's serving certificate and key with --tls-cert and --tls-key",
+            )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
         context.load_cert_chain(str(cert), str(key))
-    except FileNotFoundError as exc:
-        raise MeshctlError(
-            f"TLS file {exc.filename} does not exist",
-            hint="pass the webhook's serving certificate and key with --tls-cert and --tls-key",
-        ) from exc
     except (OSError, ssl.SSLError) as exc:
         raise MeshctlError(
             f"cannot load the TLS certificate {cert} with key {key}: {exc.strerror or exc}",

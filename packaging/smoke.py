@@ -126,11 +126,46 @@ def check_plugins(binary: Path) -> list[str]:
             problems.append(f"cni manifest --ambient: exit {ambient.returncode}")
         problems += check_install(binary, Path(tmp))
         problems += check_cni_name(binary, Path(tmp))
+        problems += check_completion(binary)
         dataplane = run(binary, "ztunnel-dataplane", "--help")
         if dataplane.returncode != 0 or "--channel-fd" not in dataplane.stdout:
             problems.append(f"ztunnel-dataplane --help: exit {dataplane.returncode}")
     if os.geteuid() == 0:
         problems += check_iptc(binary)
+    return problems
+
+
+def check_completion(binary: Path) -> list[str]:
+    """``--version``, the completion script, and an answer to the shell's completion request
+    (typer's shell classes and rich's help sanitiser are imported lazily: they must be frozen)."""
+    problems: list[str] = []
+    version = run(binary, "--version")
+    if version.returncode != 0 or not version.stdout.startswith("meshctl "):
+        problems.append(f"--version: exit {version.returncode}: {version.stdout!r}")
+    script = run(binary, "completion", "bash")
+    if script.returncode != 0 or "complete -o default -F _meshctl_completion" not in script.stdout:
+        problems.append(f"completion bash: exit {script.returncode}: {script.stderr.strip()!r}")
+    for shell, env in (
+        ("bash", {"COMP_WORDS": "meshctl ver", "COMP_CWORD": "1"}),
+        ("zsh", {"_TYPER_COMPLETE_ARGS": "meshctl ver"}),
+        (
+            "powershell",
+            {"_TYPER_COMPLETE_ARGS": "meshctl ver", "_TYPER_COMPLETE_WORD_TO_COMPLETE": "ver"},
+        ),
+    ):
+        answer = subprocess.run(
+            [str(binary)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, **env, "_MESHCTL_COMPLETE": f"complete_{shell}"},
+        )
+        if answer.returncode != 0 or "version" not in answer.stdout:
+            problems.append(
+                f"completion request ({shell}): exit {answer.returncode}: "
+                f"{answer.stdout[:200]!r} {answer.stderr.strip()[:200]!r}"
+            )
     return problems
 
 

@@ -30,6 +30,11 @@ _TRUST_DOMAIN = re.compile(r"^[a-z0-9._-]+$")
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
+def is_trust_domain(text: str) -> bool:
+    """Whether ``text`` is a valid SPIFFE trust domain name (spec §2.1)."""
+    return bool(_TRUST_DOMAIN.match(text))
+
+
 class IdentityError(ValueError):
     """An identity string or a peer certificate failed a rule; ``str()`` is the reason."""
 

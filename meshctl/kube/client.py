@@ -28,7 +28,7 @@ class KubeSettings:
 
     kubeconfig: str | None = None
     context: str | None = None
-    request_timeout: float = 10.0
+    request_timeout: float = 30.0  # seconds per request (kubectl's --request-timeout); 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,15 @@ class Kube:
     api: Any
     source: str  # "kubeconfig <path> (context <name>)" or "in-cluster", for messages
     request_timeout: float
+
+    @property
+    def timeout(self) -> float | None:
+        """What to pass as ``_request_timeout``: None waits forever (``--request-timeout 0``)."""
+        return self.request_timeout or None
+
+    @property
+    def server(self) -> str:
+        return str(self.api.configuration.host)
 
 
 def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kube:
@@ -51,6 +60,7 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
         try:
             configuration = client.Configuration()
             config.load_incluster_config(client_configuration=configuration)
+            _one_attempt(configuration)
         except ConfigException as exc:
             raise KubeError(
                 f"in-cluster config unusable: {exc}",
@@ -87,9 +97,17 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
             f"kubeconfig {source} cannot be parsed: {exc}",
             hint="compare it with 'kubectl config view'",
         ) from exc
+    _one_attempt(configuration)
     configuration.connection_pool_maxsize = POOL_SIZE
     where = f"kubeconfig {source}" + (f" (context {settings.context})" if settings.context else "")
     return Kube(client.ApiClient(configuration), where, settings.request_timeout)
+
+
+def _one_attempt(configuration: Any) -> None:
+    """One try per request: urllib3's default retries turned a server that does not answer into
+    four timeouts in a row (40 s at 10 s each) and printed a warning per retry. A command fails
+    once, with one line; a controller's loop retries on its own terms."""
+    configuration.retries = False
 
 
 def _kubeconfig_paths(value: str | None) -> list[Path]:

@@ -1,5 +1,6 @@
 """Socket facts capture depends on: the original destination of a redirected connection,
-transparent (TPROXY) listeners, and sockets owned by another uid/gid (the proxy's).
+transparent (TPROXY) listeners, and sockets owned by another uid/gid (the proxy's); and the
+listening sockets daemons bind, with one-line errors that say why a bind failed.
 
 Invariants: ``original_destination`` reads netfilter's conntrack via ``SO_ORIGINAL_DST``
 (``linux/netfilter_ipv4.h``; ``IP6T_SO_ORIGINAL_DST`` for IPv6) and returns ``None`` for a
@@ -16,6 +17,8 @@ import errno
 import socket
 import struct
 from collections.abc import Iterator
+
+from meshctl.errors import MeshctlError, UserError
 
 SO_ORIGINAL_DST = 80  # same value for SOL_IP and SOL_IPV6 (IP6T_SO_ORIGINAL_DST)
 SOL_IPV6 = 41  # SOL_IPV6 exists on Linux but is missing from typeshed's stubs
@@ -54,6 +57,57 @@ def transparent_listener(family: int, address: str, port: int, backlog: int = 16
         sock.close()
         raise
     return sock
+
+
+def address_text(sock: socket.socket) -> str:
+    """``HOST:PORT`` a socket is bound to, IPv6 hosts in brackets (``[::]:15008``)."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def listener(
+    host: str,
+    port: int,
+    *,
+    what: str,
+    backlog: int = 1024,
+    v6only: bool = False,
+    in_use_hint: str = "stop what is using it, or choose another port",
+) -> socket.socket:
+    """A bound, listening TCP socket on ``host``:``port`` (IPv6 when ``host`` has a colon), or
+    a ``UserError`` naming ``what`` and why: the port is taken, the address is not this host's,
+    or the port is privileged. ``v6only`` keeps an IPv6 socket from taking the IPv4 port too."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
+        sock.bind((host, port))
+        sock.listen(backlog)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                f"cannot listen on {where} ({what}): the port is already in use", hint=in_use_hint
+            ) from exc
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise UserError(
+                f"cannot listen on {where} ({what}): {host} is not an address of this host",
+                hint="give one of this host's addresses, or 0.0.0.0 (or ::) for all of them",
+            ) from exc
+        if exc.errno == errno.EACCES:
+            raise UserError(
+                f"cannot listen on {where} ({what}): permission denied",
+                hint="ports below 1024 need root or CAP_NET_BIND_SERVICE; choose another port",
+            ) from exc
+        raise MeshctlError(f"cannot listen on {where} ({what}): {exc.strerror or exc}") from exc
+    return sock
+
+
+class PortInUseError(UserError):
+    """The port is bound already (another process, or another instance of this one)."""
 
 
 def _libc() -> ctypes.CDLL:

@@ -8,14 +8,17 @@ The CNI plugin itself is the raw ``cni-plugin`` entry point, in ``meshctl_plugin
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from meshctl import config
+from meshctl import config, options
 from meshctl.output import OutputFormat, render_objects
 
 from .installer import Installer, InstallSettings
+
+if TYPE_CHECKING:
+    from meshctl.kube.client import KubeSettings
 
 SECTION = "cni"
 
@@ -27,7 +30,10 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-_Dir = Annotated[str | None, typer.Option(show_default=False)]
+
+def _setting(field: str, help: str, metavar: str | None = None) -> Any:  # noqa: A002
+    """The option for ``InstallSettings.<field>``: flag and env var (Istio's names) from it."""
+    return options.from_setting(InstallSettings, field, help=help, metavar=metavar)
 
 
 def _settings(ctx: typer.Context, flags: dict[str, Any]) -> InstallSettings:
@@ -35,97 +41,100 @@ def _settings(ctx: typer.Context, flags: dict[str, Any]) -> InstallSettings:
     return config.resolve(InstallSettings, flags=flags, file=section, file_name=name)
 
 
+BinDirOption = Annotated[str | None, _setting("cni_bin_dir", "Host CNI bin dir.", "DIR")]
+ConfDirOption = Annotated[str | None, _setting("cni_conf_dir", "Host CNI conf dir.", "DIR")]
+RunDirOption = Annotated[str | None, _setting("run_dir", "The plugin's run dir.", "DIR")]
+
+
 @app.command("install")
 def install_cmd(
     ctx: typer.Context,
-    cni_bin_dir: Annotated[
-        str | None, typer.Option("--cni-bin-dir", help="Host CNI bin dir [CNI_BIN_DIR].")
-    ] = None,
-    cni_conf_dir: Annotated[
-        str | None,
-        typer.Option("--cni-conf-dir", help="Host CNI conf dir [MOUNTED_CNI_NET_DIR]."),
-    ] = None,
+    cni_bin_dir: BinDirOption = None,
+    cni_conf_dir: ConfDirOption = None,
     cni_conf_name: Annotated[
         str | None,
-        typer.Option("--cni-conf-name", help="Config file to merge into (default: first valid)."),
+        _setting("cni_conf_name", "Config file to merge into (default: first valid).", "FILE"),
     ] = None,
-    run_dir: Annotated[
-        str | None, typer.Option("--run-dir", help="Plugin run dir [CNI_AGENT_RUN_DIR].")
-    ] = None,
+    run_dir: RunDirOption = None,
     service_account_dir: Annotated[
-        str | None, typer.Option("--service-account-dir", help="Where token and ca.crt are.")
+        str | None, _setting("service_account_dir", "Where token and ca.crt are.", "DIR")
     ] = None,
     kube_server: Annotated[
         str | None,
-        typer.Option("--kube-server", help="API server URL for the plugin (default: in-cluster)."),
+        _setting("kube_server", "API server URL for the plugin (default: in-cluster).", "URL"),
     ] = None,
     kube_ca_file: Annotated[
-        str | None, typer.Option("--kube-ca-file", help="CA bundle (default: the SA's ca.crt).")
+        str | None, _setting("kube_ca_file", "CA bundle (default: the SA's ca.crt).", "FILE")
     ] = None,
     exclude_namespaces: Annotated[
-        str | None,
-        typer.Option("--exclude-namespaces", help="Never captured [EXCLUDE_NAMESPACES]."),
+        str | None, _setting("exclude_namespaces", "Never captured.", "NAMESPACES")
     ] = None,
     iptables_backend: Annotated[
-        str | None, typer.Option("--iptables-backend", help="iptc (default), legacy, nft, auto.")
+        str | None, _setting("iptables_backend", "How the plugin writes rules (iptc).")
     ] = None,
     readiness_address: Annotated[
         str | None,
-        typer.Option("--readiness-address", help="HOST:PORT of /readyz (0.0.0.0:8000; '' off)."),
+        _setting(
+            "readiness_address",
+            "Where /readyz and /healthz answer (0.0.0.0:8000; '' off).",
+            "HOST:PORT",
+        ),
     ] = None,
     poll_interval: Annotated[
-        str | None, typer.Option("--poll-interval", help="Seconds between checks (0.5).")
+        float | None, _setting("poll_interval", "How often the node's files are checked (0.5s).")
     ] = None,
     plugin_tree: Annotated[
         str | None,
-        typer.Option(
-            "--plugin-tree",
-            help="One-dir tree to install as the plugin (default: the one this binary runs "
-            "from) [MESHCTL_CNI_PLUGIN_TREE].",
+        _setting(
+            "plugin_tree",
+            "One-dir tree to install as the plugin (default: the one this binary runs from).",
+            "DIR",
         ),
     ] = None,
     ambient: Annotated[
         bool | None,
         typer.Option(
             "--ambient/--no-ambient",
-            help="Also run the ambient node agent (enroll pods for the node proxy) "
-            "[AMBIENT_ENABLED].",
+            help=options.env_help(
+                "Also run the ambient node agent (enroll pods for the node proxy).",
+                "AMBIENT_ENABLED",
+            ),
             show_default=False,
         ),
     ] = None,
-    node_name: Annotated[
-        str | None, typer.Option("--node-name", help="This node's name [NODE_NAME].")
-    ] = None,
+    node_name: Annotated[str | None, _setting("node_name", "This node's name.", "NODE")] = None,
     ztunnel_socket: Annotated[
         str | None,
-        typer.Option(
-            "--ztunnel-socket",
-            help="ZDS socket the node proxy connects to (/var/run/ztunnel/ztunnel.sock) "
-            "[ZTUNNEL_UDS_ADDRESS].",
+        _setting(
+            "ztunnel_socket",
+            "ZDS socket the node proxy connects to (/var/run/ztunnel/ztunnel.sock).",
+            "PATH",
         ),
     ] = None,
 ) -> None:
     """Install the plugin on this node, keep it installed, and remove it on SIGTERM."""
+    flags = {k: v for k, v in locals().items() if k != "ctx"}
     import asyncio
 
     from . import daemon
 
-    settings = _settings(ctx, {k: v for k, v in locals().items() if k != "ctx"})
+    options.daemon_logging(ctx)
+    settings = _settings(ctx, flags)
     _ = settings.server  # an unusable API address is a usage error now, not a warning loop later
-    global_settings: config.GlobalSettings = ctx.obj
     installer = Installer(settings)  # so is an unusable --plugin-tree
+    kube_settings = options.kube_settings(ctx)  # --kubeconfig, --context, --request-timeout
 
     async def main() -> int:
-        agent = _agent(settings, global_settings) if settings.ambient else None
+        agent = _agent(settings, kube_settings) if settings.ambient else None
         return await daemon.run(settings, installer, agent=agent)
 
     raise typer.Exit(asyncio.run(main()))
 
 
-def _agent(settings: InstallSettings, global_settings: config.GlobalSettings) -> Any:
+def _agent(settings: InstallSettings, kube_settings: KubeSettings) -> Any:
     """The ambient node agent, connected to the API (in-cluster, or ``--kubeconfig``)."""
     from meshctl.errors import ConfigError
-    from meshctl.kube.client import KubeSettings, connect
+    from meshctl.kube.client import connect
 
     from .ambient import AgentSettings, AmbientAgent
 
@@ -140,9 +149,7 @@ def _agent(settings: InstallSettings, global_settings: config.GlobalSettings) ->
             "the pods' DNS would break their name resolution",
             hint="unset AMBIENT_DNS_CAPTURE (pods resolve names directly)",
         )
-    kube = connect(
-        KubeSettings(kubeconfig=global_settings.kubeconfig, context=global_settings.context)
-    )
+    kube = connect(kube_settings)
     return AmbientAgent(
         AgentSettings(
             node_name=settings.node_name,
@@ -162,9 +169,9 @@ def _agent(settings: InstallSettings, global_settings: config.GlobalSettings) ->
 @app.command("uninstall")
 def uninstall_cmd(
     ctx: typer.Context,
-    cni_bin_dir: Annotated[str | None, typer.Option("--cni-bin-dir")] = None,
-    cni_conf_dir: Annotated[str | None, typer.Option("--cni-conf-dir")] = None,
-    run_dir: Annotated[str | None, typer.Option("--run-dir")] = None,
+    cni_bin_dir: BinDirOption = None,
+    cni_conf_dir: ConfDirOption = None,
+    run_dir: RunDirOption = None,
 ) -> None:
     """Remove the plugin's entry, binary and kubeconfig: the node's config as it was."""
     settings = _settings(ctx, {k: v for k, v in locals().items() if k != "ctx"})
@@ -175,24 +182,30 @@ def uninstall_cmd(
 
 @app.command("manifest")
 def manifest_cmd(
-    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "meshctl-system",
-    image: Annotated[
-        str | None, typer.Option("--image", help="meshctl image (localhost/meshctl:<version>).")
-    ] = None,
-    cni_bin_dir: Annotated[str, typer.Option("--cni-bin-dir", help="Host path.")] = "/opt/cni/bin",
+    namespace: Annotated[str, options.namespace("Namespace of the node agents.")] = (
+        "meshctl-system"
+    ),
+    image: options.ImageOption = None,
+    cni_bin_dir: Annotated[
+        str, typer.Option("--cni-bin-dir", metavar="DIR", help="Host path.")
+    ] = "/opt/cni/bin",
     cni_conf_dir: Annotated[
-        str, typer.Option("--cni-conf-dir", help="Host path.")
+        str, typer.Option("--cni-conf-dir", metavar="DIR", help="Host path.")
     ] = "/etc/cni/net.d",
-    output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.YAML,
+    output: options.OutputOption = OutputFormat.YAML,
     ambient: Annotated[
         bool, typer.Option("--ambient", help="With the ambient node agent (istio-cni's).")
     ] = False,
     netns_dir: Annotated[
         str,
-        typer.Option("--netns-dir", help="Ambient: where the runtime pins pod netns (host path)."),
+        typer.Option(
+            "--netns-dir",
+            metavar="DIR",
+            help="Ambient: where the runtime pins pod netns (host path).",
+        ),
     ] = "/var/run/netns",
 ) -> None:
-    """Print the DaemonSet (and its RBAC) that runs 'meshctl cni install' on every node."""
+    """Print the Namespace, RBAC and DaemonSet that run 'meshctl cni install' on every node."""
     from .manifest import objects
 
     items = objects(
@@ -203,6 +216,4 @@ def manifest_cmd(
         ambient=ambient,
         netns_dir=netns_dir,
     )
-    if output is OutputFormat.TABLE:
-        raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
     typer.echo(render_objects(items, output), nl=False)

@@ -26,7 +26,7 @@ CATEGORY = "meshctl-cni"
 def _render(values: Values) -> list[dict[str, Any]]:
     own = values.component("cni")
     excluded = tuple(dict.fromkeys([*own["excludeNamespaces"], values.namespace]))
-    return objects(
+    items = objects(
         namespace=values.namespace,
         image=values.image,
         cni_bin_dir=own["cniBinDir"],
@@ -36,6 +36,9 @@ def _render(values: Values) -> list[dict[str, Any]]:
         ambient=own["ambient"],
         netns_dir=own["netnsDir"],
     )
+    # The install renders the mesh's Namespace itself (with its install record); 'cni manifest'
+    # carries one only so that it applies on its own.
+    return [o for o in items if o["kind"] != "Namespace"]
 
 
 def _daemonset(ctx: CheckContext) -> tuple[Any, dict[str, Any] | None]:

@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from meshctl import logs
 from meshctl.core.cni.spec import LOG_SOCKET_NAME, PLUGIN_EVENT_SOCKET_NAME
-from meshctl.errors import MeshctlError, UserError
+from meshctl.errors import MeshctlError
+from meshctl.net.sockets import address_text
 
 from .installer import Installer, InstallSettings, Status
 from .pluginserver import PluginServer
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from .ambient import AmbientAgent
 
 log = logging.getLogger(__name__)
+WHAT = "CNI node agent"  # how the listening and ready lines name this daemon
 plugin_log = logging.getLogger("meshctl.cni.plugin")
 
 CONFLICT_WINDOW = 60.0  # seconds
@@ -70,6 +73,7 @@ class RepairBudget:
 class _State:
     status: Status
     running: bool = True
+    announced: bool = False  # the ready line was logged
     repairs: collections.deque[float] = field(default_factory=collections.deque)
     agent: AmbientAgent | None = None
 
@@ -119,14 +123,17 @@ async def run(
         loop.add_signal_handler(sig, stop.set)
     state = _State(Status(False, "starting"), agent=agent)
     async with contextlib.AsyncExitStack() as stack:
+        addresses = []
         if settings.readiness_address:
             server = await _readiness_server(settings.readiness_address, state)
             stack.push_async_callback(_close_server, server)
+            addresses += [f"http://{address_text(s)} (/readyz, /healthz)" for s in server.sockets]
         sink = Path(settings.run_dir) / LOG_SOCKET_NAME
         transport = await _log_sink(sink)
         if transport is not None:
             stack.callback(sink.unlink, missing_ok=True)
             stack.callback(transport.close)
+            addresses.append(f"unix:{sink} (the plugin's log records)")
         if agent is not None:
             events = PluginServer(
                 str(Path(settings.run_dir) / PLUGIN_EVENT_SOCKET_NAME),
@@ -134,8 +141,10 @@ async def run(
             )
             await events.start()
             stack.push_async_callback(events.close)
+            addresses.append(f"unix:{events.path} (the plugin's pod events)")
             serving = asyncio.ensure_future(agent.run(stop))
             stack.push_async_callback(_finish, serving)
+        logs.listening(log, WHAT, addresses or ["nothing (readiness off, no log socket)"])
         try:
             await _watch(installer, settings, state, stop)
         finally:
@@ -182,16 +191,17 @@ async def _watch(
                 log.warning("%s%s", exc.message, f" Hint: {exc.hint}" if exc.hint else "")
                 last_problem = exc.message
         state.status = status
+        # Ready as /readyz says it: in ambient mode the agent's watches have synced too.
+        if state.ready()[0] and not state.announced:
+            state.announced = True
+            logs.ready(log, WHAT, status.reason)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), settings.poll_interval)
 
 
 async def _readiness_server(address: str, state: _State) -> asyncio.Server:
-    host, _, port = address.rpartition(":")
-    if not port.isdigit():
-        raise UserError(
-            f"--readiness-address: invalid value {address!r}", hint="give HOST:PORT, e.g. :8000"
-        )
+    host, _, port = address.rpartition(":")  # validated HOST:PORT (InstallSettings)
+    host = host.strip("[]")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from meshctl import tree as trees
+from meshctl import values
 from meshctl.config import setting
 from meshctl.core.cni import netconf
 from meshctl.core.cni.spec import (
@@ -49,13 +50,6 @@ BACKUP_NAME = "conf-backup.json"
 TREES_DIR = f".{PLUGIN_TYPE}"  # in the CNI bin dir: the verified one-dir trees
 STALE_TEMP = 600.0  # seconds: an older temp copy is a dead installer's leftover
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
-
-
-def _positive(raw: Any) -> float:
-    value = float(raw)
-    if value <= 0:
-        raise ValueError("must be positive")
-    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,13 +85,24 @@ class InstallSettings:
         choices=("auto", "nft", "legacy", "iptc"),
     )
     pod_lookup_timeout: float = setting(
-        5.0, env="MESHCTL_CNI_POD_LOOKUP_TIMEOUT", parse=_positive, hint="give seconds, e.g. 5"
+        5.0,
+        env="MESHCTL_CNI_POD_LOOKUP_TIMEOUT",
+        parse=values.Duration(positive=True, maximum=60),
+        hint="give a duration, e.g. 5s",
     )
     readiness_address: str = setting(
-        "0.0.0.0:8000", env="MESHCTL_CNI_READINESS_ADDRESS", flag="--readiness-address"
+        "0.0.0.0:8000",
+        env="MESHCTL_CNI_READINESS_ADDRESS",
+        flag="--readiness-address",
+        parse=values.ListenAddress(empty_ok=True),
+        hint="give HOST:PORT, e.g. :8000 or 0.0.0.0:8000 ('' turns readiness off)",
     )
     poll_interval: float = setting(
-        0.5, env="MESHCTL_CNI_POLL_INTERVAL", flag="--poll-interval", parse=_positive
+        0.5,
+        env="MESHCTL_CNI_POLL_INTERVAL",
+        flag="--poll-interval",
+        parse=values.Duration(positive=True, maximum=3600),
+        hint=f"give a duration, {values.DURATION_EXAMPLES}",
     )
     # A one-dir tree (its manifest beside the executable) to install as the plugin; empty: the
     # tree this binary runs from when it runs from one (the image), else the binary itself.
@@ -105,7 +110,10 @@ class InstallSettings:
     # Every poll checks the link and the tree's executable; every file of the tree (a few
     # thousand lstat calls) only this often.
     tree_check_interval: float = setting(
-        30.0, env="MESHCTL_CNI_TREE_CHECK_INTERVAL", parse=_positive, hint="give seconds, e.g. 30"
+        30.0,
+        env="MESHCTL_CNI_TREE_CHECK_INTERVAL",
+        parse=values.Duration(positive=True, maximum=3600),
+        hint=f"give a duration, {values.DURATION_EXAMPLES}",
     )
     # Ambient mode (Istio's istio-cni node agent): enroll this node's pods for the node proxy.
     ambient: bool = setting(False, env="AMBIENT_ENABLED", flag="--ambient")

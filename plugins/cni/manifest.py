@@ -34,7 +34,8 @@ def objects(
     ztunnel_dir: str = "/var/run/ztunnel",
     netns_dir: str = "/var/run/netns",
 ) -> list[dict[str, Any]]:
-    """ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply order."""
+    """Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply
+    order (the namespace first, so ``kubectl apply -f`` of the output works on a new cluster)."""
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "meshctl"}
     meta = {"name": NAME, "namespace": namespace, "labels": labels}
     env: list[dict[str, Any]] = [
@@ -125,6 +126,11 @@ def objects(
         },
     }
     return [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": {"app.kubernetes.io/part-of": "meshctl"}},
+        },
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
-from meshctl import config
+from meshctl import config, options, values
 from meshctl.output import OutputFormat, render_objects
 
 from .settings import ControlPlaneSettings
@@ -53,75 +53,96 @@ def inject_settings(ctx: typer.Context, settings: ControlPlaneSettings) -> Any:
     return dataclasses.replace(base, **changes)
 
 
+def _setting(field: str, *names: str, help: str, metavar: str | None = None) -> Any:  # noqa: A002
+    """The option for ``ControlPlaneSettings.<field>``: its env var (istiod's name) in the help."""
+    return options.from_setting(ControlPlaneSettings, field, *names, help=help, metavar=metavar)
+
+
 @app.command("run")
 def run_cmd(
     ctx: typer.Context,
     namespace: Annotated[
         str | None,
-        typer.Option("--namespace", "-n", help="Where our objects live [POD_NAMESPACE]."),
+        _setting("namespace", "--namespace", "-n", help="Where our objects live.", metavar="NAME"),
     ] = None,
     trust_domain: Annotated[
-        str | None, typer.Option("--trust-domain", help="SPIFFE trust domain [TRUST_DOMAIN].")
+        str | None, _setting("trust_domain", help="SPIFFE trust domain.", metavar="DOMAIN")
     ] = None,
     revision: Annotated[
-        str | None, typer.Option("--revision", help="Control-plane revision [REVISION].")
+        str | None, _setting("revision", help="Control-plane revision.", metavar="NAME")
     ] = None,
     trusted_node_accounts: Annotated[
         str | None,
-        typer.Option(
-            "--trusted-node-accounts",
-            help="NS/SA of node proxies that may impersonate [CA_TRUSTED_NODE_ACCOUNTS].",
+        _setting(
+            "trusted_node_accounts",
+            help="Node proxies that may impersonate (comma list).",
+            metavar="NS/SA",
         ),
     ] = None,
     max_workload_cert_ttl: Annotated[
         str | None,
-        typer.Option("--max-workload-cert-ttl", help="Longest workload certificate (90d)."),
+        _setting(
+            "max_workload_cert_ttl", help="Longest workload certificate (90d).", metavar="DURATION"
+        ),
     ] = None,
     default_workload_cert_ttl: Annotated[
         str | None,
-        typer.Option("--default-workload-cert-ttl", help="When a request names none (24h)."),
+        _setting(
+            "default_workload_cert_ttl",
+            help="When a request names none (24h).",
+            metavar="DURATION",
+        ),
     ] = None,
     grpc_address: Annotated[
-        str | None, typer.Option("--grpc-address", help="CA + discovery, TLS (:15012).")
+        str | None,
+        _setting("grpc_address", help="CA + discovery, TLS (:15012).", metavar="HOST:PORT"),
     ] = None,
     webhook_address: Annotated[
-        str | None, typer.Option("--webhook-address", help="Injection webhook, HTTPS (:15017).")
+        str | None,
+        _setting("webhook_address", help="Injection webhook, HTTPS (:15017).", metavar="HOST:PORT"),
     ] = None,
     metrics_address: Annotated[
-        str | None, typer.Option("--monitoring-address", help="Prometheus /metrics (:15014).")
+        str | None,
+        _setting(
+            "metrics_address",
+            "--monitoring-address",
+            help="Prometheus /metrics (:15014).",
+            metavar="HOST:PORT",
+        ),
     ] = None,
     readiness_address: Annotated[
-        str | None, typer.Option("--readiness-address", help="Readiness /ready (:8080).")
+        str | None,
+        _setting("readiness_address", help="Readiness /ready (:8080).", metavar="HOST:PORT"),
     ] = None,
     serving_names: Annotated[
         str | None,
-        typer.Option(
-            "--serving-names", help="More DNS names/IPs for the serving certificate (comma list)."
+        _setting(
+            "serving_names",
+            help="More DNS names/IPs for the serving certificate (comma list).",
+            metavar="NAMES",
         ),
     ] = None,
     self_signed_ca_key: Annotated[
-        str | None,
-        typer.Option("--self-signed-ca-key", help="Key of a root we mint: ec-p256 or rsa-2048."),
+        str | None, _setting("self_signed_ca_key", help="Key of a root we mint.")
     ] = None,
     drain_deadline: Annotated[
-        str | None, typer.Option("--drain-deadline", help="On SIGTERM, finish within (10s).")
+        str | None,
+        _setting("drain_deadline", help="On SIGTERM, finish within (10s).", metavar="DURATION"),
     ] = None,
 ) -> None:
     """Run the control plane: CA and discovery on 15012, the webhook on 15017, until SIGTERM."""
     flags = {k: v for k, v in locals().items() if k != "ctx"}
     import asyncio
 
-    from meshctl.kube.client import KubeSettings, connect
+    from meshctl.kube.client import connect
 
     from .cluster import Discovery
     from .plane import ControlPlane
 
+    options.daemon_logging(ctx)
     settings = _settings(ctx, flags)
     inject = inject_settings(ctx, settings)
-    global_settings: config.GlobalSettings = ctx.obj
-    kube = connect(
-        KubeSettings(kubeconfig=global_settings.kubeconfig, context=global_settings.context)
-    )
+    kube = connect(options.kube_settings(ctx))  # --kubeconfig, --context, --request-timeout
     try:
         plane = ControlPlane(settings, kube, inject, components=[Discovery(settings)])
         code = asyncio.run(plane.run())
@@ -135,31 +156,33 @@ def ca_cmd(
     ctx: typer.Context,
     ca_dir: Annotated[
         Path,
-        typer.Option(
+        options.output_directory(
             "--ca-dir",
             help="ca-cert.pem + ca-key.pem (+ cert-chain.pem, root-cert.pem); minted if empty.",
         ),
     ],
     tokens: Annotated[
         Path,
-        typer.Option(
+        options.existing_file(
             "--tokens",
             help="Callers: token,system:serviceaccount:NS:SA,uid lines (--token-auth-file CSV).",
         ),
     ],
     trust_domain: Annotated[
-        str | None, typer.Option("--trust-domain", help="SPIFFE trust domain [TRUST_DOMAIN].")
+        str | None, _setting("trust_domain", help="SPIFFE trust domain.", metavar="DOMAIN")
     ] = None,
     grpc_address: Annotated[
-        str | None, typer.Option("--grpc-address", help="CA, TLS (:15012).")
+        str | None, _setting("grpc_address", help="CA, TLS (:15012).", metavar="HOST:PORT")
     ] = None,
     serving_names: Annotated[
         str | None,
-        typer.Option("--serving-names", help="DNS names/IPs proxies dial (comma list)."),
+        _setting("serving_names", help="DNS names/IPs proxies dial (comma list).", metavar="NAMES"),
     ] = None,
     max_workload_cert_ttl: Annotated[
         str | None,
-        typer.Option("--max-workload-cert-ttl", help="Longest workload certificate (90d)."),
+        _setting(
+            "max_workload_cert_ttl", help="Longest workload certificate (90d).", metavar="DURATION"
+        ),
     ] = None,
 ) -> None:
     """Run only the CA, without Kubernetes: Istio's CreateCertificate on 15012, callers
@@ -176,19 +199,28 @@ def ca_cmd(
 @app.command("manifest")
 def manifest_cmd(
     ctx: typer.Context,
-    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "meshctl-system",
-    image: Annotated[str | None, typer.Option("--image", help="meshctl image.")] = None,
-    revision: Annotated[str, typer.Option("--revision")] = "default",
-    replicas: Annotated[int, typer.Option("--replicas", min=1)] = 2,
-    output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.YAML,
+    namespace: Annotated[str, options.namespace("Namespace of the control plane.")] = (
+        "meshctl-system"
+    ),
+    image: options.ImageOption = None,
+    revision: Annotated[
+        str, typer.Option("--revision", metavar="NAME", help="Control-plane revision.")
+    ] = "default",
+    replicas: Annotated[
+        int,
+        options.option(
+            "--replicas",
+            help="Replicas of the Deployment (one leads).",
+            parse=values.Integer(1, 100, what="a replica count"),
+        ),
+    ] = 2,
+    output: options.OutputOption = OutputFormat.YAML,
 ) -> None:
     """Print the control plane's objects (RBAC, Service, Deployment, webhook configuration)."""
     from meshctl.core.image import default_image
 
     from .manifest import ManifestSettings, objects
 
-    if output is OutputFormat.TABLE:
-        raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
     items = objects(
         ManifestSettings(
             namespace=namespace,

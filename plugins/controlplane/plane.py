@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
-from meshctl import rpc, webhook
+from meshctl import logs, rpc, webhook
 from meshctl.core import ca
 from meshctl.core.inject.settings import InjectSettings
 from meshctl.core.inject.webhook_config import configuration_name
@@ -49,6 +49,7 @@ from .settings import ControlPlaneSettings, address, duration
 from .status import MetricsApp, ReadinessApp
 
 log = logging.getLogger(__name__)
+WHAT = "control plane"  # how the listening and ready lines name this daemon
 
 T = TypeVar("T")
 _QUIET = 0.2  # seconds without a new CA call that count as "nothing in flight"
@@ -251,11 +252,6 @@ class ControlPlane:
             self._grpc_port = server.listen(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
             await server.start()
             self._server = server
-            log.info(
-                "gRPC (CA%s) on %s",
-                "".join(f", {c.name}" for c in self.components),
-                self.settings.grpc_address,
-            )
 
             wh_host, wh_port = address(self.settings.webhook_address, "webhook-address")
             config = webhook.config_for(
@@ -267,7 +263,18 @@ class ControlPlane:
             )
             serving.set_name("webhook")
             self._webhook = config
-            log.info("injection webhook on https://%s/inject", config.where)
+            grpc_what = "".join(f", {c.name}" for c in self.components)
+            logs.listening(
+                log,
+                WHAT,
+                [
+                    f"gRPC (CA{grpc_what}) {self.settings.grpc_address}",
+                    f"https://{config.where}/inject",
+                    f"readiness {self.settings.readiness_address}",
+                    f"metrics {self.settings.metrics_address}",
+                ],
+            )
+            plane.spawn(self._announce_ready(), "ready line")
 
             election_stop = asyncio.Event()
             electing = plane.spawn(self.leader.run(election_stop), "leader election")
@@ -287,6 +294,12 @@ class ControlPlane:
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await loading
+
+    async def _announce_ready(self) -> None:
+        """The one ready line, once /ready would first answer 200 (CA, servers, components)."""
+        while self.not_ready():
+            await asyncio.sleep(0.1)
+        logs.ready(log, WHAT, f"revision {self.settings.revision}")
 
     async def _until_stopped(self, awaitable: Coroutine[Any, Any, T]) -> T | None:
         work = asyncio.ensure_future(awaitable)

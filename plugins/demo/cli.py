@@ -9,6 +9,7 @@ only wires: the scenario is ``scenario.py``, the record and teardown ``state.py`
 from __future__ import annotations
 
 import contextlib
+import enum
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from meshctl import options
 from meshctl.errors import CheckFailedError, MeshctlError, UserError
 
 if TYPE_CHECKING:
@@ -35,9 +37,20 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
+
+class _Pod(enum.StrEnum):
+    """The demo's pods (``exec`` refuses any other name before looking at the state)."""
+
+    CLIENT = "client"
+    SERVER = "server"
+    LEGACY = "legacy"
+
+
 StateDir = Annotated[
     Path | None,
-    typer.Option("--state-dir", help="Where the run's record lives [MESHCTL_DEMO_STATE_DIR]."),
+    options.output_directory(
+        "--state-dir", help="Where the run's record lives.", env="MESHCTL_DEMO_STATE_DIR"
+    ),
 ]
 
 
@@ -86,7 +99,10 @@ def demo(
         bool, typer.Option("--keep", help="Leave the mesh running and print how to reach it.")
     ] = False,
     mode: Annotated[
-        str, typer.Option("--mode", help="Proxies: sidecar (one per pod).")
+        str,
+        options.choice(
+            "--mode", choices=("sidecar",), metavar="MODE", help="Proxies: sidecar (one per pod)."
+        ),
     ] = "sidecar",
     state_dir: StateDir = None,
 ) -> None:
@@ -222,8 +238,10 @@ def down(state_dir: StateDir = None) -> None:
 
 @app.command("exec", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def exec_cmd(
-    pod: Annotated[str, typer.Argument(help="client, server or legacy")],
-    command: Annotated[list[str], typer.Argument(help="The command to run in the pod")],
+    pod: Annotated[_Pod, typer.Argument(metavar="POD", help="The pod.", show_default=False)],
+    command: Annotated[
+        list[str], typer.Argument(metavar="COMMAND", help="The command to run in the pod")
+    ],
     state_dir: StateDir = None,
 ) -> None:
     """Run a command inside one of the demo's pods (its network namespace)."""
@@ -237,7 +255,9 @@ def exec_cmd(
         raise UserError("no demo is running", hint="start one with 'meshctl demo --keep'")
     names = {info.get("name"): name for name, info in record.pods.items()}
     if pod not in names:
-        raise UserError(f"no pod {pod!r} in the demo", hint=f"pods: {', '.join(map(str, names))}")
+        raise UserError(
+            f"no pod {pod.value!r} in the demo", hint=f"pods: {', '.join(map(str, names))}"
+        )
     ref = netns.resolve(str(names[pod]))
     with netns.entered(ref):
         try:

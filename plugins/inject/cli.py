@@ -1,8 +1,10 @@
 """The ``meshctl inject`` commands: inject files, serve the webhook, print its configuration.
 
 Invariant of ``meshctl inject -f``: output is produced only after the whole input was read,
-parsed and injected; on any error nothing is written to stdout or to ``-o`` (the file is
-replaced atomically, never truncated).
+parsed and injected; on any error nothing is written to stdout or to ``-O`` (the file is
+replaced atomically, never truncated). Input that holds no object at all is an error, not an
+empty success. The injection options given on ``meshctl inject`` itself reach ``webhook`` and
+``webhook-config`` (``meshctl.options.hold_group_options``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Annotated, Any
 import typer
 from typer import _click as click
 
-from meshctl import config
+from meshctl import config, options
 from meshctl.core.inject import documents
 from meshctl.core.inject.settings import InjectSettings
 from meshctl.core.inject.webhook_config import (
@@ -26,7 +28,8 @@ from meshctl.core.inject.webhook_config import (
     webhook_configuration,
 )
 from meshctl.errors import MeshctlError
-from meshctl.output import OutputFormat, render
+from meshctl.output import OutputFormat, render_objects
+from meshctl.terminal import Progress, colour_enabled
 
 from .diff import unified_diff
 
@@ -44,30 +47,36 @@ app = typer.Typer(
 
 ImageOption = Annotated[
     str | None,
-    typer.Option(
-        "--image", metavar="IMAGE", help="Proxy and init image [env MESHCTL_INJECT_IMAGE]"
-    ),
+    options.from_setting(InjectSettings, "image", metavar="IMAGE", help="Proxy and init image."),
 ]
 RevisionOption = Annotated[
     str | None,
-    typer.Option("--revision", metavar="R", help="Control-plane revision [default: default]"),
+    options.from_setting(
+        InjectSettings,
+        "revision",
+        metavar="REVISION",
+        help="Control-plane revision, e.g. canary (default: default).",
+    ),
 ]
 ProxyUidOption = Annotated[
     int | None,
-    typer.Option("--proxy-uid", metavar="UID", help="Proxy uid (and gid) [default: 1337]"),
+    options.from_setting(InjectSettings, "proxy_uid", help="Proxy uid (and gid) (1337)."),
 ]
 NativeSidecarOption = Annotated[
     str | None,
-    typer.Option(
-        "--native-sidecar",
+    options.from_setting(
+        InjectSettings,
+        "native_sidecar",
         metavar="true|false",
-        help="Proxy as a native sidecar (restartable init container) [default: true]",
+        help="Proxy as a native sidecar (restartable init container) (true).",
     ),
 ]
 CniOption = Annotated[
     bool | None,
-    typer.Option(
-        "--cni", help="CNI mode: no privileged init container; annotations for the CNI plugin"
+    options.from_setting(
+        InjectSettings,
+        "cni",
+        help="CNI mode: no privileged init container; annotations for the CNI plugin.",
     ),
 ]
 
@@ -81,23 +90,14 @@ def _settings(ctx: typer.Context, **flags: Any) -> InjectSettings:
 @app.callback()
 def inject(
     ctx: typer.Context,
-    filename: Annotated[
-        str | None,
-        typer.Option("-f", "--filename", metavar="FILE", help="Manifest to inject; - reads stdin."),
-    ] = None,
-    output: Annotated[
-        Path | None,
-        typer.Option("-o", "--output", metavar="FILE", help="Write here instead of stdout."),
-    ] = None,
+    filename: options.FilenameOption = None,
+    recursive: options.RecursiveOption = False,
+    output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
     diff: Annotated[
         bool, typer.Option("--diff", help="Show a unified diff of the change instead.")
     ] = False,
-    color: Annotated[
-        str,
-        typer.Option(
-            "--color", metavar="auto|always|never", help="Colour the --diff (auto: on a terminal)."
-        ),
-    ] = "auto",
+    color: options.ColorOption = "auto",
     uninject: Annotated[
         bool, typer.Option("--uninject", help="Remove an earlier injection instead.")
     ] = False,
@@ -116,15 +116,11 @@ def inject(
         meshctl inject -f deploy.yaml | kubectl apply -f -
     """
     if ctx.invoked_subcommand is not None:
-        if filename is not None:
-            raise click.exceptions.UsageError(
-                f"-f belongs to 'meshctl inject' itself, not to '{ctx.invoked_subcommand}'"
-            )
-        return
-    if filename is None:
+        return  # its options were handed down (or refused) before this runs
+    if not filename:
         raise click.exceptions.UsageError("give the manifest with -f FILE (or -f - for stdin)")
-    if color not in ("auto", "always", "never"):
-        raise click.exceptions.BadParameter("use auto, always or never", param_hint="--color")
+    if diff and output not in (OutputFormat.YAML, OutputFormat.JSON):
+        raise click.exceptions.UsageError("--diff compares text: use it with -o yaml or -o json")
     settings = _settings(
         ctx,
         cni=cni,
@@ -133,44 +129,53 @@ def inject(
         proxy_uid=proxy_uid,
         native_sidecar=native_sidecar,
     )
-    source = "<stdin>" if filename == "-" else filename
-    text = _read_manifest(filename)
-    parsed = documents.load(text, source)
-    objects, skipped = documents.inject_documents(parsed, source, settings, uninject=uninject)
-    for item in skipped:
-        if item.warning:
-            typer.echo(f"Warning: {item.where}: {item.reason}", err=True)
-        else:
-            log.info("not injected: %s (%s)", item.where, item.reason)
-    result = documents.dump(objects)
-    if diff:
-        colour = color == "always" or (color == "auto" and output is None and sys.stdout.isatty())
-        result = unified_diff(
-            documents.dump([d.data for d in parsed]),
-            result,
-            from_name=f"{source} (original)",
-            to_name=f"{source} ({'uninjected' if uninject else 'injected'})",
-            colour=colour,
-        )
-    _write(result, output)
+    sources = options.read_sources(filename, recursive=recursive)
+    with Progress() as progress:
+        originals: list[Any] = []
+        results: list[Any] = []
+        for source in sources:
+            progress.phase(f"reading {source.name}")
+            parsed = documents.load(source.text, source.name, progress.advance)
+            progress.phase(
+                f"{'uninjecting' if uninject else 'injecting'} {source.name}", len(parsed)
+            )
+            objects, skipped = documents.inject_documents(
+                parsed, source.name, settings, uninject=uninject, tick=progress.advance
+            )
+            for item in skipped:
+                if item.warning:
+                    typer.echo(f"Warning: {item.where}: {item.reason}", err=True)
+                else:
+                    log.info("not injected: %s (%s)", item.where, item.reason)
+            originals.extend(d.data for d in parsed)
+            results.extend(objects)
+        if not results:
+            names = ", ".join(s.name for s in sources)
+            raise MeshctlError(
+                f"nothing to inject: no Kubernetes object was read from {names}",
+                hint="pass a manifest with objects, e.g. kubectl get deploy web -o yaml | "
+                "meshctl inject -f -",
+            )
+        progress.phase("writing", len(results))
+        text = _render(results, output, progress.advance)
+        if diff:
+            where = sources[0].name if len(sources) == 1 else "input"
+            text = unified_diff(
+                _render(originals, output, None),
+                text,
+                from_name=f"{where} (original)",
+                to_name=f"{where} ({'uninjected' if uninject else 'injected'})",
+                colour=colour_enabled(color, sys.stdout)
+                if output_file is None
+                else color == "always",
+            )
+    _write(text, output_file)
 
 
-def _read_manifest(filename: str) -> str:
-    try:
-        data = sys.stdin.buffer.read() if filename == "-" else Path(filename).read_bytes()
-    except OSError as exc:
-        raise MeshctlError(
-            f"cannot read {filename}: {exc.strerror or exc}",
-            hint="check the path given with -f (use -f - to read stdin)",
-        ) from exc
-    try:
-        # utf-8-sig: a byte-order mark some editors write is not part of the YAML.
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise MeshctlError(
-            f"{filename} is not UTF-8 text (byte {exc.start} cannot be decoded)",
-            hint="save the manifest as UTF-8",
-        ) from exc
+def _render(objects: list[Any], fmt: OutputFormat, tick: documents.Tick | None) -> str:
+    if fmt is OutputFormat.YAML:
+        return documents.dump(objects, tick)
+    return render_objects(objects, fmt)
 
 
 def _write(text: str, output: Path | None) -> None:
@@ -211,24 +216,26 @@ def _write(text: str, output: Path | None) -> None:
 def webhook(
     ctx: typer.Context,
     tls_cert: Annotated[
-        Path, typer.Option("--tls-cert", metavar="FILE", help="Serving certificate (PEM).")
+        Path, options.existing_file("--tls-cert", help="Serving certificate (PEM).")
     ],
-    tls_key: Annotated[Path, typer.Option("--tls-key", metavar="FILE", help="Its key (PEM).")],
-    port: Annotated[int, typer.Option("--port", help="HTTPS port to listen on.")] = 15017,
+    tls_key: Annotated[Path, options.existing_file("--tls-key", help="Its key (PEM).")],
+    port: Annotated[int, options.port("--port", help="HTTPS port to listen on.")] = 15017,
     address: Annotated[
-        str, typer.Option("--address", metavar="IP", help="Address to listen on.")
+        str, options.address("--address", help="Address to listen on (:: for IPv6).")
     ] = "0.0.0.0",  # noqa: S104 -- in a pod the API server reaches the webhook on the pod IP
     drain_seconds: Annotated[
         float,
-        typer.Option(
-            "--drain-seconds", metavar="S", help="On SIGTERM, let requests finish this long."
+        options.duration(
+            "--drain-seconds",
+            maximum=3600,
+            help="On SIGTERM, let requests finish this long (seconds, or e.g. 5s).",
         ),
     ] = 5.0,
     reload_interval: Annotated[
         float,
-        typer.Option(
+        options.duration(
             "--reload-interval",
-            metavar="S",
+            positive=True,
             help="Check the certificate files this often; a rotated pair is loaded in place.",
         ),
     ] = 2.0,
@@ -241,14 +248,7 @@ def webhook(
     """Serve the injection webhook over HTTPS (HTTP/2 and HTTP/1.1) at /inject until stopped."""
     from .server import ServeOptions, serve  # deferred: only the server needs hypercorn
 
-    if not reload_interval > 0:
-        raise click.exceptions.BadParameter(
-            f"{reload_interval} is not a positive number of seconds", param_hint="--reload-interval"
-        )
-    if not 0 < port < 65536:
-        raise click.exceptions.BadParameter(
-            f"{port} is not a port number (1-65535)", param_hint="--port"
-        )
+    options.daemon_logging(ctx)
     settings = _settings(
         ctx,
         cni=cni,
@@ -257,7 +257,7 @@ def webhook(
         proxy_uid=proxy_uid,
         native_sidecar=native_sidecar,
     )
-    options = ServeOptions(
+    serve_options = ServeOptions(
         address=address,
         port=port,
         tls_cert=tls_cert,
@@ -265,7 +265,7 @@ def webhook(
         graceful_seconds=drain_seconds,
         reload_seconds=reload_interval,
     )
-    serve(settings, options)
+    serve(settings, serve_options)
 
 
 @app.command("webhook-config")
@@ -273,8 +273,8 @@ def webhook_config(
     ctx: typer.Context,
     ca_bundle: Annotated[
         Path,
-        typer.Option(
-            "--ca-bundle", metavar="FILE", help="CA certificate (PEM) that signed the webhook's."
+        options.existing_file(
+            "--ca-bundle", help="CA certificate (PEM) that signed the webhook's."
         ),
     ],
     url: Annotated[
@@ -284,31 +284,32 @@ def webhook_config(
     service: Annotated[
         str | None, typer.Option("--service", metavar="NAME", help="Or: the webhook's Service.")
     ] = None,
-    namespace: Annotated[
-        str, typer.Option("--namespace", metavar="NS", help="The Service's namespace.")
-    ] = "meshctl-system",
-    service_port: Annotated[int, typer.Option("--service-port", help="The Service's port.")] = 443,
+    namespace: Annotated[str, options.namespace("The Service's namespace.")] = "meshctl-system",
+    service_port: Annotated[int, options.port("--service-port", help="The Service's port.")] = 443,
     revision: RevisionOption = None,
     reinvocation_policy: Annotated[
         str,
-        typer.Option(
+        options.choice(
             "--reinvocation-policy",
-            metavar="|".join(REINVOCATION_POLICIES),
+            choices=REINVOCATION_POLICIES,
             help="Call again after later webhooks changed the pod (injection is idempotent).",
         ),
     ] = "Never",
     timeout: Annotated[
-        int, typer.Option("--timeout", metavar="SECONDS", help="API server's call timeout.")
+        int,
+        options.count(
+            "--timeout",
+            minimum=1,
+            maximum=30,
+            metavar="SECONDS",
+            help="API server's call timeout (the API allows 1-30).",
+        ),
     ] = 10,
-    output: Annotated[
-        OutputFormat, typer.Option("-o", "--output", help="yaml or json.")
-    ] = OutputFormat.YAML,
+    output: options.OutputOption = OutputFormat.YAML,
 ) -> None:
     """Print the MutatingWebhookConfiguration that sends new pods to the webhook."""
     if (url is None) == (service is None):
         raise click.exceptions.UsageError("give exactly one of --url and --service")
-    if output is OutputFormat.TABLE:
-        raise click.exceptions.BadParameter("use yaml or json", param_hint="-o")
     settings = _settings(ctx, revision=revision)
     try:
         bundle = ca_bundle.read_bytes()
@@ -325,4 +326,4 @@ def webhook_config(
         reinvocation_policy=reinvocation_policy,
         timeout_seconds=timeout,
     )
-    typer.echo(render(configuration, output), nl=False)
+    typer.echo(render_objects([configuration], output), nl=False)

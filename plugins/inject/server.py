@@ -20,12 +20,17 @@ import signal
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from meshctl import webhook
+from hypercorn.logging import Logger
+
+from meshctl import logs, webhook
 from meshctl.core.inject.settings import InjectSettings
 from meshctl.errors import MeshctlError
+from meshctl.net.sockets import listener
 
 log = logging.getLogger(__name__)
+WHAT = "injection webhook"  # how the listening and ready lines name this daemon
 
 # Kept importable from here for callers of the standalone server.
 WebhookApp = webhook.WebhookApp
@@ -45,16 +50,37 @@ class ServeOptions:
     reload_seconds: float = 2.0  # how often the certificate files are checked for a rotation
 
 
+class _ReadyLog(Logger):
+    """hypercorn's log, whose "Running on ..." (sockets served, TLS on) becomes our one ready
+    line; the listening line was logged when we bound the socket."""
+
+    async def info(self, message: str, *args: Any, **kwargs: Any) -> None:
+        if message.startswith("Running on"):
+            logs.ready(log, WHAT, "serving /inject over HTTP/2 and HTTP/1.1")
+            return
+        await super().info(message, *args, **kwargs)
+
+
 def config_for(options: ServeOptions) -> webhook.TlsConfig:
-    """The hypercorn configuration for ``options`` (TLS from the files, ALPN h2, http/1.1)."""
-    return webhook.config_for(
+    """The hypercorn configuration for ``options`` (TLS from the files, ALPN h2, http/1.1).
+
+    The files are checked before the port is taken, and the socket is bound here with an error
+    that says why it could not be (port taken, not this host's address, privileged port)."""
+    check_tls_files(options.tls_cert, options.tls_key)
+    sock = listener(
+        options.address, options.port, what=WHAT, in_use_hint="stop what uses it, or give --port"
+    )
+    config = webhook.config_for(
         options.address,
         options.port,
         tls_cert=options.tls_cert,
         tls_key=options.tls_key,
         graceful_seconds=options.graceful_seconds,
         read_timeout_seconds=options.read_timeout_seconds,
+        sock=sock,
     )
+    config.logger_class = _ReadyLog
+    return config
 
 
 def _stamp(paths: tuple[Path, ...]) -> tuple[tuple[int, int, int], ...] | None:
@@ -92,8 +118,10 @@ async def _reload_certificates(config: webhook.TlsConfig, options: ServeOptions)
 
 def serve(settings: InjectSettings, options: ServeOptions) -> None:
     """Serves until SIGTERM or SIGINT, then drains for at most ``options.graceful_seconds``;
-    a rotated certificate is picked up within ``options.reload_seconds``."""
+    a rotated certificate is picked up within ``options.reload_seconds``. Logs one line once
+    listening and one once serving (at info, the daemons' default level)."""
     config = config_for(options)
+    logs.listening(log, WHAT, [f"https://{config.where}/inject"])
     asyncio.run(_serve(webhook.WebhookApp(settings), config, options))
 
 
@@ -102,7 +130,6 @@ async def _serve(app: webhook.WebhookApp, config: webhook.TlsConfig, options: Se
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    log.info("injection webhook serving on https://%s/inject", config.where)
     # Everything imported so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise show up as the slowest requests (the p99 tail).
     gc.freeze()
@@ -111,4 +138,4 @@ async def _serve(app: webhook.WebhookApp, config: webhook.TlsConfig, options: Se
         await webhook.serve(app, config, stop)
     finally:
         reloading.cancel()
-    log.info("injection webhook stopped")
+    log.info("%s stopped", WHAT)

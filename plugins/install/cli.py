@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from meshctl import config
+from meshctl import config, options
 from meshctl.core.install import manifest as mf
 from meshctl.core.install.components import PROFILE_HELP, Registry, Values
 from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render, render_objects
+from meshctl.values import Duration
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 uninstall_app = typer.Typer(
@@ -39,41 +39,41 @@ ProfileOpt = Annotated[
     typer.Option(
         "--profile",
         "-p",
+        metavar="PROFILE",
         help="default, ambient, minimal or demo (those the installed components offer).",
     ),
 ]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(
-        "--set", "-s", help="KEY=VALUE over the profile, e.g. components.cni.enabled=false."
+        "--set",
+        "-s",
+        metavar="KEY=VALUE",
+        help="KEY=VALUE over the profile, e.g. components.cni.enabled=false.",
     ),
 ]
 FileOpt = Annotated[
-    list[Path] | None,
-    typer.Option("--filename", "-f", help="Values YAML file (repeatable; later ones win)."),
+    list[str] | None,
+    options.filename(
+        "Values YAML file, directory of them, or - for stdin (repeatable; later ones win)."
+    ),
 ]
 RevisionOpt = Annotated[
     str | None,
     typer.Option(
-        "--revision", "-r", help="Revision: names every object and the webhook's selectors."
+        "--revision",
+        "-r",
+        metavar="REVISION",
+        help="Revision: names every object and the webhook's selectors.",
     ),
 ]
-NamespaceOpt = Annotated[
-    str | None, typer.Option("--namespace", "-n", help="Namespace of the mesh (meshctl-system).")
-]
-OutputOpt = Annotated[
-    OutputFormat, typer.Option("--output", "-o", help="yaml or json (with --dry-run).")
-]
+NamespaceOpt = Annotated[str | None, options.namespace("Namespace of the mesh (meshctl-system).")]
 YesOpt = Annotated[bool, typer.Option("--skip-confirmation", "-y", help="Do not ask.")]
-TimeoutOpt = Annotated[
-    str,
-    typer.Option("--request-timeout", help="Timeout of each API request (e.g. 10s)."),
-]
 
 
 def resolve(
     profile: str | None,
-    files: Sequence[Path] | None,
+    files: Sequence[str] | None,
     sets: Sequence[str] | None,
     revision: str | None,
     namespace: str | None,
@@ -84,7 +84,7 @@ def resolve(
     registry = components.load()
     values = registry.resolve(
         profile=profile,
-        files=config.values_files(files or ()),
+        files=options.values_sources(files or ()),
         assignments=list(sets or ()),
         flags={"revision": revision, "namespace": namespace},
     )
@@ -92,22 +92,13 @@ def resolve(
 
 
 def print_manifest(rendered: Sequence[mf.Rendered], output: OutputFormat) -> None:
-    if output is OutputFormat.TABLE:
-        raise UserError("--output: use yaml or json for a manifest", hint="e.g. -o yaml")
     typer.echo(render_objects(mf.documents(rendered), output), nl=False)
 
 
-def _connect(ctx: typer.Context, request_timeout: str) -> Any:
-    from meshctl.kube.client import KubeSettings, connect
+def _connect(ctx: typer.Context) -> Any:
+    from meshctl.kube.client import connect
 
-    settings: config.GlobalSettings = ctx.obj
-    return connect(
-        KubeSettings(
-            kubeconfig=settings.kubeconfig,
-            context=settings.context,
-            request_timeout=config.duration(request_timeout, "--request-timeout"),
-        )
-    )
+    return connect(options.kube_settings(ctx))  # --kubeconfig, --context, --request-timeout
 
 
 def _confirm(question: str, yes: bool) -> None:
@@ -138,7 +129,7 @@ def install(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the manifest instead of applying it.")
     ] = False,
-    output: OutputOpt = OutputFormat.YAML,
+    output: options.OutputOption = OutputFormat.YAML,
     yes: YesOpt = False,
     force: Annotated[
         bool,
@@ -149,12 +140,17 @@ def install(
         ),
     ] = False,
     readiness_timeout: Annotated[
-        str, typer.Option("--readiness-timeout", help="How long to wait for readiness.")
-    ] = "5m",
-    request_timeout: TimeoutOpt = "10s",
+        float,
+        options.option(
+            "--readiness-timeout",
+            parse=Duration(positive=True),
+            help="How long to wait for readiness (default 5m).",
+            show_default=False,
+        ),
+    ] = 300.0,
 ) -> None:
     """Render the profile with your values, apply it (server-side), prune, wait until ready."""
-    timeout = config.duration(readiness_timeout, "--readiness-timeout")
+    timeout = readiness_timeout
     registry, values, rendered = resolve(profile, files, sets, revision, namespace)
     if dry_run:
         print_manifest(rendered, output)
@@ -165,7 +161,7 @@ def install(
     from .progress import Progress
     from .wait import wait_ready
 
-    kube = _connect(ctx, request_timeout)
+    kube = _connect(ctx)
     enabled = registry.enabled(values)
     titles = ", ".join(c.title for c in enabled)
     _confirm(
@@ -211,14 +207,14 @@ def generate(
     files: FileOpt = None,
     revision: RevisionOpt = None,
     namespace: NamespaceOpt = None,
-    output: OutputOpt = OutputFormat.YAML,
+    output: options.OutputOption = OutputFormat.YAML,
 ) -> None:
     """Print the manifest 'meshctl install' would apply (as 'install --dry-run')."""
     print_manifest(resolve(profile, files, sets, revision, namespace)[2], output)
 
 
 @manifest_app.command("profiles")
-def profiles(output: OutputOpt = OutputFormat.TABLE) -> None:
+def profiles(output: options.OutputOption = OutputFormat.TABLE) -> None:
     """List the profiles the installed components offer."""
     from meshctl import components
 
@@ -233,7 +229,7 @@ def profiles(output: OutputOpt = OutputFormat.TABLE) -> None:
         }
         for name in registry.profiles()
     ]
-    typer.echo(render(rows, output), nl=False)
+    typer.echo(render(rows, output, names=[str(r["profile"]) for r in rows]), nl=False)
 
 
 @uninstall_app.command()
@@ -251,14 +247,19 @@ def uninstall(
     ] = False,
     yes: YesOpt = False,
     timeout: Annotated[
-        str, typer.Option("--timeout", help="How long to wait until everything is gone.")
-    ] = "5m",
-    request_timeout: TimeoutOpt = "10s",
+        float,
+        options.option(
+            "--timeout",
+            parse=Duration(positive=True),
+            help="How long to wait until everything is gone (default 5m).",
+            show_default=False,
+        ),
+    ] = 300.0,
 ) -> None:
     """Remove an install revision (default: 'default'), or with --purge all of meshctl."""
     if purge and revision is not None:
         raise UserError("--purge removes every revision", hint="drop --revision or --purge")
-    wait_for = config.duration(timeout, "--timeout")
+    wait_for = timeout
     from meshctl import components
     from meshctl.kube.inventory import Inventory
 
@@ -268,7 +269,7 @@ def uninstall(
 
     registry = components.load()
     values = registry.resolve(profile=None, flags={"revision": revision, "namespace": namespace})
-    kube = _connect(ctx, request_timeout)
+    kube = _connect(ctx)
     inventory = Inventory(kube)
     items = remove.targets(inventory, registry, values, purge=purge)
     what = (

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import inspect
 import ipaddress
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -21,7 +20,7 @@ from typing import Annotated, Any
 
 import typer
 
-from meshctl import config
+from meshctl import config, options, values
 from meshctl.config import setting
 from meshctl.core.capture import render as rendering
 from meshctl.core.capture.plan import CapturePlan, plan
@@ -29,6 +28,7 @@ from meshctl.core.capture.rules import Family
 from meshctl.core.capture.settings import PROBE_PORT, CaptureSettings
 from meshctl.core.capture.trace import Connection, format_trace, trace
 from meshctl.errors import CheckFailedError, MeshctlError, UserError
+from meshctl.output import FORMATS, OutputFormat, render
 
 log = logging.getLogger(__name__)
 
@@ -56,117 +56,118 @@ class KernelTarget:
     )
 
 
-def _opt(*names: str, help: str, flag: bool = False) -> Any:  # noqa: A002 (Typer's own name)
-    kind = bool | None if flag else str | None
-    return Annotated[kind, typer.Option(*names, help=help, show_default=False)]
+# Why `-o` is not the output format here: istio-iptables' flags keep their spelling on every
+# iptables command, so Istio's injected arguments run unchanged, and `-o` is one of them.
+WHY_NOT_O = "-o is istio-iptables' flag for excluded outbound ports here"
 
 
-# (parameter, annotation): each becomes an option of every command; values stay raw strings here
-# and are parsed by CaptureSettings' parsers, so a bad value names its flag or env var.
+def _capture(field: str, metavar: str | None, help: str) -> Any:  # noqa: A002 (click's name)
+    """An option of every command that sets ``CaptureSettings.<field>``: Istio's flag names and
+    env vars come from the field. The value stays raw here: ``config.resolve`` parses it with
+    the field's parser, so a bad value names its flag or env var and the allowed range."""
+    kind = bool | None if metavar is None else str | None
+    option = options.from_setting(CaptureSettings, field, help=help, metavar=metavar, raw=True)
+    return Annotated[kind, option]
+
+
+# (parameter, annotation): each becomes an option of every command.
 _CAPTURE_OPTIONS: list[tuple[str, Any]] = [
-    ("mode", _opt("--mode", help="sidecar (default) or ambient [env MESHCTL_CAPTURE_MODE]")),
-    ("proxy_port", _opt("-p", "--envoy-port", help="outbound capture port (15001) [ENVOY_PORT]")),
-    (
-        "inbound_capture_port",
-        _opt("-z", "--inbound-capture-port", help="inbound capture port (15006)"),
-    ),
+    ("mode", _capture("mode", "sidecar|ambient", "Capture for a sidecar (default) or ambient.")),
+    ("proxy_port", _capture("proxy_port", "PORT", "Outbound capture port (15001).")),
+    ("inbound_capture_port", _capture("inbound_capture_port", "PORT", "Inbound capture (15006).")),
     (
         "inbound_tunnel_port",
-        _opt("-e", "--inbound-tunnel-port", help="HBONE port, never captured (15008)"),
+        _capture("inbound_tunnel_port", "PORT", "HBONE, never captured (15008)."),
     ),
-    ("proxy_uid", _opt("-u", "--proxy-uid", help="proxy uid(s), exempt (1337) [PROXY_UID]")),
-    ("proxy_gid", _opt("-g", "--proxy-gid", help="proxy gid(s), exempt (= uid) [PROXY_GID]")),
+    ("proxy_uid", _capture("proxy_uid", "UIDS", "Proxy uid(s), exempt (1337).")),
+    ("proxy_gid", _capture("proxy_gid", "GIDS", "Proxy gid(s), exempt (the uids).")),
     (
         "interception_mode",
-        _opt("-m", "--istio-inbound-interception-mode", help="REDIRECT (default) or TPROXY"),
+        _capture("interception_mode", "REDIRECT|TPROXY", "Inbound interception (REDIRECT)."),
     ),
     (
         "inbound_ports",
-        _opt("-b", "--istio-inbound-ports", help="inbound ports: '*' (default), list, or ''"),
+        _capture("inbound_ports", "PORTS", "Inbound ports: '*' (default), a list, or ''."),
     ),
     (
         "inbound_ports_exclude",
-        _opt(
-            "-d",
-            "--istio-local-exclude-ports",
-            help="inbound ports not captured with -b '*' (15090,15021,15020)",
+        _capture(
+            "inbound_ports_exclude",
+            "PORTS",
+            "Inbound ports not captured with -b '*' (15090,15021,15020).",
         ),
     ),
     (
         "outbound_cidrs",
-        _opt("-i", "--istio-service-cidr", help="outbound CIDRs: '*' (default), list, or ''"),
+        _capture("outbound_cidrs", "CIDRS", "Outbound CIDRs: '*' (default), a list, or ''."),
     ),
     (
         "outbound_cidrs_exclude",
-        _opt("-x", "--istio-service-exclude-cidr", help="outbound CIDRs not captured"),
+        _capture("outbound_cidrs_exclude", "CIDRS", "Outbound CIDRs not captured."),
     ),
-    ("outbound_ports", _opt("-q", "--istio-outbound-ports", help="outbound ports always captured")),
+    ("outbound_ports", _capture("outbound_ports", "PORTS", "Outbound ports always captured.")),
     (
         "outbound_ports_exclude",
-        _opt(
-            "-o",
-            "--istio-local-outbound-ports-exclude",
-            help="outbound ports never captured (tcp+udp)",
-        ),
+        _capture("outbound_ports_exclude", "PORTS", "Outbound ports never captured (tcp+udp)."),
     ),
-    (
-        "exclude_interfaces",
-        _opt("-c", "--istio-exclude-interfaces", help="interfaces never captured"),
-    ),
+    ("exclude_interfaces", _capture("exclude_interfaces", "IFACES", "Interfaces never captured.")),
     (
         "kube_virt_interfaces",
-        _opt("-k", "--kube-virt-interfaces", help="interfaces whose inbound is outbound"),
+        _capture("kube_virt_interfaces", "IFACES", "Interfaces whose inbound is outbound."),
     ),
-    ("tproxy_mark", _opt("-t", "--istio-inbound-tproxy-mark", help="TPROXY mark (1337)")),
-    (
-        "tproxy_route_table",
-        _opt("-r", "--istio-inbound-tproxy-route-table", help="TPROXY routing table (133)"),
-    ),
-    (
-        "redirect_dns",
-        _opt(
-            "--redirect-dns", flag=True, help="DNS to 15053 [REDIRECT_DNS, ISTIO_META_DNS_CAPTURE]"
-        ),
-    ),
+    ("tproxy_mark", _capture("tproxy_mark", "MARK", "TPROXY mark (1337).")),
+    ("tproxy_route_table", _capture("tproxy_route_table", "TABLE", "TPROXY routing table (133).")),
+    ("redirect_dns", _capture("redirect_dns", None, "DNS to the proxy's 15053.")),
     (
         "capture_all_dns",
-        _opt("--capture-all-dns", flag=True, help="all port-53 traffic, not just resolv.conf's"),
-    ),
-    ("dns_servers", _opt("--dns-servers", help="resolvers to capture (default: /etc/resolv.conf)")),
-    (
-        "dual_stack",
-        _opt("--dual-stack", flag=True, help="IPv6 rules too [DUAL_STACK, ISTIO_DUAL_STACK]"),
+        _capture("capture_all_dns", None, "All port-53 traffic, not just resolv.conf's."),
     ),
     (
-        "drop_invalid",
-        _opt("--drop-invalid", flag=True, help="drop conntrack-INVALID packets [INVALID_DROP]"),
+        "dns_servers",
+        _capture("dns_servers", "IPS", "Resolvers to capture (default: /etc/resolv.conf)."),
     ),
+    ("dual_stack", _capture("dual_stack", None, "IPv6 rules too.")),
+    ("drop_invalid", _capture("drop_invalid", None, "Drop conntrack-INVALID packets.")),
     (
         "outbound_ipv4_loopback_cidr",
-        _opt("--outbound-ipv4-loopback-cidr", help="loopback never captured (127.0.0.1/32)"),
+        _capture("outbound_ipv4_loopback_cidr", "CIDR", "Loopback never captured (127.0.0.1/32)."),
     ),
     (
         "outbound_owner_groups",
-        _opt("--outbound-owner-groups", help="only these groups are captured ('*')"),
+        _capture("outbound_owner_groups", "GROUPS", "Only these groups are captured ('*')."),
     ),
     (
         "outbound_owner_groups_exclude",
-        _opt("--outbound-owner-groups-exclude", help="groups not captured"),
+        _capture("outbound_owner_groups_exclude", "GROUPS", "Groups not captured."),
     ),
     (
         "probe_snat_ipv4",
-        _opt("--probe-snat-ip", help="ambient: kubelet probe source (169.254.7.127)"),
+        _capture("probe_snat_ipv4", "IP", "Ambient: kubelet probe source (169.254.7.127)."),
     ),
-    ("probe_snat_ipv6", _opt("--probe-snat-ipv6", help="ambient: IPv6 kubelet probe source")),
+    ("probe_snat_ipv6", _capture("probe_snat_ipv6", "IP", "Ambient: IPv6 kubelet probe source.")),
+]
+NetnsOption = Annotated[
+    str | None,
+    options.from_setting(
+        KernelTarget,
+        "netns",
+        "--netns",
+        "--network-namespace",
+        metavar="NAME|PATH",
+        help="Network namespace to act in (default: this one).",
+        raw=True,
+    ),
 ]
 _TARGET_OPTIONS: list[tuple[str, Any]] = [
-    (
-        "netns",
-        _opt("--netns", "--network-namespace", help="namespace NAME or PATH [NETWORK_NAMESPACE]"),
-    ),
+    ("netns", NetnsOption),
     (
         "backend",
-        _opt("--backend", help="auto (default), nft, legacy or iptc [MESHCTL_IPTABLES_BACKEND]"),
+        Annotated[
+            str | None,
+            options.from_setting(
+                KernelTarget, "backend", help="iptables backend (auto).", raw=True
+            ),
+        ],
     ),
 ]
 
@@ -212,6 +213,12 @@ def _file_section(ctx: typer.Context) -> tuple[dict[str, Any], str]:
 
 
 def _settings(ctx: typer.Context, flags: dict[str, Any]) -> CaptureSettings:
+    if flags.get("outbound_ports_exclude") in FORMATS:  # `-o json`, as on other commands
+        raise UserError(
+            f"-o {flags['outbound_ports_exclude']}: -o takes ports here, it is istio-iptables' "
+            "--istio-local-outbound-ports-exclude",
+            hint=f"for the output format use --output {flags['outbound_ports_exclude']}",
+        )
     section, file_name = _file_section(ctx)
     target_keys = {"netns", "backend", "network-namespace"}
     file = {k: v for k, v in section.items() if k not in target_keys}
@@ -252,7 +259,10 @@ def render_cmd(
     ctx: typer.Context,
     capture: dict[str, Any],
     family: Annotated[
-        str, typer.Option("--family", help="ipv4, ipv6 or all (default: all enabled)")
+        str,
+        options.choice(
+            "--family", choices=("ipv4", "ipv6", "all"), help="Which rules (all: every enabled)."
+        ),
     ] = "all",
     cleanup: Annotated[
         bool, typer.Option("--cleanup", help="Print the derived cleanup set instead.")
@@ -296,9 +306,7 @@ def apply_cmd(
     ctx: typer.Context,
     capture: dict[str, Any],
     target: dict[str, Any],
-    dry_run: Annotated[
-        bool, typer.Option("-n", "--dry-run", help="Print the changes instead of making them.")
-    ] = False,
+    dry_run: options.DryRunOption = False,
 ) -> None:
     """Install the capture rules (twice changes nothing; a changed config reconciles)."""
     from meshctl.net import capture as kernel
@@ -358,9 +366,7 @@ def check_cmd(ctx: typer.Context, capture: dict[str, Any], target: dict[str, Any
 def clean_cmd(
     ctx: typer.Context,
     target: dict[str, Any],
-    dry_run: Annotated[
-        bool, typer.Option("-n", "--dry-run", help="Print what would be removed.")
-    ] = False,
+    dry_run: options.DryRunOption = False,
 ) -> None:
     """Remove every MESH_ chain and jump (and meshctl's policy routing), nothing else."""
     from meshctl.net import capture as kernel
@@ -392,21 +398,44 @@ def clean_cmd(
 def trace_cmd(
     ctx: typer.Context,
     capture: dict[str, Any],
-    dst: Annotated[str, typer.Option("--dst", help="Destination IP:PORT ([v6]:port).")],
-    src: Annotated[str | None, typer.Option("--src", help="Source IP (default: assumed).")] = None,
-    sport: Annotated[int, typer.Option("--sport", help="Source port.")] = 40000,
-    uid: Annotated[int | None, typer.Option("--uid", help="Owner uid (out; default 1000).")] = None,
-    gid: Annotated[int | None, typer.Option("--gid", help="Owner gid (default: the uid).")] = None,
+    dst: Annotated[
+        str, typer.Option("--dst", metavar="IP:PORT", help="Destination ([v6]:port for IPv6).")
+    ],
+    src: Annotated[
+        str | None, options.address("--src", help="Source IP (default: assumed).")
+    ] = None,
+    sport: Annotated[int, options.port("--sport", help="Source port.")] = 40000,
+    uid: Annotated[
+        int | None,
+        options.option("--uid", parse=values.NUMERIC_ID, help="Owner uid (out; default 1000)."),
+    ] = None,
+    gid: Annotated[
+        int | None,
+        options.option("--gid", parse=values.NUMERIC_ID, help="Owner gid (default: the uid)."),
+    ] = None,
     direction: Annotated[
-        str, typer.Option("--direction", help="out (from the pod) or in (to the pod).")
+        str,
+        options.choice(
+            "--direction", choices=("out", "in"), help="out (from the pod) or in (to the pod)."
+        ),
     ] = "out",
-    protocol: Annotated[str, typer.Option("--protocol", help="tcp or udp.")] = "tcp",
+    protocol: Annotated[
+        str, options.choice("--protocol", choices=("tcp", "udp"), help="The protocol.")
+    ] = "tcp",
     iface: Annotated[
         str | None,
-        typer.Option("--iface", help="in: arriving interface (eth0); out: leaving one (auto)."),
+        typer.Option(
+            "--iface",
+            metavar="IFACE",
+            help="in: arriving interface (eth0); out: leaving one (auto).",
+        ),
     ] = None,
-    mark: Annotated[str, typer.Option("--mark", help="Packet mark, e.g. 0x539.")] = "0",
-    fmt: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+    mark: Annotated[
+        str, typer.Option("--mark", metavar="MARK", help="Packet mark, e.g. 0x539.")
+    ] = "0",
+    output: Annotated[OutputFormat, options.output(short=False, why_not_o=WHY_NOT_O)] = (
+        OutputFormat.TABLE
+    ),
 ) -> None:
     """Evaluate the rules for one connection (no kernel) and show every rule it meets."""
     settings = _settings(ctx, capture)
@@ -419,12 +448,9 @@ def trace_cmd(
             hint="add --dual-stack to trace IPv6 connections",
         )
     result = trace(built.ruleset(family), conn)
-    if fmt == "json":
-        typer.echo(json.dumps(result.to_dict(), indent=2))
-    elif fmt == "text":
-        typer.echo(format_trace(result, title=settings.describe()), nl=False)
-    else:
-        raise UserError(f"--format: invalid value {fmt!r}", hint="use text or json")
+    verdict = f"{result.verdict}/{result.port}" if result.port else result.verdict
+    text = format_trace(result, title=settings.describe())
+    typer.echo(render(result.to_dict(), output, table=text, names=[verdict]), nl=False)
 
 
 def _connection(
@@ -438,21 +464,17 @@ def _connection(
     iface: str | None,
     mark: str,
 ) -> Connection:
-    address, port = _endpoint(dst)
-    if direction not in ("out", "in"):
-        raise UserError(f"--direction: invalid value {direction!r}", hint="use out or in")
-    if protocol not in ("tcp", "udp"):
-        raise UserError(f"--protocol: invalid value {protocol!r}", hint="use tcp or udp")
-    if not 0 < sport < 65536:
-        raise UserError(f"--sport: invalid value {sport}", hint="give a port 1-65535")
-    try:
-        source = ipaddress.ip_address(src) if src else _assumed_source(address, direction)
-    except ValueError:
-        raise UserError(f"--src: invalid value {src!r}", hint="give an IP address") from None
+    address, port = _endpoint(dst)  # --direction, --protocol, --sport, --src: parsed already
+    source = ipaddress.ip_address(src) if src else _assumed_source(address, direction)
+    bad_mark = UserError(
+        f"--mark: invalid value {mark!r}", hint="give a mark 0-0xffffffff, e.g. --mark 0x539"
+    )
     try:
         mark_value = int(mark, 0)
     except ValueError:
-        raise UserError(f"--mark: invalid value {mark!r}", hint="e.g. --mark 0x539") from None
+        raise bad_mark from None
+    if not 0 <= mark_value <= 0xFFFFFFFF:
+        raise bad_mark
     if source.version != address.version:
         raise UserError(f"--src {src}: not the same IP version as --dst {dst}")
     if direction == "out":
@@ -496,14 +518,15 @@ def _assumed_source(
 def validate_cmd(
     ctx: typer.Context,
     capture: dict[str, Any],
-    netns: Annotated[
-        str | None, typer.Option("--netns", help="Probe inside this namespace (NAME or PATH).")
-    ] = None,
+    netns: NetnsOption = None,
     probe_port: Annotated[
-        int, typer.Option("--iptables-probe-port", help="Port the probe connects to.")
+        int, options.port("--iptables-probe-port", help="Port the probe connects to.")
     ] = PROBE_PORT,
     probe_timeout: Annotated[
-        float, typer.Option("--probe-timeout", help="Seconds to wait for the redirect.")
+        float,
+        options.duration(
+            "--probe-timeout", positive=True, help="How long to wait for the redirect."
+        ),
     ] = 5.0,
 ) -> None:
     """Prove capture works in this pod: a probe must be redirected (exit 126 if not)."""
@@ -516,12 +539,7 @@ def validate_cmd(
             "validate checks sidecar capture; ambient capture is verified by the node proxy",
             hint="drop --mode ambient",
         )
-    if not 0 < probe_port < 65536 or probe_timeout <= 0:
-        raise UserError(
-            f"--iptables-probe-port {probe_port} / --probe-timeout {probe_timeout}: out of range",
-            hint="give a port 1-65535 and a positive timeout",
-        )
-    ref = netns_mod.resolve(netns)
+    _, ref = _target(ctx, {"netns": netns, "backend": None})
     with netns_mod.entered(ref):
         result = validate(
             capture_ports=(settings.proxy_port, settings.inbound_capture_port),

@@ -13,12 +13,11 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from meshctl import config
+from meshctl import options
 from meshctl.core.checks import (
     Check,
     Outcome,
@@ -31,6 +30,7 @@ from meshctl.core.checks import (
 )
 from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render
+from meshctl.values import Duration, format_duration
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -61,46 +61,59 @@ def verify(
     pre: Annotated[
         bool, typer.Option("--pre", help="Before install: can this cluster take the mesh?")
     ] = False,
-    output: Annotated[
-        OutputFormat, typer.Option("--output", "-o", help="table (the checklist), json or yaml.")
-    ] = OutputFormat.TABLE,
+    output: options.OutputOption = OutputFormat.TABLE,
     wait: Annotated[
-        str | None,
-        typer.Option("--wait", help="Retry failing checks for up to this long (e.g. 2m)."),
+        float | None,
+        options.option(
+            "--wait",
+            parse=Duration(),
+            help="Retry failing checks for up to this long (e.g. 2m).",
+            show_default=False,
+        ),
     ] = None,
     workload: Annotated[
         str | None,
-        typer.Option("--workload", help="NAMESPACE/POD: also check that pod's data plane."),
+        typer.Option(
+            "--workload", metavar="NAMESPACE/POD", help="Also check that pod's data plane."
+        ),
     ] = None,
     revision: Annotated[
-        str | None, typer.Option("--revision", "-r", help="The install revision (default).")
+        str | None,
+        typer.Option(
+            "--revision", "-r", metavar="REVISION", help="The install revision (default)."
+        ),
     ] = None,
     namespace: Annotated[
-        str | None, typer.Option("--namespace", "-n", help="The mesh's namespace (meshctl-system).")
+        str | None, options.namespace("The mesh's namespace (meshctl-system).")
     ] = None,
     profile: Annotated[
-        str | None, typer.Option("--profile", "-p", help="With --pre: the profile to install.")
+        str | None,
+        typer.Option(
+            "--profile", "-p", metavar="PROFILE", help="With --pre: the profile to install."
+        ),
     ] = None,
     sets: Annotated[
-        list[str] | None, typer.Option("--set", "-s", help="With --pre: install values.")
+        list[str] | None,
+        typer.Option("--set", "-s", metavar="KEY=VALUE", help="With --pre: install values."),
     ] = None,
     files: Annotated[
-        list[Path] | None, typer.Option("--filename", "-f", help="With --pre: values files.")
+        list[str] | None,
+        options.filename("With --pre: values files, directories of them, or - for stdin."),
     ] = None,
-    request_timeout: Annotated[
-        str, typer.Option("--request-timeout", help="Timeout of each API request.")
-    ] = "10s",
 ) -> None:
-    """Check the installed mesh (or, with --pre, the cluster before install)."""
+    """Check the installed mesh (or, with --pre, the cluster before install).
+
+    -o table is the checklist, json/yaml the report, name the failing checks (none: healthy).
+    """
     from meshctl import components
     from meshctl.core.install import manifest as mf
     from meshctl.core.install.context import CheckContext
-    from meshctl.kube.client import KubeSettings, connect
+    from meshctl.kube.client import connect
     from meshctl.kube.inventory import Inventory
 
     from . import builtin
 
-    deadline = config.duration(wait, "--wait") if wait else 0.0
+    deadline = wait or 0.0
     if not pre and (profile or sets or files):
         raise UserError(
             "--profile, --set and -f describe an install to come: use them with --pre",
@@ -110,21 +123,14 @@ def verify(
         raise UserError(f"--workload {workload!r}: expected NAMESPACE/POD", hint="e.g. shop/web-1")
     if workload is not None and pre:
         raise UserError("--workload checks a running pod: not with --pre", hint="drop one of them")
-    settings: config.GlobalSettings = ctx.obj
-    kube = connect(
-        KubeSettings(
-            kubeconfig=settings.kubeconfig,
-            context=settings.context,
-            request_timeout=config.duration(request_timeout, "--request-timeout"),
-        )
-    )
+    kube = connect(options.kube_settings(ctx))  # --kubeconfig, --context, --request-timeout
     registry = components.load()
     flags = {"revision": revision, "namespace": namespace}
     record = None
     if pre:
         values = registry.resolve(
             profile=profile,
-            files=config.values_files(files or ()),
+            files=options.values_sources(files or ()),
             assignments=list(sets or ()),
             flags=flags,
         )
@@ -152,15 +158,16 @@ def verify(
         ran = run_checks(chosen, context)
         if exit_code(ran) == 0 or time.monotonic() + RETRY_INTERVAL > give_up:
             break
-        failing = sum(r.result.outcome is Outcome.FAIL for r in ran)
-        sys.stderr.write(f"{failing} check(s) failing; retrying (--wait {wait})\n")
+        count = sum(r.result.outcome is Outcome.FAIL for r in ran)
+        sys.stderr.write(
+            f"{count} check(s) failing; retrying (--wait {format_duration(deadline)})\n"
+        )
         time.sleep(RETRY_INTERVAL)
         if not pre:
             record = _record(kube, values.revisioned(mf.RECORD_NAME), values.namespace)
-    if output is OutputFormat.TABLE:
-        typer.echo(report_text(ran), nl=False)
-    else:
-        typer.echo(render(report_json(ran), output), nl=False)
+    failing = [r for r in ran if r.result.outcome is Outcome.FAIL]
+    names = [f"{r.check.category}: {r.check.description}" for r in failing]
+    typer.echo(render(report_json(ran), output, table=report_text(ran), names=names), nl=False)
     code = exit_code(ran)
     if code:
         raise typer.Exit(code)

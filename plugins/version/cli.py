@@ -6,7 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from meshctl.config import GlobalSettings
+from meshctl import options
+from meshctl.errors import MeshctlError
 from meshctl.output import OutputFormat, render
 
 from .info import client_info
@@ -17,21 +18,45 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 @app.command()
 def version(
     ctx: typer.Context,
-    output: Annotated[
-        OutputFormat, typer.Option("-o", "--output", help="Output format.")
-    ] = OutputFormat.TABLE,
+    output: options.OutputOption = OutputFormat.TABLE,
     server: Annotated[
         bool, typer.Option("--server", help="Also ask the Kubernetes API server for its version.")
     ] = False,
 ) -> None:
-    """Print meshctl's version, Python and key dependency versions."""
+    """Print meshctl's version, Python and key dependency versions (and the API server's)."""
     data: dict[str, Any] = client_info()
+    failure: MeshctlError | None = None
     if server:
         # Deferred: only --server pays for the Kubernetes client.
-        from meshctl.kube.client import KubeSettings, connect
+        from meshctl.kube.client import connect
         from meshctl.kube.version import server_version
 
-        settings: GlobalSettings = ctx.obj
-        kube = connect(KubeSettings(kubeconfig=settings.kubeconfig, context=settings.context))
-        data["server"] = server_version(kube)
-    typer.echo(render(data, output), nl=False)
+        try:
+            data["server"] = server_version(connect(options.kube_settings(ctx)))
+        except MeshctlError as exc:  # the client's half is printed first, as kubectl does
+            failure = exc
+    typer.echo(render(data, output, table=_table(data), names=_names(data)), nl=False)
+    if failure is not None:
+        raise failure
+
+
+def _table(data: dict[str, Any]) -> dict[str, Any]:
+    """One row per component: meshctl, the interpreter, each dependency, the server."""
+    rows: dict[str, Any] = {
+        "meshctl": data["meshctl"],
+        "python": f"{data['python']} ({data['implementation']})",
+        "platform": data["platform"],
+        "frozen": data["frozen"],
+    }
+    rows.update({name: v or "not installed" for name, v in data["dependencies"].items()})
+    if "server" in data:
+        facts = data["server"]
+        rows["server"] = f"{facts.get('gitVersion', '?')} ({facts.get('platform', '?')})"
+    return rows
+
+
+def _names(data: dict[str, Any]) -> list[str]:
+    names = [f"meshctl/{data['meshctl']}"]
+    if "server" in data:
+        names.append(f"kubernetes/{data['server'].get('gitVersion', '?')}")
+    return names

@@ -9,10 +9,10 @@ from typing import Any
 
 import meshctl
 
-# The distributions whose versions matter when reading a bug report, by distribution name.
+# The distributions whose versions matter when reading a bug report, by distribution name
+# (typer vendors its click, so no separate click distribution is ours to report).
 KEY_DEPENDENCIES = (
     "typer",
-    "click",
     "kubernetes",
     "pyroute2",
     "python-iptables",

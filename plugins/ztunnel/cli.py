@@ -6,18 +6,19 @@ import logging
 import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from meshctl import config
+from meshctl import config, options, values
 from meshctl.core import certs as certs_mod
 from meshctl.core import proxyconfig
-from meshctl.core.identity import IdentityError, SpiffeId, parse_workload_ref
+from meshctl.core.identity import IdentityError, parse_workload_ref
 from meshctl.errors import ConfigError, MeshctlError, UserError
 from meshctl.output import OutputFormat, render_objects
+from meshctl.values import format_duration
 
-from .settings import InjectedConfig, ZtunnelSettings, seconds
+from .settings import MAX_WORKERS, InjectedConfig, ZtunnelSettings
 
 app = typer.Typer(
     add_completion=False,
@@ -27,7 +28,12 @@ app = typer.Typer(
 )
 log = logging.getLogger(__name__)
 
-_MAX_WORKERS = 64
+CA_TTL = timedelta(days=3650)  # the development CA's lifetime
+
+
+def _setting(field: str, help: str, metavar: str | None = None) -> Any:  # noqa: A002
+    """``meshctl ztunnel run``'s option for ``ZtunnelSettings.<field>`` (env var from the field)."""
+    return options.from_setting(ZtunnelSettings, field, help=help, metavar=metavar)
 
 
 @app.command()
@@ -35,104 +41,97 @@ def run(
     ctx: typer.Context,
     mode: Annotated[
         str | None,
-        typer.Option(
-            help="sidecar (dedicated: one workload) or node (shared: the node's ambient pods) "
-            "[env PROXY_MODE]"
-        ),
+        _setting("mode", "sidecar (dedicated: one workload) or node (shared: the node's pods)."),
     ] = None,
     workload: Annotated[
-        str | None,
-        typer.Option(metavar="NS/NAME/SA", help="The workload served [env PROXY_WORKLOAD_INFO]"),
+        str | None, _setting("workload", "The workload served.", metavar="NS/NAME/SA")
     ] = None,
     local_config: Annotated[
-        str | None,
-        typer.Option(metavar="FILE", help="ztunnel local config YAML [env LOCAL_XDS_PATH]"),
+        str | None, _setting("local_config", "ztunnel local config YAML.", metavar="FILE")
     ] = None,
     xds_address: Annotated[
         str | None,
-        typer.Option(
+        _setting(
+            "xds_address",
+            "Control plane to discover workloads from, instead of --local-config "
+            "(Delta ADS over TLS, e.g. :15012).",
             metavar="HOST:PORT",
-            help="Control plane to discover workloads from, instead of --local-config "
-            "(Delta ADS over TLS, e.g. :15012) [env XDS_ADDRESS]",
         ),
     ] = None,
     xds_root_ca: Annotated[
         str | None,
-        typer.Option(
+        _setting(
+            "xds_root_ca",
+            "The control plane's root certificate (/var/run/secrets/istio/root-cert.pem).",
             metavar="FILE",
-            help="The control plane's root certificate "
-            "(/var/run/secrets/istio/root-cert.pem) [env XDS_ROOT_CA]",
         ),
     ] = None,
     cert_dir: Annotated[
         str | None,
-        typer.Option(
-            metavar="DIR", help="cert-chain.pem, key.pem, root-cert.pem [env MESHCTL_CERT_DIR]"
-        ),
+        _setting("cert_dir", "cert-chain.pem, key.pem, root-cert.pem live here.", metavar="DIR"),
     ] = None,
-    trust_domain: Annotated[str | None, typer.Option(help="[env TRUST_DOMAIN]")] = None,
+    trust_domain: Annotated[
+        str | None,
+        _setting("trust_domain", "SPIFFE trust domain (cluster.local).", metavar="DOMAIN"),
+    ] = None,
     drain_deadline: Annotated[
-        str | None, typer.Option(help="How long open connections may finish on SIGTERM (5s)")
+        float | None, _setting("drain_deadline", "How long open connections may finish (5s).")
     ] = None,
     handshake_timeout: Annotated[
-        str | None,
-        typer.Option(
-            help="How long a peer may take to complete a TLS handshake (5s) "
-            "[env MESHCTL_HANDSHAKE_TIMEOUT]"
-        ),
+        float | None,
+        _setting("handshake_timeout", "How long a peer may take for the TLS handshake (5s)."),
     ] = None,
     mark: Annotated[
-        int | None, typer.Option(help="SO_MARK for connections the proxy makes [env PACKET_MARK]")
+        int | None, _setting("mark", "SO_MARK for connections the proxy makes (0: none).")
     ] = None,
     workers: Annotated[
-        int | None,
-        typer.Option(help="Data-plane worker processes (1) [env ZTUNNEL_WORKER_THREADS]"),
+        int | None, _setting("workers", f"Data-plane worker processes, 1-{MAX_WORKERS} (1).")
     ] = None,
     inpod_uds: Annotated[
         str | None,
-        typer.Option(
+        _setting(
+            "inpod_uds",
+            "Node mode: the node agent's ZDS socket (/var/run/ztunnel/ztunnel.sock).",
             metavar="PATH",
-            help="Node mode: the node agent's ZDS socket (/var/run/ztunnel/ztunnel.sock) "
-            "[env INPOD_UDS]",
         ),
     ] = None,
     ca_dir: Annotated[
         str | None,
-        typer.Option(
+        _setting(
+            "ca_dir",
+            "Node mode: mint pod certificates from this development CA (ca-cert.pem, ca-key.pem).",
             metavar="DIR",
-            help="Node mode: mint pod certificates from this development CA "
-            "(ca-cert.pem, ca-key.pem) [env MESHCTL_CA_DIR]",
         ),
     ] = None,
     ca_address: Annotated[
         str | None,
-        typer.Option(
+        _setting(
+            "ca_address",
+            "Mesh CA, e.g. meshctl-controlplane.meshctl-system.svc:15012.",
             metavar="HOST:PORT",
-            help="Mesh CA, e.g. meshctl-controlplane.meshctl-system.svc:15012 [env CA_ADDRESS]",
         ),
     ] = None,
     ca_root: Annotated[
         str | None,
-        typer.Option(
-            metavar="FILE",
-            help="Mesh root bundle (/var/run/secrets/istio/root-cert.pem) [env CA_ROOT_CA]",
+        _setting(
+            "ca_root", "Mesh root bundle (/var/run/secrets/istio/root-cert.pem).", metavar="FILE"
         ),
     ] = None,
     auth_token: Annotated[
         str | None,
-        typer.Option(
-            "--token-file",
+        _setting(
+            "auth_token",
+            "Service-account token for the CA (/var/run/secrets/tokens/istio-token).",
             metavar="FILE",
-            help="Service-account token for the CA (/var/run/secrets/tokens/istio-token) "
-            "[env AUTH_TOKEN]",
         ),
     ] = None,
     secret_ttl: Annotated[
-        str | None, typer.Option(help="Certificate lifetime to request (24h) [env SECRET_TTL]")
+        float | None, _setting("secret_ttl", "Certificate lifetime to request (24h).")
     ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
     flags = {k: v for k, v in locals().items() if k != "ctx"}  # first: only the options
+    level = options.daemon_logging(ctx)  # info unless a level was given: listening, ready
     from .listeners import bind_all
     from .supervisor import modes
     from .supervisor.main import Handover, become_supervisor
@@ -148,18 +147,7 @@ def run(
         ) from exc
     file = {**file, **pod_config.ztunnel_settings(os.cpu_count() or 1)}
     settings = config.resolve(ZtunnelSettings, flags=flags, file=file, file_name=file_name)
-    seconds(settings.drain_deadline, "drain deadline")  # refused here if it is not a duration
-    handshake = seconds(settings.handshake_timeout, "handshake timeout")
-    if handshake <= 0:
-        raise ConfigError(
-            f"handshake timeout must be positive, not {settings.handshake_timeout!r}",
-            hint="e.g. --handshake-timeout 5s",
-        )
-    if not 1 <= settings.workers <= _MAX_WORKERS:
-        raise ConfigError(
-            f"workers must be between 1 and {_MAX_WORKERS}, not {settings.workers}",
-            hint="one per core the proxy may use, e.g. --workers 2",
-        )
+    # Durations, ranges and choices were checked as the settings resolved (flags, env, file).
     # What a user can get wrong is refused here, with the CLI's errors, by building the mode's
     # sources as the supervisor will (quietly: it logs when it builds them again); then this
     # process becomes the lean supervisor (exec: same pid), leaving the CLI's libraries behind.
@@ -184,7 +172,12 @@ def run(
         listeners={role: sock.fileno() for role, sock in listeners.items()},
         certs=None if checked is None else checked[0],
         cert_digest="" if checked is None else checked[1],
-        log_level=global_settings.log_level if not global_settings.debug else "debug",
+        log_level=level,
+        # The data plane logs every connection at info (ztunnel's access log): it runs at the
+        # level the user chose, and at warning when none was.
+        dataplane_log_level=level
+        if global_settings.log_level or global_settings.debug
+        else "warning",
         log_format=global_settings.log_format,
     )
     try:
@@ -196,14 +189,16 @@ def run(
 
 @app.command()
 def wait(
-    timeout: Annotated[str, typer.Option(help="How long to wait for readiness")] = "60s",
-    port: Annotated[int, typer.Option(help="The proxy's readiness port")] = 15021,
+    timeout: Annotated[
+        float, options.duration("--timeout", positive=True, help="How long to wait for readiness.")
+    ] = 60.0,
+    port: Annotated[int, options.port("--port", help="The proxy's readiness port.")] = 15021,
 ) -> None:
     """Wait until this pod's proxy is ready (a postStart hook: the app starts after it)."""
     import http.client
     import time
 
-    deadline = time.monotonic() + seconds(timeout, "--timeout")
+    deadline = time.monotonic() + timeout
     last = "no answer"
     while True:
         try:
@@ -218,7 +213,7 @@ def wait(
             last = exc.strerror or str(exc)
         if time.monotonic() >= deadline:
             raise MeshctlError(
-                f"the proxy was not ready within {timeout} ({last})",
+                f"the proxy was not ready within {format_duration(timeout)} ({last})",
                 hint=f"see the proxy's log (kubectl logs -c istio-proxy); readiness is :{port}",
             )
         time.sleep(0.5)
@@ -226,45 +221,68 @@ def wait(
 
 @app.command()
 def certs(
-    out: Annotated[Path, typer.Option(metavar="DIR", help="Where the workload's files go")],
+    out: Annotated[
+        Path, options.output_directory("--out", help="Where the workload's files go (created).")
+    ],
     workload: Annotated[
-        str, typer.Option(metavar="NS/NAME/SA", help="Whose identity the certificate carries")
+        str,
+        typer.Option(metavar="NS/NAME/SA", help="Whose identity the certificate carries."),
     ],
     ca_dir: Annotated[
         Path | None,
-        typer.Option(
-            metavar="DIR",
+        options.output_directory(
+            "--ca-dir",
             help="CA files (ca-cert.pem, ca-key.pem; Istio's root-cert.pem, cert-chain.pem for "
-            "an intermediate); minted if absent",
+            "an intermediate), minted there if absent [default: ca beside --out, i.e. OUT/../ca]",
+            show_default=False,
         ),
     ] = None,
-    trust_domain: Annotated[str, typer.Option(help="SPIFFE trust domain")] = "cluster.local",
-    ttl: Annotated[str, typer.Option(help="Workload certificate lifetime")] = "24h",
+    trust_domain: Annotated[
+        str, typer.Option(metavar="DOMAIN", help="SPIFFE trust domain.")
+    ] = "cluster.local",
+    ttl: Annotated[
+        float,
+        options.duration(
+            "--ttl",
+            positive=True,
+            maximum=CA_TTL.total_seconds(),
+            help="Workload certificate lifetime (e.g. 24h, 90m, 30d).",
+        ),
+    ] = 86400.0,
 ) -> None:
     """Mint a development CA (once) and a SPIFFE workload certificate signed by it."""
-    from .settings import seconds as to_seconds
-
     try:
         ns, _name, sa = parse_workload_ref(workload)
-        identity = SpiffeId(trust_domain, ns, sa)
     except IdentityError as exc:
         raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
+    from .supervisor.modes import identity_for
+
+    identity = identity_for(trust_domain, ns, sa)
     now = datetime.now(UTC)
-    ca_dir = ca_dir or out.parent / "ca"
+    ca_dir = (ca_dir or out.parent / "ca").resolve()
     ca_cert, ca_key = ca_dir / certs_mod.CA_CERT_FILE, ca_dir / certs_mod.CA_KEY_FILE
     if ca_cert.exists() and ca_key.exists():
         from .identities import read_signing_ca
 
         ca = read_signing_ca(ca_dir, trust_domain)
+        ca_facts = certs_mod.describe(ca.signer.cert_pem)[0]
+        if now + timedelta(seconds=ttl) > ca_facts.not_after:
+            raise UserError(
+                f"--ttl {format_duration(ttl)}: the certificate would outlive the CA in {ca_dir} "
+                f"(it expires {ca_facts.not_after:%Y-%m-%d %H:%M} UTC)",
+                hint="give a shorter --ttl, or a new CA with another --ca-dir",
+            )
     else:
-        root = certs_mod.mint_root(trust_domain=trust_domain, now=now, ttl=timedelta(days=3650))
+        root = certs_mod.mint_root(trust_domain=trust_domain, now=now, ttl=CA_TTL)
         _write(ca_dir, certs_mod.CA_CERT_FILE, root.cert_pem, 0o644)
         _write(ca_dir, certs_mod.CA_KEY_FILE, root.key_pem, 0o600)
-        typer.echo(f"minted development CA in {ca_dir}", err=True)
+        typer.echo(
+            f"minted a development CA for {trust_domain} in {ca_dir} (valid "
+            f"{CA_TTL.days // 365} years; --ca-dir reuses it for other workloads)",
+            err=True,
+        )
         ca = certs_mod.SigningCa(signer=root, chain_pem=b"", root_pem=root.cert_pem)
-    leaf = certs_mod.mint_workload(
-        ca.signer, identity, now=now, ttl=timedelta(seconds=to_seconds(ttl, "--ttl"))
-    )
+    leaf = certs_mod.mint_workload(ca.signer, identity, now=now, ttl=timedelta(seconds=ttl))
     # Writes go to temporary names first and are renamed: a running proxy polling the directory
     # never reads a half-written key pair.
     _write(out, certs_mod.KEY_FILE, leaf.key_pem, 0o600)
@@ -274,28 +292,50 @@ def certs(
 
 
 def _write(folder: Path, name: str, data: bytes, mode: int) -> None:
-    folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{name}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    tmp.replace(folder / name)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        tmp.replace(folder / name)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise MeshctlError(
+            f"cannot write {folder / name}: {exc.strerror or exc}",
+            hint="check that the directory (and every folder above it) is writable",
+        ) from exc
 
 
 @app.command("manifest")
 def manifest_cmd(
-    namespace: Annotated[str, typer.Option("--namespace", "-n")] = "meshctl-system",
-    image: Annotated[str | None, typer.Option("--image", help="meshctl image.")] = None,
+    namespace: Annotated[str, options.namespace("Namespace of the node proxies.")] = (
+        "meshctl-system"
+    ),
+    image: options.ImageOption = None,
     ca_address: Annotated[
         str | None,
-        typer.Option(help="Mesh CA (default: meshctl-controlplane.<namespace>.svc:15012)."),
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Mesh CA (default: meshctl-controlplane.<namespace>.svc:15012).",
+        ),
     ] = None,
     xds_address: Annotated[
         str | None,
-        typer.Option(help="Discovery (default: meshctl-controlplane.<namespace>.svc:15012)."),
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Discovery (default: meshctl-controlplane.<namespace>.svc:15012).",
+        ),
     ] = None,
-    workers: Annotated[int, typer.Option(help="Data-plane worker processes per node.")] = 1,
-    output: Annotated[OutputFormat, typer.Option("-o", "--output")] = OutputFormat.YAML,
+    workers: Annotated[
+        int,
+        options.option(
+            "--workers",
+            help=f"Data-plane worker processes per node, 1-{MAX_WORKERS}.",
+            parse=values.Integer(1, MAX_WORKERS, what="a count"),
+        ),
+    ] = 1,
+    output: options.OutputOption = OutputFormat.YAML,
 ) -> None:
     """Print the DaemonSet that runs the ambient node proxy ('ztunnel run --mode node')."""
     from meshctl.core.image import default_image
@@ -309,6 +349,4 @@ def manifest_cmd(
         xds_address=xds_address or "",
         workers=workers,
     )
-    if output is OutputFormat.TABLE:
-        raise typer.BadParameter("use -o yaml or -o json", param_hint="-o")
     typer.echo(render_objects(items, output), nl=False)

@@ -7,10 +7,10 @@ the port and its role, before any child starts.
 
 from __future__ import annotations
 
-import errno
 import socket
 
-from meshctl.errors import UserError
+from meshctl.errors import MeshctlError
+from meshctl.net.sockets import PortInUseError, listener
 
 from .settings import ZtunnelSettings
 
@@ -26,12 +26,12 @@ def bind_all(settings: ZtunnelSettings, *, proxy: bool = True) -> dict[str, sock
     out: dict[str, socket.socket] = {}
     try:
         for role, port in wanted.items():
-            out[role] = _listen(socket.AF_INET, "0.0.0.0", port, role)  # noqa: S104 (the pod's ports)
+            out[role] = _listen("0.0.0.0", port, role)  # noqa: S104 (the pod's ports)
             if socket.has_ipv6:
                 six = _listen_optional_v6(port, role)
                 if six is not None:
                     out[role + "6"] = six
-        out["admin"] = _listen(socket.AF_INET, "127.0.0.1", settings.admin_port, "admin")
+        out["admin"] = _listen("127.0.0.1", settings.admin_port, "admin")
     except BaseException:
         for sock in out.values():
             sock.close()
@@ -48,30 +48,23 @@ def pod_ports(settings: ZtunnelSettings) -> dict[str, int]:
     }
 
 
-def _listen(family: int, host: str, port: int, role: str) -> socket.socket:
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if family == socket.AF_INET6:
-        sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise UserError(
-                f"port {port} ({role}) is already in use",
-                hint="is another proxy running in this network namespace?",
-            ) from exc
-        raise UserError(f"cannot bind {host}:{port} ({role}): {exc.strerror}") from exc
-    sock.listen(_BACKLOG)
+def _listen(host: str, port: int, role: str) -> socket.socket:
+    sock = listener(
+        host,
+        port,
+        what=role,
+        backlog=_BACKLOG,
+        v6only=True,
+        in_use_hint="is another proxy running in this network namespace?",
+    )
     sock.set_inheritable(True)
     return sock
 
 
 def _listen_optional_v6(port: int, role: str) -> socket.socket | None:
     try:
-        return _listen(socket.AF_INET6, "::", port, role)
-    except UserError as exc:
-        if "already in use" in exc.message:
-            raise
+        return _listen("::", port, role)
+    except PortInUseError:
+        raise
+    except MeshctlError:
         return None  # no IPv6 in this namespace

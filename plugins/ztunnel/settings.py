@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshctl import values
 from meshctl.config import setting
 from meshctl.core.appprobes import PROBERS_ENV, parse_probers, parse_scrape
 from meshctl.core.zds import DEFAULT_SOCKET
 from meshctl.errors import ConfigError
+
+_DURATION_HINT = f"write a duration, {values.DURATION_EXAMPLES}"
+MAX_WORKERS = 64
 
 
 def _probers(text: str) -> str:
@@ -65,18 +69,48 @@ class ZtunnelSettings:
     ca_root: str = setting("/var/run/secrets/istio/root-cert.pem", env="CA_ROOT_CA")
     ca_server_name: str | None = setting(None, env="ALT_CA_HOSTNAME")
     # A token file (read on every call) or, if no such file exists, the token itself (ztunnel).
-    auth_token: str = setting("/var/run/secrets/tokens/istio-token", env="AUTH_TOKEN")
-    secret_ttl: str = setting("24h", env="SECRET_TTL")
-    # Durations as ztunnel writes them: "5s", "300ms", "5m", "1h".
-    drain_deadline: str = setting("5s", env="CONNECTION_TERMINATION_DEADLINE")
+    auth_token: str = setting(
+        "/var/run/secrets/tokens/istio-token", env="AUTH_TOKEN", flag="--token-file"
+    )
+    secret_ttl: float = setting(
+        86400.0, env="SECRET_TTL", parse=values.Duration(minimum=1.0), hint=_DURATION_HINT
+    )
+    # Durations in seconds, written as ztunnel writes them: "5s", "300ms", "5m", "1h".
+    drain_deadline: float = setting(
+        5.0,
+        env="CONNECTION_TERMINATION_DEADLINE",
+        parse=values.Duration(maximum=3600),
+        hint=_DURATION_HINT,
+    )
     # A peer that has not finished the TLS handshake by then is dropped (slowloris guard).
-    handshake_timeout: str = setting("5s", env="MESHCTL_HANDSHAKE_TIMEOUT")
-    pool_max_streams: int = setting(100, env="POOL_MAX_STREAMS_PER_CONNECTION")
-    pool_idle_timeout: str = setting("5m", env="POOL_UNUSED_RELEASE_TIMEOUT")
-    mark: int = setting(0, env="PACKET_MARK")
+    handshake_timeout: float = setting(
+        5.0,
+        env="MESHCTL_HANDSHAKE_TIMEOUT",
+        parse=values.Duration(positive=True, maximum=300),
+        hint=_DURATION_HINT,
+    )
+    pool_max_streams: int = setting(
+        100, env="POOL_MAX_STREAMS_PER_CONNECTION", parse=values.Integer(1, 2**31 - 1)
+    )
+    pool_idle_timeout: float = setting(
+        300.0,
+        env="POOL_UNUSED_RELEASE_TIMEOUT",
+        parse=values.Duration(positive=True),
+        hint=_DURATION_HINT,
+    )
+    mark: int = setting(
+        0, env="PACKET_MARK", parse=values.Integer(0, 0xFFFFFFFF, what="a mark", metavar="MARK")
+    )
     # Data-plane worker processes (ztunnel's worker threads); they share the listeners.
-    workers: int = setting(1, env="ZTUNNEL_WORKER_THREADS")
-    reload_interval: str = setting("1s", env="MESHCTL_RELOAD_INTERVAL")
+    workers: int = setting(
+        1, env="ZTUNNEL_WORKER_THREADS", parse=values.Integer(1, MAX_WORKERS, what="a count")
+    )
+    reload_interval: float = setting(
+        1.0,
+        env="MESHCTL_RELOAD_INTERVAL",
+        parse=values.Duration(positive=True),
+        hint=_DURATION_HINT,
+    )
     # Node mode: the node agent's ZDS socket; a development CA for pod certificates when no
     # mesh CA (``ca_address``) is given.
     inpod_uds: str = setting(DEFAULT_SOCKET, env="INPOD_UDS")
@@ -109,17 +143,3 @@ class ZtunnelSettings:
             hint="pass --workload NAMESPACE/NAME/SERVICE_ACCOUNT "
             "(or set POD_NAMESPACE, POD_NAME and SERVICE_ACCOUNT, as the injector does)",
         )
-
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def seconds(value: str, name: str) -> float:
-    """``"5s"`` -> 5.0; ``"300ms"``, ``"5m"``, ``"1h"``, ``"30d"`` too; a bare number is seconds."""
-    text = value.strip()
-    for unit in sorted(_UNITS, key=len, reverse=True):
-        if text.endswith(unit) and text[: -len(unit)].replace(".", "", 1).isdigit():
-            return float(text[: -len(unit)]) * _UNITS[unit]
-    if text.replace(".", "", 1).isdigit():
-        return float(text)
-    raise ConfigError(f"{name}: {value!r} is not a duration", hint="write e.g. 5s, 300ms, 5m, 1h")

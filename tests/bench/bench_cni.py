@@ -122,7 +122,8 @@ def main() -> int:  # noqa: PLR0915 (one linear script)
         with cluster.api_client() as api:
             create_namespace(api, "bench")
             # The plugin's own RBAC, as `meshctl cni manifest` grants it.
-            _, role, binding, _ = objects(namespace="bench")
+            by_kind = {o["kind"]: o for o in objects(namespace="bench")}
+            role, binding = by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]
             binding["subjects"][0]["name"] = "cni"
             rbac = k8s.RbacAuthorizationV1Api(api)
             rbac.create_cluster_role(role)

@@ -4,7 +4,7 @@ Run from the repository root: python -m tests.bench.bench_inject [--deployments 
 [--smoke] (``--smoke``: 20 Deployments, one run, 50 requests per row; only checks that every
 figure was produced)
 
-Offline: the median of several runs of ``meshctl inject -f <file> -o <out>`` (the console script,
+Offline: the median of several runs of ``meshctl inject -f <file> -O <out>`` (the console script,
 interpreter start included) and of the in-process pipeline, beside a baseline measured in the
 same run: loading and dumping the same file with the same YAML loader and dumper (libyaml).
 Target: <= 2 s for 1,000 Deployments.
@@ -100,7 +100,7 @@ def bench_offline(count: int, runs: int) -> dict[str, float]:
         source.write_text(text)
         out = Path(tmp) / "out.yaml"
         cli = [sys.executable, "-c", "from meshctl.cli import run; run()", "inject"]
-        cli += ["-f", str(source), "-o", str(out), "--image", "registry.example/meshctl:bench"]
+        cli += ["-f", str(source), "-O", str(out), "--image", "registry.example/meshctl:bench"]
         rows = {
             "baseline: yaml load+dump": timed(
                 lambda: dump([d.data for d in load(text, "bench")]), runs

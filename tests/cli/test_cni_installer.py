@@ -148,12 +148,14 @@ def test_manifest_is_a_daemonset_with_host_mounts_and_node_critical_priority():
     assert result.returncode == 0, result.stderr
     items = json.loads(result.stdout)["items"]
     assert [i["kind"] for i in items] == [
+        "Namespace",
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",
         "DaemonSet",
     ]
-    spec = items[3]["spec"]["template"]["spec"]
+    assert items[0]["metadata"]["name"] == "meshctl-system"
+    spec = items[4]["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
     paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert paths == {"/opt/cni/bin", "/etc/cni/net.d", "/var/run/meshctl-cni"}
@@ -165,14 +167,14 @@ def test_manifest_is_a_daemonset_with_host_mounts_and_node_critical_priority():
     assert container["image"] == "registry.example/m:1"
     assert container["args"][-2:] == ["cni", "install"]
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-    assert items[1]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
+    assert items[2]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
 
 
 def test_ambient_manifest_adds_the_node_agents_mounts_capabilities_and_rbac():
     result = run_meshctl("cni", "manifest", "--ambient", "-o", "json")
     assert result.returncode == 0, result.stderr
-    items = json.loads(result.stdout)["items"]
-    spec = items[3]["spec"]["template"]["spec"]
+    items = {i["kind"]: i for i in json.loads(result.stdout)["items"]}
+    spec = items["DaemonSet"]["spec"]["template"]["spec"]
     assert spec["hostNetwork"] is True
     paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     assert {"/var/run/netns", "/var/run/ztunnel"} <= paths
@@ -185,7 +187,7 @@ def test_ambient_manifest_adds_the_node_agents_mounts_capabilities_and_rbac():
         "NET_RAW",
         "SYS_ADMIN",
     }
-    rules = {r["resources"][0]: set(r["verbs"]) for r in items[1]["rules"]}
+    rules = {r["resources"][0]: set(r["verbs"]) for r in items["ClusterRole"]["rules"]}
     assert rules == {
         "pods": {"get", "list", "watch", "patch"},
         "namespaces": {"get", "list", "watch"},

@@ -43,7 +43,7 @@ def test_help_of_every_command_loads(args: list[str]) -> None:
         (["--trusted-node-accounts", "ztunnel"], {}, "is not NAMESPACE/SERVICE_ACCOUNT"),
         (["--max-workload-cert-ttl", "1h"], {}, "exceeds the maximum 1h"),
         (["--max-workload-cert-ttl", "soon"], {}, "'soon' is not a duration"),
-        (["--self-signed-ca-key", "dsa"], {}, "invalid value 'dsa'"),
+        (["--self-signed-ca-key", "dsa"], {}, "'dsa' is not one of ec-p256, rsa-2048"),
         (["--serving-names", "a b"], {}, "neither a DNS name nor an IP"),
         ([], {"MESHCTL_LEASE_DURATION": "1s"}, "lease duration > renew deadline"),
     ],
@@ -79,6 +79,23 @@ def test_a_port_in_use_is_named_and_exits_1(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+def test_an_address_not_of_this_host_is_told_about_the_address_not_the_port(
+    tmp_path: Path,
+) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps(KUBECONFIG))
+    result = run_meshctl(
+        *("--kubeconfig", str(kubeconfig), "controlplane", "run"),
+        *("--readiness-address", "192.0.2.1:0"),  # TEST-NET-1: never an address of this host
+        env=CLEAN_ENV,
+        timeout=30,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "Error: cannot listen on 192.0.2.1:0: Cannot assign requested address" in result.stderr
+    assert "Hint: listen on one of this host's addresses" in result.stderr
+    assert "free port" not in result.stderr
+
+
 @pytest.mark.parametrize(
     ("name", "args"),
     [
@@ -106,10 +123,20 @@ def test_manifest_golden(name: str, args: list[str]) -> None:
     ]
 
 
-def test_manifest_json_is_a_list_and_table_is_refused() -> None:
+def test_manifest_json_is_a_list_and_table_and_name_list_the_objects() -> None:
     result = run_meshctl("controlplane", "manifest", "-o", "json", env=CLEAN_ENV)
     assert result.returncode == 0
-    assert json.loads(result.stdout)["kind"] == "List"
-    refused = run_meshctl("controlplane", "manifest", "-o", "table", env=CLEAN_ENV)
-    assert refused.returncode == 2
-    assert "use -o yaml or -o json" in refused.stderr
+    listed = json.loads(result.stdout)
+    assert listed["kind"] == "List"
+    names = run_meshctl("controlplane", "manifest", "-o", "name", env=CLEAN_ENV)
+    assert names.returncode == 0, names.stderr
+    expected = []
+    for item in listed["items"]:
+        group = item["apiVersion"].rpartition("/")[0]
+        kind = item["kind"].lower() + (f".{group}" if group else "")
+        expected.append(f"{kind}/{item['metadata']['name']}")
+    assert names.stdout.splitlines() == expected
+    table = run_meshctl("controlplane", "manifest", "-o", "table", env=CLEAN_ENV)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split()[:2] == ["KIND", "NAME"]
+    assert len(table.stdout.splitlines()) == len(expected) + 1

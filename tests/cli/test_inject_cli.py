@@ -1,4 +1,4 @@
-"""``meshctl inject`` as a user runs it: files and stdin, -o, --diff, flags, settings, bad input."""
+"""``meshctl inject`` as a user runs it: files and stdin, -O, --diff, flags, settings, bad input."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_stdin_to_stdout_through_the_console_script():
 
 def test_output_file_is_written_and_round_trips(tmp_path, capsys):
     out_file = tmp_path / "injected.yaml"
-    code, out, _ = run(capsys, "inject", "-f", str(DEPLOYMENT), "-o", str(out_file))
+    code, out, _ = run(capsys, "inject", "-f", str(DEPLOYMENT), "-O", str(out_file))
     assert code == 0
     assert out == ""
     code, restored, _ = run(capsys, "inject", "--uninject", "-f", str(out_file))
@@ -94,7 +94,7 @@ def test_diff_is_coloured_only_when_asked_or_on_a_terminal(capsys):
 
 def test_diff_of_an_already_injected_file_is_empty(tmp_path, capsys):
     injected = tmp_path / "x.yaml"
-    assert run(capsys, "inject", "-f", str(DEPLOYMENT), "-o", str(injected))[0] == 0
+    assert run(capsys, "inject", "-f", str(DEPLOYMENT), "-O", str(injected))[0] == 0
     code, out, _ = run(capsys, "inject", "-f", str(injected), "--diff")
     assert (code, out) == (0, "")
 
@@ -159,9 +159,9 @@ def test_bad_input_exits_1_and_writes_nothing(case, tmp_path):
     bad.write_text(text)
     target = tmp_path / "out.yaml"
     target.write_text("previous content\n")
-    runs = [["-f", "bad.yaml"], ["-f", "bad.yaml", "-o", "out.yaml"]]
+    runs = [["-f", "bad.yaml"], ["-f", "bad.yaml", "-O", "out.yaml"]]
     if case.startswith("status-"):
-        runs.append(["--uninject", "-f", "bad.yaml", "-o", "out.yaml"])
+        runs.append(["--uninject", "-f", "bad.yaml", "-O", "out.yaml"])
     for args in runs:
         result = subprocess.run(
             [sys.executable, "-c", "from meshctl.cli import run; run()", "inject", *args],
@@ -270,21 +270,28 @@ def test_webhook_refuses_unusable_tls_files(tmp_path, capsys):
     code, _, err = run(
         capsys, "inject", "webhook", "--tls-cert", "/nope.crt", "--tls-key", "/nope.key"
     )
-    assert code == 1
-    assert "does not exist" in err
+    assert code == 2
+    assert "Error: Invalid value for '--tls-cert': '/nope.crt' does not exist" in err
 
 
 @pytest.mark.parametrize(
     ("flag", "value", "says"),
-    [("--port", "70000", "not a port number"), ("--reload-interval", "0", "positive number")],
+    [
+        ("--port", "70000", "70000 is out of range for a port (1-65535)"),
+        ("--reload-interval", "0", "0s is out of range (more than 0s)"),
+        ("--drain-seconds", "-1", "-1s is out of range (0s to 1h)"),
+        ("--address", "nothost", "'nothost' is not an IP address"),
+    ],
 )
 def test_webhook_rejects_a_bad_listen_flag_before_loading_anything(
     tmp_path, capsys, flag, value, says
 ):
-    missing = str(tmp_path / "absent.pem")  # never read: the flag is refused first
+    garbage = tmp_path / "garbage.pem"  # never loaded: the flag is refused first
+    garbage.write_text("not PEM")
     code, out, err = run(
-        capsys, "inject", "webhook", "--tls-cert", missing, "--tls-key", missing, flag, value
-    )
+        capsys, "inject", "webhook", "--tls-cert", str(garbage), "--tls-key", str(garbage),
+        flag, value,
+    )  # fmt: skip
     assert code == 2
     assert out == ""
     assert says in err

@@ -131,7 +131,7 @@ def test_render_of_tproxy_lists_the_policy_routing(run):
 
 
 def test_trace_as_json_is_data(run):
-    code, out, _ = run("iptables", "trace", "--dst", "10.96.0.10:80", "--format", "json")
+    code, out, _ = run("iptables", "trace", "--dst", "10.96.0.10:80", "--output", "json")
     assert code == 0
     data = json.loads(out)
     assert (data["verdict"], data["port"]) == ("redirected", 15001)
@@ -143,7 +143,10 @@ def test_trace_as_json_is_data(run):
     [
         (["--dst", "10.0.0.1"], "--dst: invalid value '10.0.0.1'"),
         (["--dst", "nope:80"], "--dst: invalid value 'nope:80'"),
-        (["--dst", "10.0.0.1:80", "--direction", "sideways"], "--direction: invalid value"),
+        (
+            ["--dst", "10.0.0.1:80", "--direction", "sideways"],
+            "Invalid value for '--direction': 'sideways' is not one of out, in",
+        ),
         (["--dst", "10.0.0.1:80", "--src", "fd00::1"], "not the same IP version"),
         (["--dst", "[fd00::1]:80"], "IPv6 rules are off"),
         (["--dst", "10.0.0.1:80", "--mark", "lots"], "--mark: invalid value 'lots'"),

@@ -72,8 +72,15 @@ def test_run_refuses_a_handshake_timeout_that_is_not_a_positive_duration(tmp_pat
             "--handshake-timeout", value,
         )  # fmt: skip
         assert result.returncode == 2, result.stderr
-        assert "handshake timeout" in result.stderr
+        assert "Error: Invalid value for '--handshake-timeout'" in result.stderr
         assert "Hint:" in result.stderr
+    result = meshctl(
+        "ztunnel", "run", "--workload", "a/b/c", "--cert-dir", str(tmp_path),
+        env={"MESHCTL_HANDSHAKE_TIMEOUT": "0s"},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "env MESHCTL_HANDSHAKE_TIMEOUT: invalid value '0s'" in result.stderr
+    assert "(more than 0s, at most 5m)" in result.stderr
 
 
 def _mutual_tls(dir_a, dir_b) -> tuple[str, str]:

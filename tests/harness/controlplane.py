@@ -159,16 +159,19 @@ def start(
     timeout: float = 60.0,
     grpc_port: int | None = None,
     kubeconfig: Path | None = None,
+    log_level: str | None = "info",
 ) -> ControlPlaneProcess:
     """Start one replica serving for ``namespace`` (created by the caller); ``grpc_port``
-    reuses a port (a restarted CA at the address its clients know)."""
+    reuses a port (a restarted CA at the address its clients know); ``log_level`` None runs
+    at the command's own default."""
     install_crds(cluster)  # discovery watches AuthorizationPolicies: not ready without them
     revision = revision or f"t{secrets.token_hex(3)}"
     ports = [grpc_port or free_port(), *(free_port() for _ in range(3))]
     log = workdir / f"controlplane-{revision}-{secrets.token_hex(2)}.log"
     argv = [
         *(sys.executable, "-c", "from meshctl.cli import run; run()"),
-        *("--log-level", "info", "--kubeconfig", str(kubeconfig or cluster.kubeconfig)),
+        *(("--log-level", log_level) if log_level else ()),
+        *("--kubeconfig", str(kubeconfig or cluster.kubeconfig)),
         *("controlplane", "run", "--namespace", namespace, "--revision", revision),
         *("--grpc-address", f"127.0.0.1:{ports[0]}"),
         *("--webhook-address", f"127.0.0.1:{ports[1]}"),

@@ -59,18 +59,23 @@ def _wait_listening(port: int, process: subprocess.Popen[bytes], timeout: float)
 
 
 def start_webhook(
-    workdir: Path, *extra: str, timeout: float = 30.0, image: str = TEST_IMAGE
+    workdir: Path,
+    *extra: str,
+    timeout: float = 30.0,
+    group: tuple[str, ...] = (),
+    image: str | None = TEST_IMAGE,
 ) -> WebhookProcess:
-    """Starts the webhook with a fresh CA and serving certificate kept in ``workdir``."""
+    """Starts the webhook with a fresh CA and serving certificate kept in ``workdir``;
+    ``group`` are options given to ``meshctl inject`` itself, before ``webhook``."""
     ca = CertificateAuthority("meshctl-test-inject-ca")
     ca_file = workdir / "ca.crt"
     ca_file.write_bytes(ca.cert_pem)
     cert, key = ca.issue("webhook", server=True, ip_sans=["127.0.0.1"]).write(workdir, "serving")
     port = free_port()
-    argv = [sys.executable, "-c", "from meshctl.cli import run; run()", "inject", "webhook"]
-    argv += ["--address", "127.0.0.1", "--port", str(port), "--tls-cert", str(cert)]
-    argv += ["--tls-key", str(key), "--image", image, *extra]
-    # stderr is read only if the start fails; the server logs warnings and errors only.
+    argv = [sys.executable, "-c", "from meshctl.cli import run; run()", "inject", *group]
+    argv += ["webhook", "--address", "127.0.0.1", "--port", str(port), "--tls-cert", str(cert)]
+    argv += ["--tls-key", str(key), *(("--image", image) if image else ()), *extra]
+    # stderr is read when the start fails, or by a test; the server logs a few lines at most.
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         _wait_listening(port, process, timeout)

@@ -1,8 +1,9 @@
 """The pytest plugin: privileged-test gating, the CI no-skip rule, and the netns fixtures.
 
-Rule: a test marked ``netns``, ``kube``, ``node`` or ``packaging`` may skip on a developer's
-laptop (not root, no kube-apiserver build, no frozen build) with a reason, but when ``CI=true``
-such a skip is reported as a failure, so a privileged suite can never pass by not running.
+Rule: a test marked ``netns``, ``kube``, ``node``, ``packaging`` or ``shells`` may skip on a
+developer's laptop (not root, no kube-apiserver build, no frozen build, no zsh) with a reason, but
+when ``CI=true`` such a skip is reported as a failure, so a privileged suite can never pass by not
+running.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import pytest
 
 from tests.harness import netns as netns_mod
 
-PRIVILEGED_MARKERS = ("netns", "kube", "node", "packaging")
+PRIVILEGED_MARKERS = ("netns", "kube", "node", "packaging", "shells")
 
 
 MARKERS = {
     "netns": "needs root and real network namespaces (fails instead of skipping when CI=true)",
     "kube": "needs the real kube-apiserver + etcd harness (fails instead of skipping when CI=true)",
     "node": "needs the real single-node cluster (fails instead of skipping when CI=true)",
+    "shells": "runs real zsh and fish (.ci/run installs them; fails instead of skipping in CI)",
     "slow": "takes more than a few seconds (frozen-binary build, cold fixtures)",
     "packaging": "needs packaging's outputs or tools: the frozen build (MESHCTL_FROZEN_BINARY, "
     "MESHCTL_FROZEN_TREE), Go and gcc -static (fails instead of skipping when CI=true)",
@@ -67,6 +69,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = netns_unavailable_reason()
         if reason:
             pytest.skip(reason)
+    if item.get_closest_marker("shells"):
+        missing = [shell for shell in ("zsh", "fish") if shutil.which(shell) is None]
+        if missing:
+            pytest.skip(f"needs {' and '.join(missing)} (apt-get install {' '.join(missing)})")
 
 
 @pytest.fixture

@@ -75,7 +75,8 @@ def seed_conflist(kubelet: Kubelet) -> dict[str, Any]:
 def agent_rbac(api: k8s.ApiClient, namespace: str, *, ambient: bool = True) -> Iterator[None]:
     """The manifest's ClusterRole/Binding for the node agent's SA (``ambient``: with the
     ambient agent's permissions); unique names, as they are cluster-scoped."""
-    _, role, binding, _ = objects(namespace=namespace, ambient=ambient)
+    by_kind = {o["kind"]: o for o in objects(namespace=namespace, ambient=ambient)}
+    role, binding = by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]
     name = f"{SA_NAME}-{secrets.token_hex(3)}"
     role["metadata"]["name"] = binding["metadata"]["name"] = binding["roleRef"]["name"] = name
     rbac = k8s.RbacAuthorizationV1Api(api)

@@ -326,3 +326,27 @@ def test_metrics_and_readiness_ports_answer(plane: cp.ControlPlaneProcess) -> No
     ):
         assert name in text
     assert plane.metric("citadel_server_root_cert_expiry_timestamp") > time.time() + 9 * 365 * 86400
+
+
+def test_one_listening_and_one_ready_line_at_the_default_level(
+    kube_cluster: KubeCluster, tmp_path: Path
+) -> None:
+    namespace = f"cp-{secrets.token_hex(3)}"
+    with kube_cluster.api_client() as api:
+        create_namespace(api, namespace)
+        try:
+            with cp.running(kube_cluster, namespace, tmp_path, log_level=None) as plane:
+                deadline = time.monotonic() + 10
+                while "control plane ready" not in plane.log.read_text():
+                    assert time.monotonic() < deadline, plane.log_tail()
+                    time.sleep(0.1)
+                lines = plane.log.read_text().splitlines()
+        finally:
+            delete_namespace(api, namespace)
+    listening = [line for line in lines if "control plane listening on" in line]
+    ready = [line for line in lines if "control plane ready" in line]
+    assert len(listening) == 1, lines
+    assert len(ready) == 1, lines
+    for port in (plane.grpc_port, plane.webhook_port, plane.metrics_port, plane.readiness_port):
+        assert f"127.0.0.1:{port}" in listening[0]
+    assert lines.index(listening[0]) < lines.index(ready[0])

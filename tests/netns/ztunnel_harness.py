@@ -187,6 +187,8 @@ class Sidecar:
     # A frozen meshctl to run instead of this interpreter (its data plane is then the frozen
     # binary re-executing itself).
     binary: str | None = None
+    # --log-level for the supervisor (ZT_LOG overrides "info"); None: its own default.
+    log_level: str | None = field(default_factory=lambda: os.environ.get("ZT_LOG", "info"))
     proc: subprocess.Popen[bytes] | None = None
     _log: object = field(default=None, repr=False)
     _own_log: bool = field(default=False, repr=False)  # a temporary file, removed when scanned
@@ -204,8 +206,8 @@ class Sidecar:
 
     def start(self, wait_ready: bool = True) -> Sidecar:
         command = (lambda *args: [self.binary, *args]) if self.binary else meshctl_argv
-        log_level = os.environ.get("ZT_LOG", "info")
-        argv = command("--log-level", log_level, "ztunnel", "run", *self.run_args())
+        level = ("--log-level", self.log_level) if self.log_level else ()
+        argv = command(*level, "ztunnel", "run", *self.run_args())
         if self.log_path is None:  # always a file: the log is scanned for escaped exceptions
             fd, name = tempfile.mkstemp(prefix="sidecar-", suffix=".log")
             os.close(fd)

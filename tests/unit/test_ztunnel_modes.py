@@ -73,6 +73,7 @@ def test_the_handover_carries_settings_listeners_and_certificates_exactly(tmp_pa
         certs=None,
         cert_digest="",
         log_level="info",
+        dataplane_log_level="warning",
         log_format="json",
     )
     assert Handover.from_json(bare.to_json()) == bare

@@ -19,14 +19,13 @@ from meshctl.core.inject import kinds
 from meshctl.core.inject.errors import InjectError, ManifestError
 from meshctl.core.inject.pipeline import Injected, inject_pod, uninject_pod
 from meshctl.core.inject.settings import InjectSettings
+from meshctl.output import yaml_documents
 
-# libyaml's C loader and dumper are several times faster than the pure-Python ones (the
-# 1,000-Deployment benchmark depends on it); PyYAML's wheels ship them, source builds may not.
+# libyaml's C loader is several times faster than the pure-Python one (the 1,000-Deployment
+# benchmark depends on it); PyYAML's wheels ship it, source builds may not.
 try:
-    from yaml import CSafeDumper as _BaseDumper
     from yaml import CSafeLoader as _BaseLoader
 except ImportError:  # pragma: no cover -- PyYAML built without libyaml
-    from yaml import SafeDumper as _BaseDumper  # type: ignore[assignment]
     from yaml import SafeLoader as _BaseLoader  # type: ignore[assignment]
 
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
@@ -41,15 +40,10 @@ class _Loader(_BaseLoader):
     }
 
 
-class _Dumper(_BaseDumper):
-    """Safe dumping that writes shared objects out in full (no ``&id001`` anchors)."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
-
-
 # A transform of one pod template: (template, workload name, namespace) -> result.
 PodTransform = Callable[[Mapping[str, Any], str, str | None], Injected]
+# Called once per document done, for a progress display (the CLI's; the core only counts).
+Tick = Callable[[], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +65,7 @@ class Skipped:
     warning: bool = False
 
 
-def load(text: str, source: str) -> list[Document]:
+def load(text: str, source: str, tick: Tick | None = None) -> list[Document]:
     """Parses every YAML document of ``text``; empty documents are dropped.
 
     Raises ``ManifestError`` with ``source``, line and column on a syntax error.
@@ -87,6 +81,8 @@ def load(text: str, source: str) -> list[Document]:
             if data is None:
                 continue
             documents.append(Document(data, node.start_mark.line + 1, _item_lines(node)))
+            if tick is not None:
+                tick()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -115,24 +111,14 @@ def _item_lines(node: yaml.Node) -> tuple[int, ...]:
     return ()
 
 
-def dump(objects: list[Any]) -> str:
-    """The objects as YAML documents separated by ``---``, keys in their given order."""
-    parts = [
-        yaml.dump(
-            obj,
-            Dumper=_Dumper,
-            sort_keys=False,
-            default_flow_style=False,
-            allow_unicode=True,
-            width=1 << 20,  # long annotation values (JSON) stay on one line
-        )
-        for obj in objects
-    ]
-    return "---\n".join(parts)
+def dump(objects: list[Any], tick: Tick | None = None) -> str:
+    """The objects as YAML documents separated by ``---``, as every command prints YAML
+    (``meshctl.output``: Kubernetes key order, no anchors)."""
+    return yaml_documents(objects, tick)
 
 
 def transform(
-    documents: list[Document], source: str, pod_transform: PodTransform
+    documents: list[Document], source: str, pod_transform: PodTransform, tick: Tick | None = None
 ) -> tuple[list[Any], list[Skipped]]:
     """Every document with its pod templates transformed; the others as they were."""
     results: list[Any] = []
@@ -146,6 +132,8 @@ def transform(
         results.append(
             _object(document.data, where, source, document.item_lines, pod_transform, skipped)
         )
+        if tick is not None:
+            tick()
     return results, skipped
 
 
@@ -230,7 +218,12 @@ def _kind_of_value(value: Any) -> str:
 
 
 def inject_documents(
-    parsed: list[Document], source: str, settings: InjectSettings, *, uninject: bool = False
+    parsed: list[Document],
+    source: str,
+    settings: InjectSettings,
+    *,
+    uninject: bool = False,
+    tick: Tick | None = None,
 ) -> tuple[list[Any], list[Skipped]]:
     """The documents' objects with every pod template injected (or uninjected), and the skips."""
 
@@ -240,7 +233,7 @@ def inject_documents(
     def remove(template: Mapping[str, Any], name: str, namespace: str | None) -> Injected:
         return Injected(uninject_pod(template))
 
-    return transform(parsed, source, remove if uninject else inject)
+    return transform(parsed, source, remove if uninject else inject, tick)
 
 
 def inject_text(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from meshctl import values
 from meshctl.config import setting
 from meshctl.core.image import default_image
 from meshctl.core.inject import annotations as ann
@@ -17,6 +18,8 @@ from meshctl.core.inject.errors import InvalidAnnotationError
 from meshctl.errors import ConfigError
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+# The proxy runs as a non-root id (Istio's default 1337).
+PROXY_ID = values.Integer(1, 2**31 - 1, what="a non-root uid/gid", metavar="ID")
 # A label value (the revision lands in the `istio.io/rev` selector of the webhook configuration).
 _LABEL_VALUE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _NETWORK = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?/)?[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -31,8 +34,12 @@ class InjectSettings:
         "IfNotPresent", env="MESHCTL_INJECT_IMAGE_PULL_POLICY", choices=PULL_POLICIES
     )
     revision: str = setting("default", env="MESHCTL_INJECT_REVISION", flag="--revision")
-    proxy_uid: int = setting(1337, env="MESHCTL_INJECT_PROXY_UID", flag="--proxy-uid")
-    proxy_gid: int | None = setting(None, env="MESHCTL_INJECT_PROXY_GID", flag="--proxy-gid")
+    proxy_uid: int = setting(
+        1337, env="MESHCTL_INJECT_PROXY_UID", flag="--proxy-uid", parse=PROXY_ID
+    )
+    proxy_gid: int | None = setting(
+        None, env="MESHCTL_INJECT_PROXY_GID", flag="--proxy-gid", parse=PROXY_ID
+    )
     native_sidecar: bool = setting(
         True, env="MESHCTL_INJECT_NATIVE_SIDECAR", flag="--native-sidecar"
     )

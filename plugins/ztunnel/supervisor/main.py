@@ -38,7 +38,8 @@ class Handover:
     # when they come from elsewhere (the CA, node mode's issuer).
     certs: channel.Certs | None
     cert_digest: str
-    log_level: str
+    log_level: str  # the supervisor's
+    dataplane_log_level: str  # its workers' (at info they log every connection)
     log_format: str
 
     def to_json(self) -> str:
@@ -51,6 +52,7 @@ class Handover:
                 "certs": body,
                 "certDigest": self.cert_digest,
                 "logLevel": self.log_level,
+                "dataplaneLogLevel": self.dataplane_log_level,
                 "logFormat": self.log_format,
             }
         )
@@ -67,6 +69,7 @@ class Handover:
             certs=certs,
             cert_digest=str(doc["certDigest"]),
             log_level=str(doc["logLevel"]),
+            dataplane_log_level=str(doc["dataplaneLogLevel"]),
             log_format=str(doc["logFormat"]),
         )
 
@@ -106,7 +109,8 @@ def main(argv: list[str]) -> int:
             f"{COMMAND}: unreadable handover: {exc}",
             hint="this command is started by 'meshctl ztunnel run'",
         ) from exc
-    if handover.log_level not in LOG_LEVELS or handover.log_format not in LOG_FORMATS:
+    levels = (handover.log_level, handover.dataplane_log_level)
+    if not set(levels) <= set(LOG_LEVELS) or handover.log_format not in LOG_FORMATS:
         raise UserError(f"{COMMAND}: bad log settings in the handover")
     logs.configure(handover.log_level, handover.log_format)
     return supervise(handover)

@@ -25,12 +25,13 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from meshctl import logs
 from meshctl.core import channel
-from meshctl.core.identity import IdentityError, SpiffeId, parse_workload_ref
-from meshctl.errors import ConfigError, UserError
+from meshctl.core.identity import IdentityError, SpiffeId, is_trust_domain, parse_workload_ref
+from meshctl.errors import UserError
 from meshctl.process import Feed, PodFeed
 
-from ..settings import ZtunnelSettings, seconds
+from ..settings import ZtunnelSettings
 from ..sources import LocalConfigSource
 
 if TYPE_CHECKING:
@@ -51,8 +52,22 @@ def sidecar_identity(settings: ZtunnelSettings) -> tuple[str, SpiffeId]:
     ref = settings.workload_ref()
     try:
         ns, _name, sa = parse_workload_ref(ref)
-        return ref, SpiffeId(settings.trust_domain, ns, sa)
     except IdentityError as exc:
+        raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
+    return ref, identity_for(settings.trust_domain, ns, sa)
+
+
+def identity_for(trust_domain: str, namespace: str, service_account: str) -> SpiffeId:
+    """The SPIFFE id; a bad trust domain is told about --trust-domain, not --workload."""
+    try:
+        return SpiffeId(trust_domain, namespace, service_account)
+    except IdentityError as exc:
+        if not is_trust_domain(trust_domain):
+            raise UserError(
+                f"--trust-domain: invalid value {trust_domain!r}",
+                hint="a trust domain is lower-case letters, digits, '.', '-' and '_', "
+                "e.g. cluster.local",
+            ) from exc
         raise UserError(str(exc), hint="--workload NAMESPACE/NAME/SERVICE_ACCOUNT") from exc
 
 
@@ -162,10 +177,7 @@ def _xds_config(settings: ZtunnelSettings) -> XdsConfig | None:
 
 
 def _ttl(settings: ZtunnelSettings) -> float:
-    ttl = seconds(settings.secret_ttl, "secret TTL")
-    if ttl < 1:
-        raise ConfigError(f"secret TTL {settings.secret_ttl!r} is under a second", hint="e.g. 24h")
-    return ttl
+    return settings.secret_ttl  # at least a second (the setting's parser)
 
 
 def _ca_client(settings: ZtunnelSettings) -> CaClient:
@@ -217,7 +229,7 @@ def run_sidecar(handover: Handover) -> int:
     certs = None if handover.certs is None else (handover.certs, handover.cert_digest)
     feed = sidecar_feed(settings, identity, certs=certs)
     run = _Run(handover, workload=ref, mark=settings.mark)
-    log.info("serving %s as %s (pid %d)", ref, identity, os.getpid())
+    run.ready_detail = f"serving {ref} as {identity} (supervisor pid {os.getpid()})"
     return run.serve(lambda supervisor: supervisor.run(), feed=feed)
 
 
@@ -256,11 +268,9 @@ def run_node(handover: Handover) -> int:
             identities.close()
             pods.close()
 
-    log.info(
-        "node proxy: pods from %s, certificates from %s (pid %d)",
-        settings.inpod_uds,
-        sources.issuer.name,
-        os.getpid(),
+    run.ready_detail = (
+        f"node proxy: pods from {settings.inpod_uds}, certificates from {sources.issuer.name} "
+        f"(supervisor pid {os.getpid()})"
     )
     return run.serve(serve, feed=None, node=True)
 
@@ -275,6 +285,7 @@ class _Run:
         self.mark = mark
         self.feed: Feed | None = None
         self.pods: PodFeed | None = None
+        self.ready_detail = ""  # the ready line's detail: what this proxy serves
 
     def argv(self, channel_fd: int) -> list[str]:
         from meshctl.process import self_command
@@ -286,7 +297,7 @@ class _Run:
             "--channel-fd",
             str(channel_fd),
             "--log-level",
-            self.handover.log_level,
+            self.handover.dataplane_log_level,
             "--log-format",
             self.handover.log_format,
         )
@@ -303,9 +314,13 @@ class _Run:
         from ..listeners import pod_ports
 
         s = self.settings
-        deadline = seconds(s.drain_deadline, "drain deadline")
-        handshake = seconds(s.handshake_timeout, "handshake timeout")
+        from meshctl.net.sockets import address_text
+
+        deadline, handshake = s.drain_deadline, s.handshake_timeout
         listeners = {role: socket.socket(fileno=fd) for role, fd in self.handover.listeners.items()}
+        logs.listening(
+            log, "ztunnel", [f"{role} {address_text(sock)}" for role, sock in listeners.items()]
+        )
         # Every worker writes its counters here; worker 0 serves the sum (prometheus-client's
         # multiprocess mode, switched on for the children by the variable below).
         metrics_dir = tempfile.mkdtemp(prefix="meshctl-metrics-")
@@ -324,7 +339,7 @@ class _Run:
                 cluster_id=s.cluster_id,
                 trust_domain=s.trust_domain,
                 pool_max_streams=s.pool_max_streams,
-                pool_idle_timeout=seconds(s.pool_idle_timeout, "pool idle timeout"),
+                pool_idle_timeout=s.pool_idle_timeout,
                 drain_deadline=deadline,
                 handshake_timeout=handshake,
                 mark=self.mark,
@@ -350,8 +365,9 @@ class _Run:
                 workers=s.workers,
                 extra_env={"PROMETHEUS_MULTIPROC_DIR": metrics_dir},
                 on_exit=worker_exited,
-                poll_interval=seconds(s.reload_interval, "reload interval"),
+                poll_interval=s.reload_interval,
                 pods=_DeferredPods(self) if node else None,
+                ready_line=("ztunnel", self.ready_detail),
             )
             return await body(supervisor)
 

@@ -1,0 +1,1 @@
+"""``meshctl completion``: shell completion scripts."""
