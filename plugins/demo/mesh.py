@@ -118,6 +118,7 @@ def workloads_doc(
             "serviceAccount": pod.name,
             "workloadIps": [pod.ip],
             "protocol": protocol,
+            "services": {},  # ztunnel's reader requires it (no service is backed here)
         }
 
     return {
