@@ -216,6 +216,24 @@ def pod_exec(
     timeout: float = 60,
 ) -> ExecResult:
     """Runs ``argv`` in a pod's container through the apiserver and kubelet (as `kubectl exec`)."""
+    # kubernetes' stream() swaps its client's request method while it connects: a call another
+    # thread makes on the same client meanwhile goes out as a websocket (and fails). So every
+    # exec has a client of its own.
+    own = k8s.ApiClient(api.configuration)
+    try:
+        return _exec(own, namespace, name, argv, container, timeout)
+    finally:
+        own.close()
+
+
+def _exec(
+    api: k8s.ApiClient,
+    namespace: str,
+    name: str,
+    argv: Sequence[str],
+    container: str | None,
+    timeout: float,
+) -> ExecResult:
     core = k8s.CoreV1Api(api)
     kwargs: dict[str, Any] = {"container": container} if container else {}
     ws = stream(

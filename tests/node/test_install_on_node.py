@@ -106,8 +106,36 @@ def resource_versions(node: TestNode) -> dict[str, str]:
     }
 
 
+def _remove_crds_other_tests_applied(node: TestNode) -> None:
+    """The node is shared by the session: the control plane and ambient node tests apply the
+    control plane's CRDs directly (not through install), which install rightly calls foreign.
+    Install starts from a cluster without them, as a user's would."""
+    from meshctl_plugins.controlplane import crds
+
+    with node.cluster.api_client() as api:
+        ext = k8s.ApiextensionsV1Api(api)
+        names = [body["metadata"]["name"] for body in crds.objects()]
+        for name in names:
+            try:
+                crd = ext.read_custom_resource_definition(name)
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue
+                raise
+            if "install.meshctl.io/component" not in (crd.metadata.labels or {}):
+                ext.delete_custom_resource_definition(name)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            left = {c.metadata.name for c in ext.list_custom_resource_definition().items}
+            if not left & set(names):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"CRDs still present after delete: {sorted(left & set(names))}")
+
+
 @pytest.fixture(scope="module")
 def mesh(kube_node: TestNode) -> Iterator[Mesh]:
+    _remove_crds_other_tests_applied(kube_node)
     mesh = Mesh(kube_node)
     installed = mesh.install()
     try:
