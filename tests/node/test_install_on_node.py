@@ -194,8 +194,10 @@ def test_install_twice_changes_nothing(kube_node: TestNode, mesh: Mesh):
 
 def app_deployment(image: str) -> dict[str, Any]:
     probe = {"httpGet": {"path": "/", "port": APP_PORT}, "periodSeconds": 2}
+    # The test image runs as nobody (65534): only /tmp is writable.
     script = (
-        f"mkdir -p /www && echo served > /www/index.html && exec httpd -f -p {APP_PORT} -h /www"
+        "mkdir -p /tmp/www && echo served > /tmp/www/index.html"
+        f" && exec httpd -f -p {APP_PORT} -h /tmp/www"
     )
     command = ["sh", "-c", script]
     return {
