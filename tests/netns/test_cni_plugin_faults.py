@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 import time
 from pathlib import Path
@@ -73,3 +74,76 @@ def test_missing_kubeconfig_fails_add_closed_too(plugin: Path, netns, tmp_path: 
     assert (run.returncode, run.json["code"]) == (1, spec.TRY_AGAIN_LATER)
     assert "meshctl cni install" in run.json["details"]
     assert mesh_rules(netns.name) == []
+
+
+INJECTED_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "cart-1",
+        "namespace": "shop",
+        "annotations": {"sidecar.istio.io/status": '{"containers":["istio-proxy"]}'},
+    },
+    "spec": {"nodeName": "laptop", "containers": [{"name": "app"}, {"name": "istio-proxy"}]},
+}
+
+
+def test_without_an_api_server_the_pod_comes_from_the_local_inventory(
+    plugin: Path, netns, tmp_path: Path
+):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [INJECTED_POD]}))
+    conf = network_config(local_inventory=str(inventory), run_dir=str(tmp_path / "run"))
+    status_conf = network_config("1.1.0", local_inventory=str(inventory))
+    status = exec_plugin(plugin, "STATUS", status_conf, netns=netns.path, pod=None)
+    assert status.returncode == 0, status.stdout
+    run = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
+    assert run.returncode == 0, run.stdout
+    assert any("MESH_INBOUND" in line for line in mesh_rules(netns.name))
+
+
+def test_a_pod_missing_from_the_local_inventory_fails_add_closed(
+    plugin: Path, netns, tmp_path: Path
+):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [INJECTED_POD]}))
+    conf = network_config(
+        local_inventory=str(inventory), run_dir=str(tmp_path / "run"), pod_lookup_timeout=0.5
+    )
+    run = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "other"))
+    assert (run.returncode, run.json["code"]) == (1, spec.TRY_AGAIN_LATER)
+    assert f"cannot find pod shop/other in the local inventory {inventory}" in run.json["msg"]
+    assert "fail closed" in run.json["msg"]
+    assert run.json["details"] == "pod shop/other is not in it"
+    assert mesh_rules(netns.name) == []
+    inventory.write_text("kind: Service\nmetadata: {name: x}\n")
+    bad = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
+    assert (bad.returncode, bad.json["code"]) == (1, spec.TRY_AGAIN_LATER)
+    assert "kind 'Service'" in bad.json["details"]
+    assert mesh_rules(netns.name) == []
+    inventory.unlink()
+    status_conf = network_config("1.1.0", local_inventory=str(inventory))
+    gone = exec_plugin(plugin, "STATUS", status_conf, netns=netns.path, pod=None)
+    assert (gone.returncode, gone.json["code"]) == (1, spec.NOT_AVAILABLE)
+
+
+def test_an_ambient_pod_from_the_local_inventory_fails_closed_without_the_agent(
+    plugin: Path, netns, tmp_path: Path
+):
+    namespace = {
+        "kind": "Namespace",
+        "metadata": {"name": "shop", "labels": {"istio.io/dataplane-mode": "ambient"}},
+    }
+    pod = {"kind": "Pod", "metadata": {"name": "cart-1", "namespace": "shop"}}
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"kind": "List", "items": [namespace, pod]}))
+    conf = network_config(
+        local_inventory=str(inventory),
+        run_dir=str(tmp_path / "run"),
+        ambient_enabled=True,
+        agent_timeout=1,
+    )
+    (tmp_path / "run").mkdir()
+    run = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
+    assert (run.returncode, run.json["code"]) == (1, spec.AGENT_UNAVAILABLE)
+    assert "namespace label istio.io/dataplane-mode=ambient" in run.json["msg"]
