@@ -109,6 +109,22 @@ def test_a_killed_run_is_cleaned_up_by_the_next_whose_check_passes_on_a_pipe(tmp
     assert "request marker absent" in out
     assert "\x1b[" not in out  # a pipe gets plain lines
     assert not (state / "state.json").exists()  # the passing run removed its own record
+    # Ambient, the default: pods through the chain the node agent merged its plugin into,
+    # enrolled by the agent from the local inventory, served by one node proxy.
+    assert "via the CNI chain bridge + meshctl-cni (" in out
+    assert "2/2 held by the one node proxy" in out
+    assert "by impersonation; the node agent enrolled client, server" in out
+    assert "legacy: not enrolled" in out
+    assert "through the node proxy" in out
+    assert "PASS  proxy restart: the node proxy killed (SIGKILL)" in out
+    agent = (state / "logs" / "agent.log").read_text()
+    assert "ADD prod/server: ambient: captured by the node agent" in agent
+    assert "ADD legacy/legacy: no capture" in agent
+    assert "pod prod/server" in agent
+    assert "removed from the mesh: sandbox deleted" in agent
+    # On its way out the agent gave the node its network list back and removed its plugin.
+    assert "removed" in agent.splitlines()[-1]
+    assert "meshctl-cni" in agent.splitlines()[-1]
 
 
 def test_on_a_terminal_the_live_view_shows_the_pods_and_ctrl_c_cleans_up_within_two_seconds(
@@ -142,7 +158,8 @@ def test_on_a_terminal_the_live_view_shows_the_pods_and_ctrl_c_cleans_up_within_
         text = screen.decode(errors="replace")
         assert "the mesh keeps running" in text, text[-3000:]
         assert "\x1b[" in text  # drawn by the live view, not plain lines
-        for cell in ("spiffe://cluster.local/ns/prod/sa/server", "sidecar up", "unmeshed"):
+        cells = ("spiffe://cluster.local/ns/prod/sa/server", "ambient (enabled, ZDS acked)")
+        for cell in (*cells, "unmeshed: not enrolled"):
             assert cell in text
         names = _netns_of(state)
         started = time.monotonic()
@@ -174,6 +191,17 @@ def _frozen_binary() -> str:
     return binary
 
 
+def test_sidecar_mode_passes_every_step_as_root(tmp_path):
+    done = _run_demo(tmp_path / "state", "--check", "--mode", "sidecar", timeout=180)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    for step in STEPS:
+        assert f"PASS  {step}:" in out, out
+    assert "through both proxies" in out
+    assert "proxies ready (sidecar mode" in out
+    assert "via the CNI chain bridge (" in out  # no meshctl-cni: capture by meshctl iptables
+
+
 @pytest.mark.slow
 def test_the_frozen_binary_passes_the_check_as_root(tmp_path):
     done = subprocess.run(
@@ -199,19 +227,32 @@ def test_an_unprivileged_user_passes_the_check_in_its_own_namespaces(tmp_path):
     found = subprocess.run(["id", "-u", user], capture_output=True, text=True, check=True)
     uid = int(found.stdout)
     try:
-        done = subprocess.run(
-            ["su", user, "-s", "/bin/sh", "-c", f"cd /tmp && exec {binary} demo --check"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
+        done, sidecar = (
+            subprocess.run(
+                [
+                    "su",
+                    user,
+                    "-s",
+                    "/bin/sh",
+                    "-c",
+                    f"cd /tmp && exec {binary} demo --check {mode}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            for mode in ("", "--mode sidecar")
         )
     finally:
         subprocess.run(["userdel", user], check=False, timeout=30)
         # Without a home, its state (and logs) went to a private folder in /tmp.
         shutil.rmtree(f"/tmp/meshctl-demo-{uid}", ignore_errors=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in done.stdout
+    for run in (done, sidecar):
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in run.stdout
+    assert "through the node proxy" in done.stdout  # ambient, the default
+    assert "through both proxies" in sidecar.stdout
     assert _host_netns() == before  # its namespaces were its own, never the host's
 
 
