@@ -473,8 +473,9 @@ class Demo:
             ok,
             f"DENY {mesh.identity(client)} -> {server.name}:{mesh.APP_PORT} applied: request "
             f"{'refused (' + why + ')' if status is None else f'answered {status}'}; the server's "
-            f"proxy answered the CONNECT with HTTP 401 (DENY +{deny:.0f}, client proxy "
-            f"DENY +{seen:.0f}); policy removed: HTTP {after}",
+            f"proxy answered the CONNECT with HTTP 401 (DENY +{deny:.0f} as destination, "
+            f"{'the node' if self.ambient else 'client'} proxy DENY +{seen:.0f} as source); "
+            f"policy removed: HTTP {after}",
         )
 
     def step_restart(self) -> bool:
@@ -549,7 +550,8 @@ class Demo:
         if span > 0:
             rate = f"{(moved - before) / span:.0f} B/s, {(conns - conns_before) / span:.1f} conn/s"
         return (
-            f"traffic: server proxy {rate}; {conns:.0f} connections "
+            f"traffic: {'node' if self.ambient else 'server'} proxy {rate}; "
+            f"{conns:.0f} connections "
             f"({mtls:.0f} mutual_tls), {moved:.0f} bytes; client app {tally.get('ok', 0)} ok, "
             f"{tally.get('failed', 0)} failed"
         )
