@@ -15,18 +15,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from meshctl.errors import MeshctlError
 from meshctl.net import netns
 from meshctl.process import self_command
 
-from .mesh import http, start_in
+from .mesh import http, proxy_command, start_in, wait_ok
 
 NODE_NAME = "demo-node"
 # The node proxy's service account: the one 'meshctl install' gives the ztunnel DaemonSet.
@@ -118,20 +116,7 @@ def start_agent(
 
 def wait_agent(node: netns.NetnsRef, proc: subprocess.Popen[bytes], log: Path) -> None:
     """Until the agent's ``/readyz`` answers 200 (its plugin chained, the inventory read)."""
-    end = time.monotonic() + 30
-    last = "no answer"
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-            raise MeshctlError(
-                f"the node agent exited {proc.returncode}: {tail[0][:300]}", hint=f"see {log}"
-            )
-        status, body = http(node, *AGENT_ADDRESS, "/readyz", timeout=1)
-        if status == 200:
-            return
-        last = body.strip() or str(status)
-        time.sleep(0.05)
-    raise MeshctlError(f"the node agent is not ready after 30s: {last[:200]}", hint=f"see {log}")
+    wait_ok(node, AGENT_ADDRESS, "/readyz", proc, log, what="the node agent")
 
 
 def enrollment(node: netns.NetnsRef) -> dict[tuple[str, str], dict[str, Any]]:
@@ -155,26 +140,7 @@ def start_node_proxy(
     log: Path,
 ) -> subprocess.Popen[bytes]:
     """``meshctl ztunnel run --mode node`` in the node namespace; ``ca``: the CA's address, its
-    root and the node proxy's own token (pods' certificates by impersonation). ``cert_dir``
-    stays empty: no certificate files, everything from the CA."""
-    address, root, token = ca
-    cert_dir.mkdir(parents=True, exist_ok=True)
-    argv = self_command(
-        "ztunnel",
-        "run",
-        "--mode",
-        "node",
-        "--inpod-uds",
-        str(socket),
-        "--cert-dir",
-        str(cert_dir),
-        "--ca-address",
-        address,
-        "--ca-root",
-        str(root),
-        "--token-file",
-        str(token),
-        "--local-config",
-        str(workloads),
-    )
+    root and the node proxy's own token (pods' certificates by impersonation)."""
+    mode = ("--mode", "node", "--inpod-uds", str(socket))
+    argv = proxy_command(mode, ca, cert_dir, workloads)
     return start_in(node, argv, log, env={"MESHCTL_RELOAD_INTERVAL": "200ms"})

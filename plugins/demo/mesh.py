@@ -203,18 +203,18 @@ def apply_capture(pod: Pod, log: Path) -> None:
         )
 
 
-def start_sidecar(
-    pod: Pod, ca: tuple[str, Path, Path], cert_dir: Path, workloads: Path, log: Path
-) -> subprocess.Popen[bytes]:
-    """``meshctl ztunnel run`` for the pod; ``ca``: the CA's address, its root, the pod's token.
-    ``cert_dir`` stays empty: the certificate comes from the CA (files there would win)."""
+def proxy_command(
+    mode_args: Sequence[str], ca: tuple[str, Path, Path], cert_dir: Path, workloads: Path
+) -> list[str]:
+    """``meshctl ztunnel run MODE_ARGS`` with its certificates from the CA (``ca``: address,
+    root, token) and its workloads from the local config. ``cert_dir`` is made and stays
+    empty: files there would win over the CA."""
     address, root, token = ca
     cert_dir.mkdir(parents=True, exist_ok=True)
-    argv = self_command(
+    return self_command(
         "ztunnel",
         "run",
-        "--workload",
-        f"{pod.namespace}/{pod.name}/{pod.name}",
+        *mode_args,
         "--cert-dir",
         str(cert_dir),
         "--ca-address",
@@ -226,6 +226,15 @@ def start_sidecar(
         "--local-config",
         str(workloads),
     )
+
+
+def start_sidecar(
+    pod: Pod, ca: tuple[str, Path, Path], cert_dir: Path, workloads: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """``meshctl ztunnel run`` for the pod, as gid 1337 (which its capture rules exempt);
+    ``ca``: the CA's address, its root, the pod's token."""
+    workload = ("--workload", f"{pod.namespace}/{pod.name}/{pod.name}")
+    argv = proxy_command(workload, ca, cert_dir, workloads)
     return start_in(pod, argv, log, group=PROXY_GID, env={"MESHCTL_RELOAD_INTERVAL": "200ms"})
 
 
@@ -260,6 +269,21 @@ def wait_ready(
     """Until the proxy's readiness (15021) answers 200, or a one-line error with its log;
     ``what`` names the proxy (default: the pod's)."""
     what = what or (f"the proxy of pod {where.name}" if isinstance(where, Pod) else "the proxy")
+    wait_ok(where, ("127.0.0.1", 15021), "/healthz/ready", proc, log, what=what, timeout=timeout)
+
+
+def wait_ok(
+    where: Where,
+    address: tuple[str, int],
+    path: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    *,
+    what: str,
+    timeout: float = 30,
+) -> None:
+    """Until ``GET path`` on ``address`` in ``where`` answers 200; a one-line error naming
+    ``what`` (and its log's last line when ``proc`` exited) otherwise."""
     end = time.monotonic() + timeout
     last = "no answer"
     while time.monotonic() < end:
@@ -268,7 +292,7 @@ def wait_ready(
             raise MeshctlError(
                 f"{what} exited {proc.returncode}: {tail[0][:300]}", hint=f"see {log}"
             )
-        status, body = http(where, "127.0.0.1", 15021, "/healthz/ready", timeout=1)
+        status, body = http(where, *address, path, timeout=1)
         if status == 200:
             return
         last = body.strip() or str(status)

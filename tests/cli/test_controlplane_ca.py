@@ -103,6 +103,12 @@ def test_a_caller_gets_its_own_identity_from_the_root_in_the_folder(tmp_path):
         proc.wait(15)
 
 
+def _refusal(port: int, roots: bytes, token: str, identity: SpiffeId, **kw: bool) -> rpc.RpcError:
+    with pytest.raises(rpc.RpcError) as refused:
+        _ask(port, roots, token, identity, **kw)
+    return refused.value
+
+
 def _san(chain: list[str]) -> list[str]:
     leaf = x509.load_pem_x509_certificate(chain[0].encode())
     san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -122,25 +128,17 @@ def test_a_trusted_node_account_impersonates_any_workload_only_with_the_metadata
         own = SpiffeId("cluster.local", "istio-system", "ztunnel")
         assert _san(_ask(port, roots, "tok-node", own)) == [str(own)]
         # Another identity without ImpersonatedIdentity: refused, saying what to send.
-        with pytest.raises(rpc.RpcError) as bare:
-            _ask(port, roots, "tok-node", server)
-        assert bare.value.code == "PERMISSION_DENIED"
-        assert "ImpersonatedIdentity" in bare.value.message
+        bare = _refusal(port, roots, "tok-node", server)
+        assert bare.code == "PERMISSION_DENIED"
+        assert "ImpersonatedIdentity" in bare.message
         # A workload is still only itself, with or without the metadata.
         for impersonate in (False, True):
-            with pytest.raises(rpc.RpcError) as workload:
-                _ask(port, roots, "tok-client", server, impersonate=impersonate)
-            assert workload.value.code == "PERMISSION_DENIED"
-        with pytest.raises(rpc.RpcError) as foreign:
-            _ask(
-                port,
-                roots,
-                "tok-node",
-                SpiffeId("other.domain", "prod", "server"),
-                impersonate=True,
-            )
-        assert foreign.value.code == "PERMISSION_DENIED"
-        assert "trust domain" in foreign.value.message
+            workload = _refusal(port, roots, "tok-client", server, impersonate=impersonate)
+            assert workload.code == "PERMISSION_DENIED"
+        elsewhere = SpiffeId("other.domain", "prod", "server")
+        foreign = _refusal(port, roots, "tok-node", elsewhere, impersonate=True)
+        assert foreign.code == "PERMISSION_DENIED"
+        assert "trust domain" in foreign.message
     finally:
         proc.terminate()
         assert proc.wait(15) == 0
@@ -152,19 +150,12 @@ def test_without_the_option_no_account_may_impersonate(tmp_path):
     try:
         roots = (tmp_path / "ca" / "ca-cert.pem").read_bytes()
         server = SpiffeId("cluster.local", "prod", "server")
-        with pytest.raises(rpc.RpcError) as refused:
-            _ask(port, roots, "tok-node", server, impersonate=True)
-        assert refused.value.code == "PERMISSION_DENIED"
-        assert "--trusted-node-accounts" in refused.value.message
-        with pytest.raises(rpc.RpcError) as self_claimed:
-            _ask(
-                port,
-                roots,
-                "tok-node",
-                SpiffeId("cluster.local", "istio-system", "ztunnel"),
-                impersonate=True,
-            )
-        assert self_claimed.value.code == "PERMISSION_DENIED"
+        refused = _refusal(port, roots, "tok-node", server, impersonate=True)
+        assert refused.code == "PERMISSION_DENIED"
+        assert "--trusted-node-accounts" in refused.message
+        own = SpiffeId("cluster.local", "istio-system", "ztunnel")
+        self_claimed = _refusal(port, roots, "tok-node", own, impersonate=True)
+        assert self_claimed.code == "PERMISSION_DENIED"
     finally:
         proc.terminate()
         assert proc.wait(15) == 0
@@ -173,16 +164,9 @@ def test_without_the_option_no_account_may_impersonate(tmp_path):
 def test_a_malformed_trusted_node_account_is_a_usage_error(tmp_path):
     tokens = tmp_path / "tokens.csv"
     tokens.write_text(TOKENS)
-    result = meshctl(
-        "controlplane",
-        "ca",
-        "--ca-dir",
-        str(tmp_path / "ca"),
-        "--tokens",
-        str(tokens),
-        "--trusted-node-accounts",
-        "ztunnel",
-    )
+    ca_dir = str(tmp_path / "ca")
+    args = ("--ca-dir", ca_dir, "--tokens", str(tokens), "--trusted-node-accounts", "ztunnel")
+    result = meshctl("controlplane", "ca", *args)
     assert result.returncode == 2
     assert "not NAMESPACE/SERVICE_ACCOUNT" in result.stderr
     assert "Traceback" not in result.stderr

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.netns
 
@@ -281,12 +282,49 @@ def test_keep_leaves_it_running_for_exec_until_down(tmp_path):
         )
         asked = _run_demo(state, "exec", "client", "--", sys.executable, "-c", code, timeout=60)
         assert asked.stdout == "hello from server: you asked /via-exec\n\n", asked.stderr
+        # The node agent follows its inventory: labelling legacy's namespace enrolls the pod
+        # running there (captured, handed to the node proxy), removing the label releases it.
+        assert _legacy(state) == (False, False)
+        _label_legacy(state, {"istio.io/dataplane-mode": "ambient"})
+        _until(lambda: _legacy(state) == (True, True), "legacy enrolled")
+        _label_legacy(state, {})
+        _until(lambda: _legacy(state) == (False, False), "legacy released")
     finally:
         down = _run_demo(state, "down", timeout=60)
     assert down.returncode == 0, down.stderr
     assert _existing(names) == []
     again = _run_demo(state, "down", timeout=60)
     assert (again.returncode, again.stderr) == (0, "no demo to remove\n")
+
+
+def _legacy(state: Path) -> tuple[bool, bool]:
+    """(captured, served) of the legacy pod, from the node agent's /status inside the node."""
+    code = (
+        "import urllib.request as u;"
+        "print(u.urlopen('http://127.0.0.1:8000/status', timeout=5).read().decode())"
+    )
+    shown = _run_demo(state, "exec", "node", "--", sys.executable, "-c", code, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    pod = next(p for p in json.loads(shown.stdout)["pods"] if p["name"] == "legacy")
+    return bool(pod["captured"]), bool(pod["served"])
+
+
+def _label_legacy(state: Path, labels: dict[str, str]) -> None:
+    path = state / "inventory.yaml"
+    doc = yaml.safe_load(path.read_text())
+    for item in doc["items"]:
+        if item["kind"] == "Namespace" and item["metadata"]["name"] == "legacy":
+            item["metadata"]["labels"] = labels
+    tmp = path.with_suffix(".edit")
+    tmp.write_text(yaml.safe_dump(doc))
+    tmp.replace(path)
+
+
+def _until(check, what: str, timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, f"not {what} within {timeout:.0f}s"
+        time.sleep(0.3)
 
 
 def test_missing_cni_plugins_are_one_error_and_nothing_is_left(tmp_path):
