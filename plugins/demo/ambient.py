@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from meshctl.core.cni.spec import PLUGIN_EVENT_SOCKET_NAME
+from meshctl.errors import UserError
 from meshctl.net import netns
 from meshctl.process import self_command
 
@@ -82,11 +84,27 @@ def read_node_conflist(conf_dir: Path) -> dict[str, Any]:
     return data
 
 
+# sun_path holds 108 bytes with its terminating NUL (unix(7)).
+_SOCKET_PATH_MAX = 107
+
+
+def check_socket_paths(folder: Path, socket: Path) -> None:
+    """The agent's sockets fit in a unix socket address, or a one-line error saying why."""
+    longest = max((socket, folder / "run" / PLUGIN_EVENT_SOCKET_NAME), key=lambda p: len(str(p)))
+    if len(str(longest).encode()) > _SOCKET_PATH_MAX:
+        raise UserError(
+            f"the state directory's path is too long for the node agent's unix sockets "
+            f"({longest}: {len(str(longest).encode())} bytes, at most {_SOCKET_PATH_MAX})",
+            hint="set MESHCTL_DEMO_STATE_DIR (or --state-dir) to a shorter path",
+        )
+
+
 def start_agent(
     node: netns.NetnsRef, folder: Path, inventory: Path, socket: Path, log: Path
 ) -> subprocess.Popen[bytes]:
     """``meshctl cni install --ambient`` for this node: plugin into ``folder``/bin, its entry
     into ``folder``/net.d, its run dir ``folder``/run, ZDS on ``socket``."""
+    check_socket_paths(folder, socket)
     argv = self_command(
         "--log-level",
         "info",

@@ -121,6 +121,8 @@ class Demo:
 
     def build(self) -> None:
         plugins = cni_dir()
+        if self.ambient:
+            ambient.check_socket_paths(self.cni_folder, self.zds_socket)  # before anything
         subnet = ipaddress.IPv4Network(f"10.248.{secrets.randbelow(256)}.0/24")
         self.subnet = str(subnet)
         rec = self.record

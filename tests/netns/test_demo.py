@@ -335,3 +335,16 @@ def test_missing_cni_plugins_are_one_error_and_nothing_is_left(tmp_path):
     assert "apt-get install containernetworking-plugins" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (state / "state.json").exists()
+
+
+def test_a_state_dir_too_long_for_the_agents_sockets_is_one_error_before_anything(tmp_path):
+    state = tmp_path / ("s" * 90)
+    done = _run_demo(state, "--check", timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith(
+        "Error: the state directory's path is too long for the node agent's unix sockets"
+    )
+    assert "MESHCTL_DEMO_STATE_DIR" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (state / "state.json").exists()
+    assert not (state / "cni").exists()
