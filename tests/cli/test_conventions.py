@@ -18,6 +18,7 @@ import pytest
 import typer
 from typer import _click as click
 from typer.core import TyperArgument, TyperGroup, TyperOption
+from typer.models import TyperPath
 
 from meshctl import cli, values
 from meshctl.config import GlobalSettings
@@ -66,6 +67,20 @@ GROUPS = [n for n in TREE if isinstance(n.command, TyperGroup) and n.path]
 
 def by_id(nodes: list[Node]) -> Any:
     return pytest.mark.parametrize("node", nodes, ids=[n.id for n in nodes])
+
+
+# What an option parses with, read from the click parameter typer built: a ``parser=`` is a
+# FuncParamType around our function, an Enum a Choice, a bare int/float/Path click's own type.
+def _parse(param: click.Parameter) -> Any:
+    """The meshctl.values parser behind an option (``meshctl.options.typed``), or None."""
+    return getattr(getattr(param.type, "func", None), "meshctl_parse", None)
+
+
+def _choices(param: click.Parameter) -> list[str]:
+    return [str(getattr(c, "value", c)) for c in getattr(param.type, "choices", None) or ()]
+
+
+UNCHECKED_TYPES = (click.types.IntParamType, click.types.FloatParamType, TyperPath)
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -164,7 +179,7 @@ def test_output_is_the_shared_format_option_and_files_are_output_file(node):
     for param in node.options:
         long = _long(param)
         if long == "--output":
-            choices = {str(getattr(c, "value", c)) for c in param.type_descriptor.choices or ()}
+            choices = set(_choices(param))
             assert choices == set(FORMATS), f"meshctl {node.id} -o: {sorted(choices)}"
             if "-o" not in param.opts:
                 assert "-o is" in (param.help or ""), f"meshctl {node.id}: say why not -o"
@@ -186,7 +201,7 @@ def test_filename_takes_dash_files_and_directories(node):
 def test_dry_run_is_a_flag_or_kubectls_modes(node):
     for param in node.options:
         if _long(param) == "--dry-run":
-            parse = getattr(param.type_descriptor.parameter_info.parser, "meshctl_parse", None)
+            parse = _parse(param)
             assert param.is_flag or (
                 isinstance(parse, values.Choice)
                 and set(parse.choices) <= {"none", "client", "server"}
@@ -200,13 +215,12 @@ def test_dry_run_is_a_flag_or_kubectls_modes(node):
 def test_numbers_durations_and_paths_are_parsed_with_a_range(node):
     """An int/float/Path option parsed by typer alone accepts -1 (or any path) silently."""
     for param in [*node.options, *(p for p in node.command.params if isinstance(p, TyperArgument))]:
-        annotation = param.type_descriptor.annotation
-        if annotation in (int, float, Path):
-            parser = param.type_descriptor.parameter_info.parser
-            assert hasattr(parser, "meshctl_parse"), (
-                f"meshctl {node.id} {param.opts[0] if param.opts else param.name}: "
-                f"{annotation.__name__} without a meshctl.values/options parser"
-            )
+        # click's own int/float/Path types: typer parsed it alone (with a parser= it is a
+        # FuncParamType around a meshctl.values parser instead).
+        assert not isinstance(param.type, UNCHECKED_TYPES), (
+            f"meshctl {node.id} {param.opts[0] if param.opts else param.name}: "
+            f"{param.type.name} without a meshctl.values/options parser"
+        )
 
 
 # Options whose flag is also a settings field's but which deliberately do not set it.
@@ -268,10 +282,9 @@ def _sample(param: TyperOption, tmp_path: Path) -> list[str]:
     """The option with a value its parser accepts, so only the group rule can refuse it."""
     if param.is_flag:
         return [param.opts[0]]
-    parse = getattr(param.type_descriptor.parameter_info.parser, "meshctl_parse", None)
-    descriptor = param.type_descriptor
-    if descriptor.is_choice and descriptor.choices:
-        value = str(getattr(descriptor.choices[0], "value", descriptor.choices[0]))
+    parse = _parse(param)
+    if _choices(param):
+        value = _choices(param)[0]
     elif isinstance(parse, values.Choice):
         value = parse.choices[0]
     elif isinstance(parse, values.Integer):

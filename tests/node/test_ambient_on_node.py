@@ -11,8 +11,6 @@ such pods talk through it with mutual TLS and each one's identity.
 from __future__ import annotations
 
 import json
-import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,16 +18,15 @@ import pytest
 from kubernetes import client as k8s
 from meshctl_plugins.controlplane import crds
 
-from meshctl.core import ambient
 from tests.harness import nodehost
 from tests.harness import workloads as wl
+from tests.harness.ambient_pods import talk_mtls_through_node_proxy
 from tests.harness.cli import run_meshctl
 from tests.harness.node import TestNode, report_namespace
 
 pytestmark = pytest.mark.node
 
 SYSTEM_NS = "meshctl-system"
-APP_PORT = 8080
 
 
 def manifest(*args: str) -> list[dict[str, Any]]:
@@ -86,55 +83,6 @@ def test_two_ambient_pods_talk_mtls_through_the_node_proxy(
     kube_node: TestNode, ambient_stack, node_namespace: str, request
 ):
     report_namespace(request.node, SYSTEM_NS)
-    busybox = kube_node.image("busybox")
-    api = ambient_stack["api"]
-    core = k8s.CoreV1Api(api)
-    labels = {"metadata": {"labels": {ambient.DATAPLANE_MODE: ambient.MODE_AMBIENT}}}
-    core.patch_namespace(node_namespace, labels)
-    for sa in ("client", "server"):
-        core.create_namespaced_service_account(node_namespace, {"metadata": {"name": sa}})
-    server = wl.busybox_pod(
-        "server", busybox, ["nc", "-ll", "-p", str(APP_PORT), "-e", "/bin/echo", "served"],
-        serviceAccountName="server",
-    )  # fmt: skip
-    client = wl.busybox_pod("client", busybox, ["sleep", "3600"], serviceAccountName="client")
-    core.create_namespaced_pod(node_namespace, server)
-    core.create_namespaced_pod(node_namespace, client)
-    running = {
-        n: wl.wait_pod_ready(api, node_namespace, n, timeout=120) for n in ("server", "client")
-    }
-    for name in running:
-        stored = wl.retry(
-            lambda n=name: core.read_namespaced_pod(n, node_namespace),
-            lambda p: (p.metadata.annotations or {}).get(ambient.REDIRECTION) == "enabled",
-            timeout=60,
-        )
-        assert stored.metadata.annotations[ambient.REDIRECTION] == "enabled"
-    server_ip = running["server"].status.pod_ip
-
-    def talked() -> bool:
-        out = wl.pod_exec(
-            api, node_namespace, "client", ["nc", "-w", "3", server_ip, str(APP_PORT)], timeout=20
-        )
-        return "served" in out.stdout
-
-    deadline = time.monotonic() + 60  # until discovery carries both pods as HBONE
-    while not talked():
-        assert time.monotonic() < deadline, "the client never reached the server"
-        time.sleep(1)
-    proxies = wl.pods(api, SYSTEM_NS, "app.kubernetes.io/name=meshctl-ztunnel")
-    assert proxies, "no node proxy pod"
-    ip = proxies[0].status.pod_ip
-    with urllib.request.urlopen(f"http://{ip}:15020/stats/prometheus", timeout=10) as answer:
-        text = answer.read().decode()
-    client_id = f"spiffe://cluster.local/ns/{node_namespace}/sa/client"
-    server_id = f"spiffe://cluster.local/ns/{node_namespace}/sa/server"
-    opened = [
-        line
-        for line in text.splitlines()
-        if line.startswith("istio_tcp_connections_opened_total")
-        and f'source_principal="{client_id}"' in line
-        and f'destination_principal="{server_id}"' in line
-        and 'connection_security_policy="mutual_tls"' in line
-    ]
-    assert opened, text[-3000:]
+    talk_mtls_through_node_proxy(
+        ambient_stack["api"], node_namespace, kube_node.image("busybox"), SYSTEM_NS
+    )

@@ -96,6 +96,43 @@ def test_drift_is_named_by_field_path():
     assert drift.differences(desired, desired) == []
 
 
+def test_zero_values_the_api_server_omits_are_not_drift():
+    """The API server stores ``value: ""``, ``initialDelaySeconds: 0``, ``false``, ``[]`` and
+    ``{}`` of omitempty fields as absent; a set value that is absent, or a zero that is set to
+    something else, still is drift."""
+    env = [{"name": "APPS", "value": ""}, {"name": "X", "value": "1"}]
+    container = {"name": "proxy", "env": env,
+                 "readinessProbe": {"initialDelaySeconds": 0, "periodSeconds": 2},
+                 "stdin": False, "args": [], "resources": {}}  # fmt: skip
+    desired = {"spec": {"containers": [container]}}
+    live = {"spec": {"containers": [{"name": "proxy", "env": [{"name": "APPS"}, {"name": "X"}],
+                                     "readinessProbe": {"periodSeconds": 2}}]}}  # fmt: skip
+    found = [str(d) for d in drift.differences(desired, live)]
+    assert found == ["spec.containers[proxy].env[X].value is missing, the manifest sets '1'"]
+    live["spec"]["containers"][0]["readinessProbe"]["initialDelaySeconds"] = 5
+    found = [str(d) for d in drift.differences(desired, live)]
+    assert (
+        "spec.containers[proxy].readinessProbe.initialDelaySeconds is 5, the manifest sets 0"
+        in found
+    )
+
+
+def test_resource_quantities_compare_as_amounts():
+    """The API server stores quantities canonically: 2000m is 2, 1024Mi is 1Gi; a different
+    amount is drift, and so is the same text anywhere a quantity is not expected."""
+    desired = {"resources": {"limits": {"cpu": "2000m", "memory": "1024Mi"},
+                             "requests": {"cpu": "100m", "memory": 1}},
+               "metadata": {"annotations": {"a": "2000m"}}}  # fmt: skip
+    live = {"resources": {"limits": {"cpu": "2", "memory": "1Gi"},
+                          "requests": {"cpu": "200m", "memory": "1"}},
+            "metadata": {"annotations": {"a": "2"}}}  # fmt: skip
+    found = [str(d) for d in drift.differences(desired, live)]
+    assert found == [
+        "resources.requests.cpu is '200m', the manifest sets '100m'",
+        "metadata.annotations.a is '2', the manifest sets '2000m'",
+    ]
+
+
 def test_the_report_and_exit_code_come_from_the_results():
     def check(description: str) -> Check:
         return Check(category="meshctl-x", description=description, run=lambda _ctx: Result.ok())

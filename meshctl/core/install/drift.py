@@ -10,11 +10,15 @@ that all carry a ``name`` are matched by name (containers, env, ports, webhooks)
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.core.inject.annotations import quantity
+
 _MISSING = object()
+_QUANTITY_PATH = re.compile(r"(^|\.)resources\.(limits|requests)\.[^.\[]+$")
 _LIST_KEYS = ("name", "mountPath", "containerPort")
 
 
@@ -42,7 +46,18 @@ def differences(desired: Mapping[str, Any], live: Mapping[str, Any]) -> list[Dif
     return out
 
 
+def _zero(value: Any) -> bool:
+    """Go's zero values, which the API server drops from fields marked omitempty when it
+    stores an object: a manifest's ``value: ""`` or ``initialDelaySeconds: 0`` comes back absent,
+    and that is the same object, not drift."""
+    if isinstance(value, bool | int | float | str):
+        return not value
+    return value is None or (isinstance(value, Mapping | Sequence) and not value)
+
+
 def _walk(desired: Any, live: Any, path: str, out: list[Difference]) -> None:
+    if live is _MISSING and _zero(desired):
+        return
     if isinstance(desired, Mapping):
         if not isinstance(live, Mapping):
             out.append(Difference(path, live, desired, missing=live is _MISSING))
@@ -60,8 +75,19 @@ def _walk(desired: Any, live: Any, path: str, out: list[Difference]) -> None:
             return
     if live is _MISSING:
         out.append(Difference(path, None, desired, missing=True))
-    elif live != desired:
+    elif live != desired and not _same_quantity(path, desired, live):
         out.append(Difference(path, live, desired))
+
+
+def _same_quantity(path: str, desired: Any, live: Any) -> bool:
+    """Resource quantities come back canonical (``2000m`` is stored as ``2``, ``1024Mi`` as
+    ``1Gi``): under ``resources.limits``/``requests`` equal amounts are the same value."""
+    if not _QUANTITY_PATH.search(path):
+        return False
+    try:
+        return quantity(str(desired)) == quantity(str(live))
+    except ArithmeticError:  # decimal's InvalidOperation: not a quantity after all
+        return False
 
 
 def _list_key(items: Sequence[Any]) -> str | None:
