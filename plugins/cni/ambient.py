@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from meshctl.core import ambient, zds
 from meshctl.core.capture.plan import plan
 from meshctl.core.capture.settings import settings_from_args
+from meshctl.core.cni.spec import AGENT_RELEASED
 from meshctl.core.inject.errors import InvalidAnnotationError
 from meshctl.errors import KubeError, MeshctlError
 from meshctl.kube import objects
@@ -290,11 +291,17 @@ class AmbientAgent:
         if event.get("netns") and state.netns and event["netns"] != state.netns:
             return 200, "an older sandbox of the pod; nothing to do"
         async with state.lock:
+            # A sandbox the plugin reported at ADD is one it did not capture itself (it reports
+            # only those), so once ours are removed nothing of meshctl's is left in it. A pod
+            # known only from the watch may be one the plugin captured (sidecar CNI mode).
+            reported = bool(state.netns)
             await self._unenroll(state, reason="sandbox deleted")
             state.netns = ""
         self._forget_if_gone(state)
         self._save_state()
-        return 200, f"pod {state.ref} released"
+        if not reported:
+            return 200, f"pod {state.ref}: its sandbox was not reported to the agent"
+        return 200, f"{AGENT_RELEASED}: pod {state.ref}"
 
     # -- the reconciler ----------------------------------------------------------------------
 

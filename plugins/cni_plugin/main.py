@@ -325,8 +325,11 @@ def _delete(request: Request) -> None:
     from meshctl.net import capture as kernel
     from meshctl.net.netns import NetnsRef
 
-    if request.plugin.ambient_enabled:
-        _ambient_delete(request)
+    if request.plugin.ambient_enabled and _ambient_delete(request):
+        # The agent removed what it added in the pod; nothing of ours is left there (a pod
+        # the plugin captured itself, in sidecar mode, is one the agent never enrolls).
+        log.info("DEL %s: released by the node agent", request.pod)
+        return
     if not request.netns or not Path(request.netns).exists():
         log.info("DEL %s: netns already gone, nothing to remove", request.pod)
         return
@@ -343,8 +346,9 @@ def _delete(request: Request) -> None:
     log.info("DEL %s: %s", request.pod, f"removed ({', '.join(removed)})" if removed else "none")
 
 
-def _ambient_delete(request: Request) -> None:
-    """Tell the agent the sandbox is going (best effort: DEL never fails on it)."""
+def _ambient_delete(request: Request) -> bool:
+    """Tell the agent the sandbox is going (best effort: DEL never fails on it); whether it
+    released the pod (and removed its rules there)."""
     from .agentevent import AgentUnavailableError, post
 
     event = {
@@ -355,9 +359,11 @@ def _ambient_delete(request: Request) -> None:
         "netns": request.netns,
     }
     try:
-        post(request.plugin.run_dir, "/cmddel", event, timeout=2.0)
+        answer = post(request.plugin.run_dir, "/cmddel", event, timeout=2.0)
     except AgentUnavailableError as exc:
         log.info("DEL %s: node agent not told: %s", request.pod, exc)
+        return False
+    return answer.startswith(spec.AGENT_RELEASED)
 
 
 def _status(request: Request) -> None:

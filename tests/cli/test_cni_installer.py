@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from meshctl_plugins.cni_plugin.agentevent import post
 
 from tests.harness.cli import run_meshctl
 from tests.harness.cni import exec_plugin, fake_node, network_config
@@ -264,6 +265,11 @@ def test_ambient_agent_without_an_api_server_reads_its_pods_from_the_local_inven
         assert [(p["namespace"], p["name"], p["captured"]) for p in pods] == [
             ("shop", "cart", False)  # this node's only; no sandbox yet
         ]
+        # A DEL for a pod the agent knows only from its inventory (no ADD reported it): not
+        # released, so the plugin cleans the sandbox itself.
+        gone = {"podName": "cart", "podNamespace": "shop", "podUid": pods[0]["uid"]}
+        answer = post(str(node / "run"), "/cmddel", {**gone, "netns": "/x"}, timeout=5)
+        assert answer == "pod shop/cart: its sandbox was not reported to the agent"
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0

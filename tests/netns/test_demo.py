@@ -123,6 +123,7 @@ def test_a_killed_run_is_cleaned_up_by_the_next_whose_check_passes_on_a_pipe(tmp
     assert "ADD legacy/legacy: no capture" in agent
     assert "pod prod/server" in agent
     assert "removed from the mesh: sandbox deleted" in agent
+    assert "DEL prod/server: released by the node agent" in agent  # its rules removed there
     # On its way out the agent gave the node its network list back and removed its plugin.
     assert "removed" in agent.splitlines()[-1]
     assert "meshctl-cni" in agent.splitlines()[-1]

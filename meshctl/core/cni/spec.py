@@ -42,6 +42,8 @@ KUBECONFIG_NAME: Final = "meshctl-cni-kubeconfig"
 LOG_NAME: Final = "meshctl-cni.log"
 LOG_SOCKET_NAME: Final = "log.sock"
 PLUGIN_EVENT_SOCKET_NAME: Final = "pluginevent.sock"  # the node agent's (ambient mode)
+# How the node agent's answer to a DEL begins when it released the pod (its rules removed).
+AGENT_RELEASED: Final = "released"
 AGENT_UNAVAILABLE: Final = 104  # ambient: the node agent could not capture the pod
 DEFAULT_EXCLUDED_NAMESPACES: Final = ("kube-system", "meshctl-system")
 _REQUIRED_ENV: Final = {
