@@ -322,9 +322,6 @@ def _check(request: Request, args: tuple[str, ...]) -> None:
 
 
 def _delete(request: Request) -> None:
-    from meshctl.net import capture as kernel
-    from meshctl.net.netns import NetnsRef
-
     if request.plugin.ambient_enabled and _ambient_delete(request):
         # The agent removed what it added in the pod; nothing of ours is left there (a pod
         # the plugin captured itself, in sidecar mode, is one the agent never enrolls).
@@ -335,6 +332,10 @@ def _delete(request: Request) -> None:
         return
     if request.pod_namespace in request.plugin.exclude_namespaces:
         return
+    # Only now: the capture engine (pyroute2 alone is ~0.3 s of imports) is not needed above.
+    from meshctl.net import capture as kernel
+    from meshctl.net.netns import NetnsRef
+
     try:
         outcomes = kernel.clean(target=NetnsRef(request.netns, request.netns), backend="auto")
     except (NetError, MeshctlError) as exc:
