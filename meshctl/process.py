@@ -458,8 +458,14 @@ class Supervisor:
         self._forget(child)
 
     def _forget(self, child: _Child) -> None:
+        # Through the transport, which first takes the descriptor out of the loop's selector:
+        # a socket closed under it (a child seen dead before its EOF was read) left the
+        # selector's record of that number, and the next child's channel, given the same
+        # number, was never watched (its hello unread until the hello timeout).
+        child.writer.close()
+        if child.reading is not None:
+            child.reading.cancel()
         with contextlib.suppress(OSError):
-            child.sock.close()
             if child.pods is not None:
                 child.pods.close()
         if self._children.get(child.index) is child:
