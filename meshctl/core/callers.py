@@ -195,6 +195,18 @@ def check_identity(
     return "impersonate"
 
 
+def require_impersonation(caller: Caller, requested: SpiffeId, *, impersonating: bool) -> None:
+    """A node proxy acting for another identity must say so (Istio's ``ImpersonatedIdentity``
+    metadata): a request for another identity without it is refused, so a misrouted CSR never
+    gets a workload's certificate by accident."""
+    if not impersonating:
+        raise CallerError(
+            "PERMISSION_DENIED",
+            f"node proxy {caller.account} asked for {requested} without the "
+            "ImpersonatedIdentity metadata; send it to act for a workload on its node",
+        )
+
+
 def node_of_pod(pod: Mapping[str, Any] | None, caller: Caller) -> str:
     """The node the caller's own pod runs on, after checking the pod is the token's pod."""
     if not caller.pod_name:

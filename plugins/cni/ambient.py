@@ -1,7 +1,8 @@
 """The node agent of ambient mode: enrolls this node's pods and hands them to the node proxy.
 
 Owns, for every pod on the node, the path from "should be in the mesh" (``meshctl.core.ambient``
-over the pod and its namespace, from watches and CNI events) to "is": the in-pod rules applied in
+over the pod and its namespace, from the API's watches or a local inventory file, and CNI
+events) to "is": the in-pod rules applied in
 the pod's netns from outside (the pod never has NET_ADMIN), the node's probe SNAT for its IPs,
 the netns descriptor handed to the node proxy over ZDS and acknowledged, the pod annotated
 ``ambient.istio.io/redirection: enabled`` (or ``pending`` with a Warning event saying why); and
@@ -12,6 +13,8 @@ Invariants: kernel changes run one at a time on one thread (libiptc and setns ar
 a pod's own steps are serialised; what is removed is exactly what was added (rules, SNAT entry,
 proxy entry, annotation); the netns paths the plugin reported survive an agent restart in
 ``<run_dir>/ambient-pods.json``, so pods already running are enrolled again from the watch.
+Without an API server (``--local-inventory``) the same reconciler runs on the file's objects;
+the annotation and the Warning events then live only here (``enrollment()``, the log).
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from meshctl.core import ambient, zds
 from meshctl.core.capture.plan import plan
 from meshctl.core.capture.settings import settings_from_args
+from meshctl.core.cni.spec import AGENT_RELEASED
 from meshctl.core.inject.errors import InvalidAnnotationError
 from meshctl.errors import KubeError, MeshctlError
 from meshctl.kube import objects
@@ -42,6 +46,9 @@ from meshctl.net import capture as kernel
 from meshctl.net.netns import NetnsRef
 
 from .zdsserver import ProxyUnavailableError, SnapshotEntry, ZdsServer
+
+if TYPE_CHECKING:
+    from .inventory import InventoryFile
 
 log = logging.getLogger(__name__)
 
@@ -104,9 +111,15 @@ class PodState:
 class AmbientAgent:
     """The enrollment controller; ``run`` serves until ``stop`` is set."""
 
-    def __init__(self, settings: AgentSettings, kube: Kube) -> None:
+    def __init__(
+        self, settings: AgentSettings, kube: Kube | None, *, inventory: InventoryFile | None = None
+    ) -> None:
+        """``kube``: the API server to watch and write to; ``inventory`` instead: no API."""
+        if (kube is None) == (inventory is None):
+            raise ValueError("the agent needs exactly one source: an API server or an inventory")
         self.settings = settings
         self.kube = kube
+        self.inventory = inventory
         self.pods: dict[str, PodState] = {}
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
@@ -133,15 +146,18 @@ class AmbientAgent:
         self.zds.start()
         selector = f"spec.nodeName={self.settings.node_name}"
         try:
-            async with (
-                AsyncWatch(self.kube, PODS, field_selector=selector) as pods,
-                AsyncWatch(self.kube, NAMESPACES) as namespaces,
-            ):
-                readers = [
-                    asyncio.ensure_future(self._consume("pods", pods)),
-                    asyncio.ensure_future(self._consume("namespaces", namespaces)),
-                    asyncio.ensure_future(self._on_proxy_changes()),
-                ]
+            async with contextlib.AsyncExitStack() as stack:
+                readers = [asyncio.ensure_future(self._on_proxy_changes())]
+                if self.inventory is not None:
+                    readers.append(asyncio.ensure_future(self.inventory.follow(self._on_event)))
+                else:
+                    assert self.kube is not None  # noqa: S101 -- one source (the constructor)
+                    pods = await stack.enter_async_context(
+                        AsyncWatch(self.kube, PODS, field_selector=selector)
+                    )
+                    namespaces = await stack.enter_async_context(AsyncWatch(self.kube, NAMESPACES))
+                    readers.append(asyncio.ensure_future(self._consume("pods", pods)))
+                    readers.append(asyncio.ensure_future(self._consume("namespaces", namespaces)))
                 try:
                     await stop.wait()
                 finally:
@@ -157,17 +173,25 @@ class AmbientAgent:
 
     async def _consume(self, kind: str, events: AsyncWatch) -> None:
         async for event in events:
-            try:
-                self._apply_event(kind, event)
-            except Exception:  # one bad object must not stop the watch's consumer
-                log.exception("%s event %s failed", kind, event.type)
+            self._on_event(kind, event)
+
+    def _on_event(self, kind: str, event: WatchEvent) -> None:
+        try:
+            self._apply_event(kind, event)
+        except Exception:  # one bad object must not stop the watch's consumer
+            log.exception("%s event %s failed", kind, event.type)
 
     def _apply_event(self, kind: str, event: WatchEvent) -> None:
         if event.type == "SYNCED":
             self._synced_kinds.add(kind)
             if {"pods", "namespaces"} <= self._synced_kinds and not self.synced.is_set():
                 log.info(
-                    "watches synced: %d pods on node %s", len(self.pods), self.settings.node_name
+                    "%s synced: %d pods on node %s",
+                    "watches"
+                    if self.inventory is None
+                    else f"local inventory {self.inventory.path}",
+                    len(self.pods),
+                    self.settings.node_name,
                 )
                 self._spawn(self._initial_sync())
             return
@@ -267,11 +291,17 @@ class AmbientAgent:
         if event.get("netns") and state.netns and event["netns"] != state.netns:
             return 200, "an older sandbox of the pod; nothing to do"
         async with state.lock:
+            # A sandbox the plugin reported at ADD is one it did not capture itself (it reports
+            # only those), so once ours are removed nothing of meshctl's is left in it. A pod
+            # known only from the watch may be one the plugin captured (sidecar CNI mode).
+            reported = bool(state.netns)
             await self._unenroll(state, reason="sandbox deleted")
             state.netns = ""
         self._forget_if_gone(state)
         self._save_state()
-        return 200, f"pod {state.ref} released"
+        if not reported:
+            return 200, f"pod {state.ref}: its sandbox was not reported to the agent"
+        return 200, f"{AGENT_RELEASED}: pod {state.ref}"
 
     # -- the reconciler ----------------------------------------------------------------------
 
@@ -477,6 +507,9 @@ class AmbientAgent:
     async def _annotate(self, state: PodState, value: str | None) -> None:
         if state.annotated == value or state.pod is None:
             return
+        if self.kube is None:  # no API server: the annotation is this agent's record alone
+            state.annotated = value
+            return
         body = {"metadata": {"annotations": {ambient.REDIRECTION: value}}}
         try:
             await asyncio.to_thread(
@@ -493,6 +526,8 @@ class AmbientAgent:
                 await self._annotate(state, value)
 
     async def _event(self, state: PodState, reason: str, message: str) -> None:
+        if self.kube is None:
+            return  # no API server: the error log line is the record
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
@@ -521,6 +556,22 @@ class AmbientAgent:
             log.warning("pod %s: event not recorded: %s", state.ref, exc.message)
 
     # -- bookkeeping -------------------------------------------------------------------------
+
+    def enrollment(self) -> list[dict[str, Any]]:
+        """Each known pod's enrollment as the agent holds it (``/status``; the annotation it
+        wrote, or would write without an API server, and whether a node proxy acknowledged)."""
+        return [
+            {
+                "namespace": s.namespace,
+                "name": s.name,
+                "uid": s.uid,
+                "captured": s.captured,
+                "served": s.served,
+                "redirection": s.annotated or "",
+                "error": s.reported,
+            }
+            for s in sorted(self.pods.values(), key=lambda s: (s.namespace, s.name))
+        ]
 
     def _state(self, uid: str, namespace: str, name: str) -> PodState:
         state = self.pods.get(uid)

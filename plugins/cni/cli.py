@@ -103,6 +103,15 @@ def install_cmd(
         ),
     ] = None,
     node_name: Annotated[str | None, _setting("node_name", "This node's name.", "NODE")] = None,
+    local_inventory: Annotated[
+        str | None,
+        _setting(
+            "local_inventory",
+            "No API server: this node's Pods and Namespaces from FILE (a v1 List YAML, re-read "
+            "on change), for the agent and the plugin.",
+            "FILE",
+        ),
+    ] = None,
     ztunnel_socket: Annotated[
         str | None,
         _setting(
@@ -120,19 +129,33 @@ def install_cmd(
 
     options.daemon_logging(ctx)
     settings = _settings(ctx, flags)
-    _ = settings.server  # an unusable API address is a usage error now, not a warning loop later
+    if not settings.local_inventory:
+        _ = settings.server  # an unusable API address is a usage error now, not a loop later
     installer = Installer(settings)  # so is an unusable --plugin-tree
     kube_settings = options.kube_settings(ctx)  # --kubeconfig, --context, --request-timeout
+    inventory = _inventory(settings)  # so is an unusable --local-inventory
 
     async def main() -> int:
-        agent = _agent(settings, kube_settings) if settings.ambient else None
+        agent = _agent(settings, kube_settings, inventory) if settings.ambient else None
         return await daemon.run(settings, installer, agent=agent)
 
     raise typer.Exit(asyncio.run(main()))
 
 
-def _agent(settings: InstallSettings, kube_settings: KubeSettings) -> Any:
-    """The ambient node agent, connected to the API (in-cluster, or ``--kubeconfig``)."""
+def _inventory(settings: InstallSettings) -> Any:
+    """The ``--local-inventory`` file, read once now (a bad one stops the start), or None."""
+    if not settings.local_inventory or not settings.ambient:
+        return None
+    from pathlib import Path
+
+    from .inventory import InventoryFile
+
+    return InventoryFile(Path(settings.local_inventory), node_name=settings.node_name)
+
+
+def _agent(settings: InstallSettings, kube_settings: KubeSettings, inventory: Any) -> Any:
+    """The ambient node agent, connected to the API (in-cluster, or ``--kubeconfig``), or
+    reading ``--local-inventory``."""
     from meshctl.errors import ConfigError
     from meshctl.kube.client import connect
 
@@ -149,21 +172,21 @@ def _agent(settings: InstallSettings, kube_settings: KubeSettings) -> Any:
             "the pods' DNS would break their name resolution",
             hint="unset AMBIENT_DNS_CAPTURE (pods resolve names directly)",
         )
-    kube = connect(kube_settings)
-    return AmbientAgent(
-        AgentSettings(
-            node_name=settings.node_name,
-            run_dir=settings.run_dir,
-            zds_socket=settings.ztunnel_socket,
-            exclude_namespaces=settings.exclude_namespaces,
-            iptables_backend=settings.iptables_backend,
-            # The node's tables too: in-process, so an image without iptables binaries works.
-            host_backend=settings.iptables_backend,
-            dns_capture=settings.ambient_dns_capture,
-            ipv6=settings.ambient_ipv6,
-        ),
-        kube,
+    agent_settings = AgentSettings(
+        node_name=settings.node_name,
+        run_dir=settings.run_dir,
+        zds_socket=settings.ztunnel_socket,
+        exclude_namespaces=settings.exclude_namespaces,
+        iptables_backend=settings.iptables_backend,
+        # The node's tables too: in-process, so an image without iptables binaries works.
+        host_backend=settings.iptables_backend,
+        dns_capture=settings.ambient_dns_capture,
+        ipv6=settings.ambient_ipv6,
     )
+    if inventory is not None:
+        return AmbientAgent(agent_settings, None, inventory=inventory)
+    kube = connect(kube_settings)
+    return AmbientAgent(agent_settings, kube)
 
 
 @app.command("uninstall")

@@ -6,12 +6,14 @@ Invariants:
   (a token bucket) and a component that keeps undoing them is named in a warning with a hint.
 - ``/readyz`` answers 200 only while the runtime's config includes us (``Installer.status``);
   ``/healthz`` answers 200 while the loop runs; ``/status`` is JSON for ``meshctl verify``
-  (ready, reason, repairs within the conflict window). Every read has a timeout.
+  (ready, reason, repairs within the conflict window; in ambient mode each pod's enrollment).
+  Every read has a timeout.
 - SIGTERM or SIGINT: stop watching, then ``Installer.cleanup`` (the node's config as it was).
 - The CNI plugin's log records arriving on ``<run_dir>/log.sock`` are re-logged here.
 - Ambient mode (``--ambient``): the node agent runs beside the installer (``ambient.py``): the
   plugin's events on ``<run_dir>/pluginevent.sock``, the ZDS server for the node proxy, the pod
-  and namespace watches; ``/readyz`` also waits for the watches' first sync.
+  and namespace watches (or ``--local-inventory``: no API server); ``/readyz`` also waits for
+  their first sync.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class _State:
             "repairs": self.recent_repairs(time.monotonic()),
             "repairWindowSeconds": CONFLICT_WINDOW,
             "conflictRepairs": CONFLICT_REPAIRS,
+            **({"pods": self.agent.enrollment()} if self.agent is not None else {}),
         }
 
     def ready(self) -> tuple[bool, str]:

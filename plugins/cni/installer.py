@@ -122,6 +122,9 @@ class InstallSettings:
     )
     node_name: str = setting("", env="NODE_NAME", flag="--node-name")
     ambient_dns_capture: bool = setting(False, env="AMBIENT_DNS_CAPTURE")
+    # No API server (a laptop, a VM): the node's Pods and Namespaces from this file, a v1 List,
+    # for the agent and the plugin alike; no kubeconfig is written then.
+    local_inventory: str = setting("", env="MESHCTL_CNI_LOCAL_INVENTORY", flag="--local-inventory")
     ambient_ipv6: bool = setting(False, env="AMBIENT_IPV6")
 
     @property
@@ -149,7 +152,11 @@ class InstallSettings:
         return {
             "type": PLUGIN_TYPE,
             "run_dir": self.run_dir,
-            "kubeconfig": str(self.kubeconfig_path),
+            **(
+                {"local_inventory": self.local_inventory}
+                if self.local_inventory
+                else {"kubeconfig": str(self.kubeconfig_path)}
+            ),
             "exclude_namespaces": list(self.exclude_namespaces),
             "log_level": self.plugin_log_level,
             "iptables_backend": self.iptables_backend,
@@ -236,7 +243,7 @@ class Installer:
         changed = []
         if self._install_binary():
             changed.append(f"binary {self.settings.binary_path}")
-        if self._install_kubeconfig():
+        if not self.settings.local_inventory and self._install_kubeconfig():
             changed.append(f"kubeconfig {self.settings.kubeconfig_path}")
         conf = self._install_conf()
         if conf:
@@ -429,7 +436,8 @@ class Installer:
     # --- status ------------------------------------------------------------------------------
 
     def status(self) -> Status:  # noqa: PLR0911 (one exit per reason)
-        """Ready when the binary, the kubeconfig and our entry in the runtime's config are there."""
+        """Ready when the binary, the kubeconfig (unless ``local_inventory``) and our entry in the
+        runtime's config are there."""
         if self._tree is not None:
             now = time.monotonic()
             every_file = now - self._swept >= self.settings.tree_check_interval
@@ -441,7 +449,9 @@ class Installer:
         elif not os.access(self.settings.binary_path, os.X_OK):
             return Status(False, f"{self.settings.binary_path} is missing")
         try:
-            if self.settings.kubeconfig_path.read_bytes() != self.desired_kubeconfig():
+            if self.settings.local_inventory:
+                pass  # no API server: nothing to reach it with
+            elif self.settings.kubeconfig_path.read_bytes() != self.desired_kubeconfig():
                 return Status(False, "the plugin kubeconfig is stale (token rotated?)")
         except OSError:
             return Status(False, f"{self.settings.kubeconfig_path} is missing")

@@ -10,6 +10,8 @@ Invariants:
 - Fail closed: when the pod cannot be read for a namespace that is not excluded, ADD fails (code
   11, try again later) rather than let a pod start with its traffic uncaptured.
 - DEL is idempotent and never blocks teardown: a missing netns or missing rules is success.
+- Pods and namespaces come from the API server, or without one from the ``local_inventory``
+  file the installer names in the config (the same objects, the same decisions).
 - Ambient mode (``ambient_enabled``): a pod enrolled by its or its namespace's label is handed
   to the node agent, which captures it and gives it to the node proxy; the ADD fails (code 104)
   unless the agent confirms (fail closed). Every other pod's netns is reported to the agent too,
@@ -23,18 +25,19 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from meshctl.core.cni import spec
 from meshctl.core.cni.spec import CniError, Request
 from meshctl.errors import ConfigError, KubeError, MeshctlError, NetError
 
 if TYPE_CHECKING:
-    from typing import Any
+    from collections.abc import Callable
 
     from meshctl.core.capture.settings import CaptureSettings
     from meshctl.core.cni.pod import Decision
-    from meshctl.kube.rest import RestConfig
+
+    NamespaceReader = Callable[[], dict[str, Any] | None]
 
 # The capture engine, the pod policy and the API client are imported where first used: VERSION,
 # DEL of a gone sandbox and excluded namespaces never pay for them (start-up is the ADD budget).
@@ -85,10 +88,10 @@ def _handle(request: Request) -> str | None:  # noqa: PLR0911 (one exit per outc
     if request.pod_namespace in request.plugin.exclude_namespaces:
         log.info("%s %s: namespace excluded, nothing to do", request.command, request.pod)
         return spec.add_result(request) if request.command == "ADD" else None
-    config, pod, decision = _decide(request)
+    namespace, pod, decision = _decide(request)
     if not decision.capture:
         if request.plugin.ambient_enabled and request.command == "ADD":
-            _ambient_add(request, config, pod, decision.reason)
+            _ambient_add(request, namespace, pod, decision.reason)
             return spec.add_result(request)
         log.info("%s %s: no capture: %s", request.command, request.pod, decision.reason)
         return spec.add_result(request) if request.command == "ADD" else None
@@ -107,9 +110,24 @@ def _require_netns(request: Request) -> None:
         )
 
 
-def _decide(request: Request) -> tuple[RestConfig, dict[str, Any], Decision]:
+def _decide(request: Request) -> tuple[NamespaceReader, dict[str, Any], Decision]:
     from meshctl.core.cni import pod as pods
     from meshctl.core.inject.errors import InvalidAnnotationError
+
+    if request.plugin.local_inventory:
+        namespace, pod = _from_inventory(request)
+    else:
+        namespace, pod = _from_api(request)
+    try:
+        decision = pods.decide(pod)
+    except InvalidAnnotationError as exc:
+        raise CniError(spec.BAD_ANNOTATIONS, f"pod {request.pod}: {exc.message}") from exc
+    log.debug("%s %s: %s %s", request.command, request.pod, decision.reason, decision.args)
+    return namespace, pod, decision
+
+
+def _from_api(request: Request) -> tuple[NamespaceReader, dict[str, Any]]:
+    """The pod from the API server, and how to read its namespace there (fail closed)."""
     from meshctl.kube import pods as kube_pods
     from meshctl.kube import rest
 
@@ -135,29 +153,10 @@ def _decide(request: Request) -> tuple[RestConfig, dict[str, Any], Decision]:
         raise CniError(
             spec.API_REFUSED, f"reading pod {request.pod} failed (HTTP {exc.status})", exc.message
         ) from exc
-    try:
-        decision = pods.decide(pod)
-    except InvalidAnnotationError as exc:
-        raise CniError(spec.BAD_ANNOTATIONS, f"pod {request.pod}: {exc.message}") from exc
-    log.debug("%s %s: %s %s", request.command, request.pod, decision.reason, decision.args)
-    return config, pod, decision
 
-
-def _ambient_add(
-    request: Request, config: RestConfig, pod: dict[str, Any], sidecar_reason: str
-) -> None:
-    """Hand an ambient pod to the node agent (fail closed); report any other pod's netns."""
-    from meshctl.core import ambient
-    from meshctl.kube import rest
-
-    from .agentevent import AgentUnavailableError, post
-
-    namespace: dict[str, Any] | None = None
-    labels = (pod.get("metadata") or {}).get("labels") or {}
-    if labels.get(ambient.DATAPLANE_MODE) not in (ambient.MODE_AMBIENT, ambient.MODE_NONE):
-        # Only the namespace's label can decide: read it (fail closed when we cannot).
+    def namespace() -> dict[str, Any] | None:
         try:
-            namespace = rest.get_json(
+            return rest.get_json(
                 config,
                 rest.namespace_path(request.pod_namespace),
                 timeout=request.plugin.api_timeout,
@@ -169,6 +168,51 @@ def _ambient_add(
                 f"{request.pod} is in ambient mode; refusing to start it uncaptured (fail closed)",
                 exc.message,
             ) from exc
+
+    return namespace, pod
+
+
+def _from_inventory(request: Request) -> tuple[NamespaceReader, dict[str, Any]]:
+    """The pod from the local inventory file, re-read until it lists the pod or the lookup
+    time is up (whoever writes it may lag the sandbox, as the API may); then fail closed."""
+    import functools
+    import time
+
+    from meshctl.core import inventory
+
+    path = request.plugin.local_inventory
+    give_up = time.monotonic() + request.plugin.pod_lookup_timeout
+    while True:
+        try:
+            current = inventory.parse(Path(path).read_text(), path)
+            problem = f"pod {request.pod} is not in it"
+        except (OSError, UnicodeDecodeError, inventory.InventoryError) as exc:
+            current, problem = None, getattr(exc, "strerror", None) or str(exc)
+        pod = current.pod(request.pod_namespace, request.pod_name) if current else None
+        if current is not None and pod is not None:
+            return functools.partial(current.namespace, request.pod_namespace), pod
+        if time.monotonic() + 0.1 > give_up:
+            raise CniError(
+                spec.TRY_AGAIN_LATER,
+                f"cannot find pod {request.pod} in the local inventory {path}, so it cannot tell "
+                "whether the pod must be captured; refusing to start it uncaptured (fail closed)",
+                problem,
+            )
+        time.sleep(0.1)
+
+
+def _ambient_add(
+    request: Request, read_namespace: NamespaceReader, pod: dict[str, Any], sidecar_reason: str
+) -> None:
+    """Hand an ambient pod to the node agent (fail closed); report any other pod's netns."""
+    from meshctl.core import ambient
+
+    from .agentevent import AgentUnavailableError, post
+
+    namespace: dict[str, Any] | None = None
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    if labels.get(ambient.DATAPLANE_MODE) not in (ambient.MODE_AMBIENT, ambient.MODE_NONE):
+        namespace = read_namespace()  # only its label can decide (fail closed when unreadable)
     decision = ambient.enrollment(
         pod, namespace, excluded_namespaces=request.plugin.exclude_namespaces
     )
@@ -278,16 +322,20 @@ def _check(request: Request, args: tuple[str, ...]) -> None:
 
 
 def _delete(request: Request) -> None:
-    from meshctl.net import capture as kernel
-    from meshctl.net.netns import NetnsRef
-
-    if request.plugin.ambient_enabled:
-        _ambient_delete(request)
+    if request.plugin.ambient_enabled and _ambient_delete(request):
+        # The agent removed what it added in the pod; nothing of ours is left there (a pod
+        # the plugin captured itself, in sidecar mode, is one the agent never enrolls).
+        log.info("DEL %s: released by the node agent", request.pod)
+        return
     if not request.netns or not Path(request.netns).exists():
         log.info("DEL %s: netns already gone, nothing to remove", request.pod)
         return
     if request.pod_namespace in request.plugin.exclude_namespaces:
         return
+    # Only now: the capture engine (pyroute2 alone is ~0.3 s of imports) is not needed above.
+    from meshctl.net import capture as kernel
+    from meshctl.net.netns import NetnsRef
+
     try:
         outcomes = kernel.clean(target=NetnsRef(request.netns, request.netns), backend="auto")
     except (NetError, MeshctlError) as exc:
@@ -299,8 +347,9 @@ def _delete(request: Request) -> None:
     log.info("DEL %s: %s", request.pod, f"removed ({', '.join(removed)})" if removed else "none")
 
 
-def _ambient_delete(request: Request) -> None:
-    """Tell the agent the sandbox is going (best effort: DEL never fails on it)."""
+def _ambient_delete(request: Request) -> bool:
+    """Tell the agent the sandbox is going (best effort: DEL never fails on it); whether it
+    released the pod (and removed its rules there)."""
     from .agentevent import AgentUnavailableError, post
 
     event = {
@@ -311,13 +360,25 @@ def _ambient_delete(request: Request) -> None:
         "netns": request.netns,
     }
     try:
-        post(request.plugin.run_dir, "/cmddel", event, timeout=2.0)
+        answer = post(request.plugin.run_dir, "/cmddel", event, timeout=2.0)
     except AgentUnavailableError as exc:
         log.info("DEL %s: node agent not told: %s", request.pod, exc)
+        return False
+    return answer.startswith(spec.AGENT_RELEASED)
 
 
 def _status(request: Request) -> None:
     from meshctl.kube import rest
+
+    if request.plugin.local_inventory:
+        if not Path(request.plugin.local_inventory).is_file():
+            raise CniError(
+                spec.NOT_AVAILABLE,
+                f"meshctl-cni cannot serve ADD: its local inventory "
+                f"{request.plugin.local_inventory} is missing",
+                "is 'meshctl cni install --local-inventory' running on this node?",
+            )
+        return
 
     try:
         rest.load(request.plugin.kubeconfig_path)

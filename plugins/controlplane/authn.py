@@ -146,12 +146,7 @@ class Authenticator:
         verdict = callers.check_identity(caller, requested, node_accounts=self._node_accounts)
         if verdict == "self":
             return
-        if not impersonating:
-            raise CallerError(
-                "PERMISSION_DENIED",
-                f"node proxy {caller.account} asked for {requested} without the "
-                "ImpersonatedIdentity metadata; send it to act for a workload on its node",
-            )
+        callers.require_impersonation(caller, requested, impersonating=impersonating)
         node = await self.node_of(caller)
         pods, _ = await self._api(
             objects.list_objects,

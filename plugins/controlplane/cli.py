@@ -184,6 +184,15 @@ def ca_cmd(
             "max_workload_cert_ttl", help="Longest workload certificate (90d).", metavar="DURATION"
         ),
     ] = None,
+    trusted_node_accounts: Annotated[
+        str | None,
+        _setting(
+            "trusted_node_accounts",
+            help="Node proxies that may impersonate ANY identity of the trust domain (comma "
+            "list; none by default): no node inventory here, so for one node only.",
+            metavar="NS/SA",
+        ),
+    ] = None,
 ) -> None:
     """Run only the CA, without Kubernetes: Istio's CreateCertificate on 15012, callers
     authenticated by a static token file (a laptop, a VM, 'meshctl demo')."""
@@ -192,7 +201,12 @@ def ca_cmd(
 
     from .standalone import serve
 
-    settings = _settings(ctx, flags)
+    section, name = config.file_section(ctx.meta, SECTION)
+    if "trusted_node_accounts" not in section and "trusted-node-accounts" not in section:
+        # Unlike ``run``, no node account is trusted unless asked for: here trust is not
+        # limited to a node's pods, so it must be a deliberate choice.
+        section = {**section, "trusted_node_accounts": []}
+    settings = config.resolve(ControlPlaneSettings, flags=flags, file=section, file_name=name)
     raise typer.Exit(asyncio.run(serve(settings, ca_dir, tokens)))
 
 

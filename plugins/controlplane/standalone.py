@@ -6,10 +6,13 @@ intermediate; a self-signed root minted there on first start, create-only), call
 authenticated by a static token file in kube-apiserver's ``--token-auth-file`` CSV format
 (``token,user,uid[,"groups"]``; the user ``system:serviceaccount:NS:SA``), and the same
 ``CertificateService`` the in-cluster control plane serves on 15012.
-Invariants: a caller gets only its own identity (no node-proxy impersonation: nothing here can
-tell which node a workload runs on); the token file is re-read when it changes, and a bad file
-is refused at start (a one-line error naming the line) and ignored with a log after start;
-tokens and keys are never logged; SIGTERM/SIGINT stop within the drain deadline.
+Invariants: a caller gets only its own identity, except the node-proxy accounts the user
+listed in ``--trusted-node-accounts`` (istiod's ``CA_TRUSTED_NODE_ACCOUNTS``; none by default):
+with no node inventory here they may impersonate any identity of the trust domain (one node: a
+laptop, a VM, the demo), and only with Istio's ``ImpersonatedIdentity`` metadata; the token
+file is re-read when it changes, and a bad file is refused at start (a one-line error naming
+the line) and ignored with a log after start; tokens and keys are never logged; SIGTERM/SIGINT
+stop within the drain deadline.
 """
 
 from __future__ import annotations
@@ -94,9 +97,12 @@ def load_or_mint_authority(folder: Path, *, trust_domain: str, key_type: str) ->
 class StaticTokens:
     """Callers from a token file (the ``Authenticator`` interface the CA service uses)."""
 
-    def __init__(self, path: Path, *, trust_domain: str) -> None:
+    def __init__(
+        self, path: Path, *, trust_domain: str, node_accounts: frozenset[str] = frozenset()
+    ) -> None:
         self._path = path
         self._trust_domain = trust_domain
+        self._node_accounts = node_accounts
         self._stamp: tuple[int, int] | None = None
         self._users: dict[bytes, str] = {}
         self._reload(strict=True)
@@ -140,11 +146,18 @@ class StaticTokens:
     async def authorize(
         self, caller: Caller, requested: SpiffeId, *, impersonating: bool = False
     ) -> None:
-        callers.check_identity(caller, requested, node_accounts=frozenset())
-        if impersonating:
-            raise CallerError(
-                "PERMISSION_DENIED", "this CA has no node proxies: ask for your own identity"
-            )
+        """Its own identity always; another one only for a trusted node account that sent
+        ``ImpersonatedIdentity`` (any workload of the trust domain: nothing here knows nodes)."""
+        verdict = callers.check_identity(caller, requested, node_accounts=self._node_accounts)
+        if verdict == "self":
+            if impersonating and not callers.is_node_proxy(caller, self._node_accounts):
+                raise CallerError(
+                    "PERMISSION_DENIED",
+                    f"caller {caller.identity} sent ImpersonatedIdentity but is not listed in "
+                    "--trusted-node-accounts; ask without it",
+                )
+            return
+        callers.require_impersonation(caller, requested, impersonating=impersonating)
 
 
 async def serve(settings: ControlPlaneSettings, ca_dir: Path, tokens: Path) -> int:
@@ -152,7 +165,9 @@ async def serve(settings: ControlPlaneSettings, ca_dir: Path, tokens: Path) -> i
     authority = load_or_mint_authority(
         ca_dir, trust_domain=settings.trust_domain, key_type=settings.self_signed_ca_key
     )
-    authn = StaticTokens(tokens, trust_domain=settings.trust_domain)
+    authn = StaticTokens(
+        tokens, trust_domain=settings.trust_domain, node_accounts=settings.node_accounts
+    )
     dns, ips = settings.serving_dns_and_ips()
     now = datetime.now(UTC)
     ttl = duration(settings.serving_cert_ttl, "serving cert TTL")
@@ -173,6 +188,12 @@ async def serve(settings: ControlPlaneSettings, ca_dir: Path, tokens: Path) -> i
     server.listen(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
     await server.start()
     log.info("CA (no Kubernetes: callers from %s) on %s", tokens, settings.grpc_address)
+    if settings.node_accounts:
+        log.info(
+            "node proxies %s may impersonate any identity of %s (no node inventory)",
+            ",".join(sorted(settings.node_accounts)),
+            settings.trust_domain,
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

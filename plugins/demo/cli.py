@@ -44,6 +44,7 @@ class _Pod(enum.StrEnum):
     CLIENT = "client"
     SERVER = "server"
     LEGACY = "legacy"
+    NODE = "node"  # the node's namespace: the CA, and in ambient mode the agent and node proxy
 
 
 StateDir = Annotated[
@@ -101,16 +102,18 @@ def demo(
     mode: Annotated[
         str,
         options.choice(
-            "--mode", choices=("sidecar",), metavar="MODE", help="Proxies: sidecar (one per pod)."
+            "--mode",
+            choices=("ambient", "sidecar"),
+            metavar="MODE",
+            help="ambient: one node proxy, pods enrolled by the node agent; sidecar: a proxy "
+            "per pod.",
         ),
-    ] = "sidecar",
+    ] = "ambient",
     state_dir: StateDir = None,
 ) -> None:
     """Build a small mesh from meshctl's real parts in network namespaces and show it working."""
     if ctx.invoked_subcommand is not None:
         return
-    if mode != "sidecar":
-        raise typer.BadParameter("only 'sidecar' is available", param_hint="--mode")
     from . import rootless
     from .state import LOGS, Record, default_dir
 
@@ -254,6 +257,8 @@ def exec_cmd(
     if record is None:
         raise UserError("no demo is running", hint="start one with 'meshctl demo --keep'")
     names = {info.get("name"): name for name, info in record.pods.items()}
+    if record.node:
+        names[_Pod.NODE.value] = record.node
     if pod not in names:
         raise UserError(
             f"no pod {pod.value!r} in the demo", hint=f"pods: {', '.join(map(str, names))}"

@@ -44,19 +44,29 @@ def identity(pod: Pod) -> SpiffeId:
     return SpiffeId(TRUST_DOMAIN, pod.namespace, pod.name)
 
 
-def write_tokens(folder: Path, pods: Sequence[Pod]) -> tuple[Path, dict[str, Path]]:
+Where = Pod | netns.NetnsRef  # a pod's namespace, or the node's (the node proxy, the agent)
+
+
+def _ref(where: Where) -> netns.NetnsRef:
+    return where.ref if isinstance(where, Pod) else where
+
+
+def write_tokens(
+    folder: Path, accounts: Sequence[tuple[str, str, str]]
+) -> tuple[Path, dict[str, Path]]:
     """The CA's token file (kube-apiserver's --token-auth-file format) and one token file per
-    pod, as a projected service-account token would be mounted; pod name -> its token file."""
+    ``(name, namespace, service account)``, as a projected service-account token would be
+    mounted; name -> its token file."""
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     lines, files = [], {}
-    for pod in pods:
+    for name, namespace, account in accounts:
         token = secrets.token_urlsafe(32)
-        lines.append(f"{token},system:serviceaccount:{pod.namespace}:{pod.name},{pod.sandbox}")
-        path = folder / f"{pod.name}.token"
+        lines.append(f"{token},system:serviceaccount:{namespace}:{account},{name}")
+        path = folder / f"{name}.token"
         path.write_text(token)
         path.chmod(0o640)
-        os.chown(path, -1, PROXY_GID)  # the proxy runs as gid 1337 and reads it
-        files[pod.name] = path
+        os.chown(path, -1, PROXY_GID)  # a sidecar runs as gid 1337 and reads it
+        files[name] = path
     table = folder / "tokens.csv"
     table.write_text("".join(f"{line}\n" for line in lines))
     table.chmod(0o600)
@@ -64,10 +74,17 @@ def write_tokens(folder: Path, pods: Sequence[Pod]) -> tuple[Path, dict[str, Pat
 
 
 def start_ca(
-    node: netns.NetnsRef, gateway: str, folder: Path, tokens: Path, log: Path
+    node: netns.NetnsRef,
+    gateway: str,
+    folder: Path,
+    tokens: Path,
+    log: Path,
+    *,
+    node_accounts: Sequence[str] = (),
 ) -> subprocess.Popen[bytes]:
     """``meshctl controlplane ca`` in the node namespace, on the bridge's address: the pods
-    reach it as they would reach the control plane's Service."""
+    reach it as they would reach the control plane's Service; ``node_accounts`` may
+    impersonate (the node proxy's, in ambient mode)."""
     argv = self_command(
         "controlplane",
         "ca",
@@ -81,6 +98,7 @@ def start_ca(
         gateway,
         "--trust-domain",
         TRUST_DOMAIN,
+        *(("--trusted-node-accounts", ",".join(node_accounts)) if node_accounts else ()),
     )
     with log.open("ab") as out, netns.entered(node):
         return subprocess.Popen(
@@ -118,6 +136,8 @@ def workloads_doc(
             "serviceAccount": pod.name,
             "workloadIps": [pod.ip],
             "protocol": protocol,
+            "trustDomain": TRUST_DOMAIN,  # ztunnel reads a missing one as empty
+            "clusterId": "Kubernetes",
             "services": {},  # ztunnel's reader requires it (no service is backed here)
         }
 
@@ -149,17 +169,17 @@ def deny_policy(source: Pod, target: Pod) -> dict[str, Any]:
 
 
 def start_in(
-    pod: Pod,
+    where: Where,
     argv: Sequence[str],
     log: Path,
     *,
     group: int | None = None,
     env: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` inside the pod's namespace, output to ``log``; own session (a Ctrl-C in
-    the terminal reaches the demo, which stops them in order)."""
+    """Start ``argv`` inside the pod's (or node's) namespace, output to ``log``; own session (a
+    Ctrl-C in the terminal reaches the demo, which stops them in order)."""
     ids: dict[str, Any] = {} if group is None else {"group": group, "extra_groups": []}
-    with log.open("ab") as out, netns.entered(pod.ref):
+    with log.open("ab") as out, netns.entered(_ref(where)):
         return subprocess.Popen(
             list(argv),
             stdin=subprocess.DEVNULL,
@@ -183,18 +203,18 @@ def apply_capture(pod: Pod, log: Path) -> None:
         )
 
 
-def start_sidecar(
-    pod: Pod, ca: tuple[str, Path, Path], cert_dir: Path, workloads: Path, log: Path
-) -> subprocess.Popen[bytes]:
-    """``meshctl ztunnel run`` for the pod; ``ca``: the CA's address, its root, the pod's token.
-    ``cert_dir`` stays empty: the certificate comes from the CA (files there would win)."""
+def proxy_command(
+    mode_args: Sequence[str], ca: tuple[str, Path, Path], cert_dir: Path, workloads: Path
+) -> list[str]:
+    """``meshctl ztunnel run MODE_ARGS`` with its certificates from the CA (``ca``: address,
+    root, token) and its workloads from the local config. ``cert_dir`` is made and stays
+    empty: files there would win over the CA."""
     address, root, token = ca
     cert_dir.mkdir(parents=True, exist_ok=True)
-    argv = self_command(
+    return self_command(
         "ztunnel",
         "run",
-        "--workload",
-        f"{pod.namespace}/{pod.name}/{pod.name}",
+        *mode_args,
         "--cert-dir",
         str(cert_dir),
         "--ca-address",
@@ -206,16 +226,25 @@ def start_sidecar(
         "--local-config",
         str(workloads),
     )
+
+
+def start_sidecar(
+    pod: Pod, ca: tuple[str, Path, Path], cert_dir: Path, workloads: Path, log: Path
+) -> subprocess.Popen[bytes]:
+    """``meshctl ztunnel run`` for the pod, as gid 1337 (which its capture rules exempt);
+    ``ca``: the CA's address, its root, the pod's token."""
+    workload = ("--workload", f"{pod.namespace}/{pod.name}/{pod.name}")
+    argv = proxy_command(workload, ca, cert_dir, workloads)
     return start_in(pod, argv, log, group=PROXY_GID, env={"MESHCTL_RELOAD_INTERVAL": "200ms"})
 
 
 def http(
-    pod: Pod, host: str, port: int, path: str, *, timeout: float = 3.0
+    where: Where, host: str, port: int, path: str, *, timeout: float = 3.0
 ) -> tuple[int | None, str]:
-    """One HTTP/1.1 GET made from inside ``pod`` (its capture rules apply): status and body, or
-    (None, why) when the connection failed."""
+    """One HTTP/1.1 GET made from inside ``where`` (a pod's capture rules apply): status and
+    body, or (None, why) when the connection failed."""
     try:
-        with netns.entered(pod.ref):
+        with netns.entered(_ref(where)):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         with sock:
             sock.settimeout(timeout)
@@ -234,26 +263,41 @@ def http(
         return None, "connection closed without an HTTP answer"
 
 
-def wait_ready(pod: Pod, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30) -> None:
-    """Until the proxy's readiness (15021) answers 200, or a one-line error with its log."""
+def wait_ready(
+    where: Where, proc: subprocess.Popen[bytes], log: Path, timeout: float = 30, *, what: str = ""
+) -> None:
+    """Until the proxy's readiness (15021) answers 200, or a one-line error with its log;
+    ``what`` names the proxy (default: the pod's)."""
+    what = what or (f"the proxy of pod {where.name}" if isinstance(where, Pod) else "the proxy")
+    wait_ok(where, ("127.0.0.1", 15021), "/healthz/ready", proc, log, what=what, timeout=timeout)
+
+
+def wait_ok(
+    where: Where,
+    address: tuple[str, int],
+    path: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    *,
+    what: str,
+    timeout: float = 30,
+) -> None:
+    """Until ``GET path`` on ``address`` in ``where`` answers 200; a one-line error naming
+    ``what`` (and its log's last line when ``proc`` exited) otherwise."""
     end = time.monotonic() + timeout
     last = "no answer"
     while time.monotonic() < end:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
             raise MeshctlError(
-                f"the proxy of pod {pod.name} exited {proc.returncode}: {tail[0][:300]}",
-                hint=f"see {log}",
+                f"{what} exited {proc.returncode}: {tail[0][:300]}", hint=f"see {log}"
             )
-        status, body = http(pod, "127.0.0.1", 15021, "/healthz/ready", timeout=1)
+        status, body = http(where, *address, path, timeout=1)
         if status == 200:
             return
         last = body.strip() or str(status)
         time.sleep(0.05)
-    raise MeshctlError(
-        f"the proxy of pod {pod.name} is not ready after {timeout:.0f}s: {last[:200]}",
-        hint=f"see {log}",
-    )
+    raise MeshctlError(f"{what} is not ready after {timeout:.0f}s: {last[:200]}", hint=f"see {log}")
 
 
 def wait_app(pod: Pod, port: int, timeout: float = 15) -> None:
@@ -277,10 +321,11 @@ def _label(labels: str, name: str) -> str:
     return labels.split(marker, 1)[1].split('"', 1)[0] if marker in labels else ""
 
 
-def metrics(pod: Pod) -> dict[str, float]:
-    """The proxy's ``istio_tcp_*`` metrics summed three ways: by ``name``, by
-    ``name{response_flags}`` and by ``name[connection_security_policy]`` (empty: proxy down)."""
-    status, text = http(pod, "127.0.0.1", 15020, "/stats/prometheus", timeout=2)
+def metrics(where: Where) -> dict[str, float]:
+    """The proxy's ``istio_tcp_*`` metrics summed four ways: by ``name``, by
+    ``name{response_flags}``, by ``name[connection_security_policy]`` and by
+    ``name{response_flags}/reporter`` (empty: proxy down)."""
+    status, text = http(where, "127.0.0.1", 15020, "/stats/prometheus", timeout=2)
     if status != 200:
         return {}
     sums: dict[str, float] = {}
@@ -293,15 +338,16 @@ def metrics(pod: Pod) -> dict[str, float]:
             number = float(value)
         except ValueError:
             continue
-        keys = {name, f"{name}{{{_label(labels, 'response_flags')}}}"}
+        flags = f"{name}{{{_label(labels, 'response_flags')}}}"
+        keys = {name, flags, f"{flags}/{_label(labels, 'reporter')}"}
         keys.add(f"{name}[{_label(labels, 'connection_security_policy')}]")
         for key in keys:
             sums[key] = sums.get(key, 0.0) + number
     return sums
 
 
-def config_dump(pod: Pod) -> dict[str, Any]:
-    status, text = http(pod, "127.0.0.1", 15000, "/config_dump", timeout=2)
+def config_dump(where: Where) -> dict[str, Any]:
+    status, text = http(where, "127.0.0.1", 15000, "/config_dump", timeout=5)
     if status != 200:
         return {}
     data: dict[str, Any] = json.loads(text)

@@ -3,9 +3,11 @@
 Owns playing the container runtime for the demo: one netns per pod, then the network config list
 run as libcni runs it (the CNI spec 1.0 "Chained plugins": each plugin exec'd with ``CNI_*`` and
 the config on stdin, the list's name and version injected, the previous result as
-``prevResult``; DEL in reverse order with the cached result). The reference plugins (``bridge``
-with ``host-local`` IPAM, ``loopback``) come from the system (Debian's containernetworking-plugins
-in /usr/lib/cni). Invariants: the plugins run inside the node namespace (their "host"), so the
+``prevResult``; DEL in reverse order with the cached result, each plugin found on ``CNI_PATH``).
+The reference plugins (``bridge`` with ``host-local`` IPAM, ``loopback``) come from the system
+(Debian's containernetworking-plugins in /usr/lib/cni); in ambient mode the list is the one
+``meshctl cni install`` merged its own plugin into, read from the node's conf dir as a runtime
+reads it. Invariants: the plugins run inside the node namespace (their "host"), so the
 bridge and every veth end live there and nothing touches the real host; host-local keeps its
 leases under the state directory; DEL runs for whatever ADD started, even after a failure.
 """
@@ -86,21 +88,44 @@ _LOOPBACK = {"cniVersion": CNI_VERSION, "name": "cni-loopback", "type": "loopbac
 class Runtime:
     """Runs a network config list for pods of one node, the way a container runtime does."""
 
-    def __init__(self, node_netns: str, network: Mapping[str, Any], plugins: Path) -> None:
+    def __init__(self, node_netns: str, network: Mapping[str, Any], cni_path: str) -> None:
+        """``cni_path``: the plugin directories, ``:``-separated (``CNI_PATH``), first wins."""
         self.node = netns.NetnsRef(node_netns, f"{netns.RUN_DIR}/{node_netns}")
         self.network = network
-        self.plugins = plugins
+        self.cni_path = cni_path
+
+    def _binary(self, plugin: str) -> Path:
+        folders = [Path(f) for f in self.cni_path.split(":") if f]
+        found = next((f / plugin for f in folders if (f / plugin).is_file()), None)
+        if found is None:
+            raise NetError(
+                f"CNI plugin {plugin!r} not found in {self.cni_path}",
+                hint="run 'meshctl demo down' and try again",
+            )
+        return found
 
     def _exec(
-        self, command: str, conf: Mapping[str, Any], sandbox: str, container: str, ifname: str
+        self,
+        command: str,
+        conf: Mapping[str, Any],
+        sandbox: str,
+        ifname: str,
+        pod: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
-        binary = self.plugins / str(conf["type"])
+        """One plugin run; ``pod``: its ``K8S_POD_*`` CNI_ARGS (name, namespace, uid), as
+        containerd passes them."""
+        binary = self._binary(str(conf["type"]))
+        args = "IgnoreUnknown=1"
+        if pod:
+            args += f";K8S_POD_NAMESPACE={pod['namespace']};K8S_POD_NAME={pod['name']}"
+            args += f";K8S_POD_INFRA_CONTAINER_ID={sandbox};K8S_POD_UID={pod['uid']}"
         env = {
+            "CNI_ARGS": args,
             "CNI_COMMAND": command,
-            "CNI_CONTAINERID": container,
+            "CNI_CONTAINERID": sandbox,
             "CNI_NETNS": f"{netns.RUN_DIR}/{sandbox}",
             "CNI_IFNAME": ifname,
-            "CNI_PATH": str(self.plugins),
+            "CNI_PATH": self.cni_path,
             "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
         }
         with netns.entered(self.node):  # the child is forked from this thread: node netns
@@ -125,22 +150,25 @@ class Runtime:
         out = done.stdout.strip()
         return dict(json.loads(out)) if out else {}
 
-    def add(self, name: str, namespace: str, sandbox: str) -> Pod:
+    def add(self, name: str, namespace: str, sandbox: str, uid: str) -> Pod:
         """Create the pod's netns and run ADD through the chain; its address comes back."""
         netns.add(sandbox)
-        self._exec("ADD", _LOOPBACK, sandbox, sandbox, "lo")
+        self._exec("ADD", _LOOPBACK, sandbox, "lo")
+        pod = {"name": name, "namespace": namespace, "uid": uid}
         result: dict[str, Any] | None = None
         for plugin in self.network["plugins"]:
             conf = {**plugin, "name": self.network["name"], "cniVersion": CNI_VERSION}
             if result is not None:
                 conf["prevResult"] = result
-            result = self._exec("ADD", conf, sandbox, sandbox, "eth0")
+            result = self._exec("ADD", conf, sandbox, "eth0", pod)
         if not result or not result.get("ips"):
             raise NetError(f"the CNI chain gave pod {name} no address", hint=str(result)[:200])
         ip = str(ipaddress.ip_interface(result["ips"][0]["address"]).ip)
         return Pod(name, namespace, sandbox, ip, _host_veth(result), result)
 
-    def delete(self, sandbox: str, result: Mapping[str, Any] | None) -> list[str]:
+    def delete(
+        self, sandbox: str, result: Mapping[str, Any] | None, pod: Mapping[str, str] | None = None
+    ) -> list[str]:
         """DEL through the chain in reverse (with the ADD's result), then remove the netns."""
         errors = []
         for plugin in reversed(self.network["plugins"]):
@@ -148,7 +176,7 @@ class Runtime:
             if result:
                 conf["prevResult"] = dict(result)
             try:
-                self._exec("DEL", conf, sandbox, sandbox, "eth0")
+                self._exec("DEL", conf, sandbox, "eth0", pod)
             except (NetError, subprocess.TimeoutExpired) as exc:
                 errors.append(str(exc))  # keep going: the rest must still be released
         try:

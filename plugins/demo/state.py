@@ -1,8 +1,9 @@
 """The demo's state directory: what a run created, written down before it is created.
 
-Owns the record (``state.json``: the run's id and pid, the node and pod namespaces, each pod's CNI
-result) and tearing down whatever a record names: processes inside its namespaces first, then
-CNI DEL for each pod, then the namespaces, then the directory's contents. Invariants: a name is
+Owns the record (``state.json``: the run's id and pid, the node and pod namespaces, the network
+config list and each pod's CNI result) and tearing down whatever a record names: the pods'
+processes, CNI DEL for each pod, the node's processes (its agent and proxy outlive the pods, as
+on a node), then the namespaces, then the directory's contents. Invariants: a name is
 recorded before the thing exists, so a run killed at any point (SIGKILL included) leaves a record
 a later run or ``meshctl demo down`` can undo; teardown is idempotent and keeps going past
 errors; nothing outside the state directory and the recorded namespaces is ever touched.
@@ -140,17 +141,19 @@ def _zombie(pid: int) -> bool:
 def teardown(record: Record) -> list[str]:
     """Undo everything ``record`` names; returns the errors (empty: all gone)."""
     errors: list[str] = []
-    names = [*record.pods, record.node] if record.node else list(record.pods)
-    stop_processes([f"{netns.RUN_DIR}/{name}" for name in names])
+    # The pods' processes, then their sandboxes (CNI DEL while the node's agents still run, as
+    # a kubelet does: the ambient node agent releases each pod), then the node's processes.
+    stop_processes([f"{netns.RUN_DIR}/{name}" for name in record.pods])
     runtime = (
-        Runtime(record.node, record.network, Path(record.cni_dir))
+        Runtime(record.node, record.network, record.cni_dir)
         if record.node and record.network and Path(f"{netns.RUN_DIR}/{record.node}").exists()
         else None
     )
 
     def remove(name: str, pod: dict[str, Any]) -> list[str]:
         if runtime is not None and Path(f"{netns.RUN_DIR}/{name}").exists():
-            return runtime.delete(name, pod.get("result"))
+            ids = {k: str(pod[k]) for k in ("name", "namespace", "uid") if pod.get(k)}
+            return runtime.delete(name, pod.get("result"), ids if len(ids) == 3 else None)
         try:
             netns.delete(name)
         except NetError as exc:
@@ -162,6 +165,7 @@ def teardown(record: Record) -> list[str]:
         for found in pool.map(lambda item: remove(*item), record.pods.items()):
             errors += found
     if record.node:
+        stop_processes([f"{netns.RUN_DIR}/{record.node}"])
         try:
             netns.delete(record.node)
         except NetError as exc:

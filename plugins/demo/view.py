@@ -31,6 +31,16 @@ def how_to_poke(run: Demo) -> list[str]:
         "the mesh keeps running ('meshctl demo down' removes it). Try:",
         f"  meshctl demo exec client -- curl -s http://{server.ip}:{APP_PORT}/hi",
     ]
+    if run.ambient:
+        lines.append(
+            "  meshctl demo exec node -- curl -s localhost:15000/config_dump"
+            "   (the node proxy's admin; metrics on localhost:15020/stats/prometheus)"
+        )
+        lines.append(
+            "  meshctl demo exec node -- curl -s localhost:8000/status"
+            "   (the node agent: each pod's enrollment)"
+        )
+        return lines
     for pod in run.meshed():
         lines.append(
             f"  meshctl demo exec {pod.name} -- curl -s localhost:15000/config_dump"
@@ -65,7 +75,14 @@ class Screen:
             pods.add_column(column)
         for pod in run.pods.values():
             proxy = run.sidecars.get(pod.name)
-            if proxy is None:
+            if run.ambient:
+                meshed = pod in run.meshed()
+                text = run.enrollment.get(pod.name, "starting")
+                up = run.node_proxy is not None and run.node_proxy.poll() is None
+                colour = "green" if meshed and up and text.startswith("ambient") else "yellow"
+                enrolled = f"[{colour}]{text}[/]" if meshed else f"[yellow]unmeshed: {text}[/]"
+                who = str(identity(pod)) if meshed else "-"
+            elif proxy is None:
                 enrolled, who = "[yellow]unmeshed[/]", "-"
             else:
                 up = proxy.poll() is None

@@ -23,4 +23,5 @@ def test_bench_demo_smoke_mode_produces_every_figure():
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     assert "bench_demo: every figure produced" in done.stdout
-    assert "first encrypted byte" in done.stdout
+    assert "ambient: demo start -> first encrypted byte" in done.stdout
+    assert "baseline: sidecar mode, same runs" in done.stdout

@@ -5,13 +5,16 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from meshctl_plugins.cni_plugin.agentevent import post
 
 from tests.harness.cli import run_meshctl
 from tests.harness.cni import exec_plugin, fake_node, network_config
@@ -229,3 +232,70 @@ def test_the_plugins_log_reaches_the_node_agents_log(node: Path, tmp_path: Path)
     line = "kube-system/dns: namespace excluded"
     assert line in (node / "run" / "meshctl-cni.log").read_text()
     assert line in stderr
+
+
+def test_ambient_agent_without_an_api_server_reads_its_pods_from_the_local_inventory(
+    node: Path, tmp_path: Path
+):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(
+        "apiVersion: v1\nkind: List\nitems:\n"
+        "- {kind: Namespace, metadata: {name: shop, labels: {istio.io/dataplane-mode: ambient}}}\n"
+        "- {kind: Pod, metadata: {name: cart, namespace: shop}, spec: {nodeName: laptop}}\n"
+        "- {kind: Pod, metadata: {name: far, namespace: shop}, spec: {nodeName: other}}\n"
+    )
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "meshctl", "cni", "install", "--ambient",
+        "--local-inventory", str(inventory), "--node-name", "laptop",
+        "--cni-bin-dir", str(node / "bin"), "--cni-conf-dir", str(node / "net.d"),
+        "--run-dir", str(node / "run"), "--ztunnel-socket", str(tmp_path / "zds.sock"),
+        "--readiness-address", f"127.0.0.1:{port}", "--poll-interval", "0.2",
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        eventually("ready", lambda: readyz(port)[0] == 200 or proc.poll() is not None, 30)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        entry = json.loads((node / "net.d" / "dbnet.conflist").read_text())["plugins"][-1]
+        assert entry["local_inventory"] == str(inventory)
+        assert "kubeconfig" not in entry
+        assert not (node / "run" / "meshctl-cni-kubeconfig").exists()
+        pods = status(port)["pods"]
+        assert [(p["namespace"], p["name"], p["captured"]) for p in pods] == [
+            ("shop", "cart", False)  # this node's only; no sandbox yet
+        ]
+        # A DEL for a pod the agent knows only from its inventory (no ADD reported it): not
+        # released, so the plugin cleans the sandbox itself.
+        gone = {"podName": "cart", "podNamespace": "shop", "podUid": pods[0]["uid"]}
+        answer = post(str(node / "run"), "/cmddel", {**gone, "netns": "/x"}, timeout=5)
+        assert answer == "pod shop/cart: its sandbox was not reported to the agent"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 0
+
+
+def test_an_unusable_local_inventory_stops_the_agent_with_its_path(node: Path, tmp_path: Path):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("kind: Deployment\nmetadata: {name: x}\n")
+    result = run_meshctl(
+        "cni", "install", "--ambient", "--local-inventory", str(inventory), "--node-name", "n",
+        "--cni-bin-dir", str(node / "bin"), "--cni-conf-dir", str(node / "net.d"),
+        "--run-dir", str(node / "run"),
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        f"Error: {inventory}: item 1: kind 'Deployment' is not a v1 Namespace or Pod"
+    )
+    assert "Traceback" not in result.stderr
+    assert ours(node) is False  # nothing installed
+
+
+def status(port: int) -> dict[str, Any]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", "/status")
+        data: dict[str, Any] = json.loads(conn.getresponse().read())
+        return data
+    finally:
+        conn.close()

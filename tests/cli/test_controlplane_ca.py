@@ -23,7 +23,10 @@ from meshctl.core import certs
 from meshctl.core.identity import SpiffeId
 from tests.harness.cli import run_meshctl as meshctl
 
-TOKENS = "tok-client,system:serviceaccount:default:client,u1\n# a comment\ntok-bad,alice,u2\n"
+TOKENS = (
+    "tok-client,system:serviceaccount:default:client,u1\n# a comment\ntok-bad,alice,u2\n"
+    "tok-node,system:serviceaccount:istio-system:ztunnel,u3\n"
+)
 
 
 def _free_port() -> int:
@@ -32,12 +35,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(tmp: Path, port: int) -> subprocess.Popen[str]:
+def _start(tmp: Path, port: int, *extra: str) -> subprocess.Popen[str]:
     tokens = tmp / "tokens.csv"
     tokens.write_text(TOKENS)
     argv = [sys.executable, "-m", "meshctl", "controlplane", "ca", "--ca-dir", str(tmp / "ca")]
     argv += ["--tokens", str(tokens), "--grpc-address", f"127.0.0.1:{port}"]
-    argv += ["--serving-names", "127.0.0.1"]
+    argv += ["--serving-names", "127.0.0.1", *extra]
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
     end = time.monotonic() + 30
     while time.monotonic() < end:
@@ -50,12 +53,16 @@ def _start(tmp: Path, port: int) -> subprocess.Popen[str]:
     raise AssertionError("the CA did not listen")
 
 
-def _ask(port: int, roots: bytes, token: str, identity: SpiffeId) -> list[str]:
+def _ask(
+    port: int, roots: bytes, token: str, identity: SpiffeId, *, impersonate: bool = False
+) -> list[str]:
     async def call() -> list[str]:
         client = CaClient(f"127.0.0.1:{port}", auth=rpc.CallAuth(token=token))
         try:
             csr, _key = certs.new_csr(identity)
-            return await client.create(csr, roots=roots, ttl_seconds=3600)
+            return await client.create(
+                csr, roots=roots, ttl_seconds=3600, impersonate=identity if impersonate else None
+            )
         finally:
             await client.close()
 
@@ -94,6 +101,76 @@ def test_a_caller_gets_its_own_identity_from_the_root_in_the_folder(tmp_path):
     finally:
         proc.terminate()
         proc.wait(15)
+
+
+def _refusal(port: int, roots: bytes, token: str, identity: SpiffeId, **kw: bool) -> rpc.RpcError:
+    with pytest.raises(rpc.RpcError) as refused:
+        _ask(port, roots, token, identity, **kw)
+    return refused.value
+
+
+def _san(chain: list[str]) -> list[str]:
+    leaf = x509.load_pem_x509_certificate(chain[0].encode())
+    san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return list(san.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+def test_a_trusted_node_account_impersonates_any_workload_only_with_the_metadata(tmp_path):
+    port = _free_port()
+    proc = _start(tmp_path, port, "--trusted-node-accounts", "istio-system/ztunnel")
+    try:
+        roots = (tmp_path / "ca" / "ca-cert.pem").read_bytes()
+        server = SpiffeId("cluster.local", "prod", "server")
+        chain = _ask(port, roots, "tok-node", server, impersonate=True)
+        assert _san(chain) == [str(server)]
+        assert chain[-1].encode() == roots
+        # Its own identity, as any caller.
+        own = SpiffeId("cluster.local", "istio-system", "ztunnel")
+        assert _san(_ask(port, roots, "tok-node", own)) == [str(own)]
+        # Another identity without ImpersonatedIdentity: refused, saying what to send.
+        bare = _refusal(port, roots, "tok-node", server)
+        assert bare.code == "PERMISSION_DENIED"
+        assert "ImpersonatedIdentity" in bare.message
+        # A workload is still only itself, with or without the metadata.
+        for impersonate in (False, True):
+            workload = _refusal(port, roots, "tok-client", server, impersonate=impersonate)
+            assert workload.code == "PERMISSION_DENIED"
+        elsewhere = SpiffeId("other.domain", "prod", "server")
+        foreign = _refusal(port, roots, "tok-node", elsewhere, impersonate=True)
+        assert foreign.code == "PERMISSION_DENIED"
+        assert "trust domain" in foreign.message
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0
+
+
+def test_without_the_option_no_account_may_impersonate(tmp_path):
+    port = _free_port()
+    proc = _start(tmp_path, port)  # not even run's default meshctl-system/meshctl-ztunnel
+    try:
+        roots = (tmp_path / "ca" / "ca-cert.pem").read_bytes()
+        server = SpiffeId("cluster.local", "prod", "server")
+        refused = _refusal(port, roots, "tok-node", server, impersonate=True)
+        assert refused.code == "PERMISSION_DENIED"
+        assert "--trusted-node-accounts" in refused.message
+        own = SpiffeId("cluster.local", "istio-system", "ztunnel")
+        self_claimed = _refusal(port, roots, "tok-node", own, impersonate=True)
+        assert self_claimed.code == "PERMISSION_DENIED"
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0
+
+
+def test_a_malformed_trusted_node_account_is_a_usage_error(tmp_path):
+    tokens = tmp_path / "tokens.csv"
+    tokens.write_text(TOKENS)
+    ca_dir = str(tmp_path / "ca")
+    args = ("--ca-dir", ca_dir, "--tokens", str(tokens), "--trusted-node-accounts", "ztunnel")
+    result = meshctl("controlplane", "ca", *args)
+    assert result.returncode == 2
+    assert "not NAMESPACE/SERVICE_ACCOUNT" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "ca").exists()
 
 
 def test_a_bad_token_file_is_refused_with_its_line(tmp_path):

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import http.server
+import json
+import socketserver
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -72,4 +76,131 @@ def test_missing_kubeconfig_fails_add_closed_too(plugin: Path, netns, tmp_path: 
     run = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
     assert (run.returncode, run.json["code"]) == (1, spec.TRY_AGAIN_LATER)
     assert "meshctl cni install" in run.json["details"]
+    assert mesh_rules(netns.name) == []
+
+
+INJECTED_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "cart-1",
+        "namespace": "shop",
+        "annotations": {"sidecar.istio.io/status": '{"containers":["istio-proxy"]}'},
+    },
+    "spec": {"nodeName": "laptop", "containers": [{"name": "app"}, {"name": "istio-proxy"}]},
+}
+
+
+def test_without_an_api_server_the_pod_comes_from_the_local_inventory(
+    plugin: Path, netns, tmp_path: Path
+):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [INJECTED_POD]}))
+    conf = network_config(local_inventory=str(inventory), run_dir=str(tmp_path / "run"))
+    status_conf = network_config("1.1.0", local_inventory=str(inventory))
+    status = exec_plugin(plugin, "STATUS", status_conf, netns=netns.path, pod=None)
+    assert status.returncode == 0, status.stdout
+    run = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
+    assert run.returncode == 0, run.stdout
+    assert any("MESH_INBOUND" in line for line in mesh_rules(netns.name))
+
+
+def test_a_pod_missing_from_the_local_inventory_fails_add_closed(
+    plugin: Path, netns, tmp_path: Path
+):
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [INJECTED_POD]}))
+    conf = network_config(
+        local_inventory=str(inventory), run_dir=str(tmp_path / "run"), pod_lookup_timeout=0.5
+    )
+    run = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "other"))
+    assert (run.returncode, run.json["code"]) == (1, spec.TRY_AGAIN_LATER)
+    assert f"cannot find pod shop/other in the local inventory {inventory}" in run.json["msg"]
+    assert "fail closed" in run.json["msg"]
+    assert run.json["details"] == "pod shop/other is not in it"
+    assert mesh_rules(netns.name) == []
+    inventory.write_text("kind: Service\nmetadata: {name: x}\n")
+    bad = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
+    assert (bad.returncode, bad.json["code"]) == (1, spec.TRY_AGAIN_LATER)
+    assert "kind 'Service'" in bad.json["details"]
+    assert mesh_rules(netns.name) == []
+    inventory.unlink()
+    status_conf = network_config("1.1.0", local_inventory=str(inventory))
+    gone = exec_plugin(plugin, "STATUS", status_conf, netns=netns.path, pod=None)
+    assert (gone.returncode, gone.json["code"]) == (1, spec.NOT_AVAILABLE)
+
+
+def test_an_ambient_pod_from_the_local_inventory_fails_closed_without_the_agent(
+    plugin: Path, netns, tmp_path: Path
+):
+    namespace = {
+        "kind": "Namespace",
+        "metadata": {"name": "shop", "labels": {"istio.io/dataplane-mode": "ambient"}},
+    }
+    pod = {"kind": "Pod", "metadata": {"name": "cart-1", "namespace": "shop"}}
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"kind": "List", "items": [namespace, pod]}))
+    conf = network_config(
+        local_inventory=str(inventory),
+        run_dir=str(tmp_path / "run"),
+        ambient_enabled=True,
+        agent_timeout=1,
+    )
+    (tmp_path / "run").mkdir()
+    run = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
+    assert (run.returncode, run.json["code"]) == (1, spec.AGENT_UNAVAILABLE)
+    assert "namespace label istio.io/dataplane-mode=ambient" in run.json["msg"]
+
+
+class _Agent(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """A stand-in for the node agent's plugin-event socket: answers every POST with ``reply``."""
+
+    daemon_threads = True
+
+    def __init__(self, path: Path, reply: str) -> None:
+        self.reply = reply
+        self.paths: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(handler) -> None:  # noqa: N805 -- http.server calls it with the handler
+                handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
+                self.paths.append(handler.path)
+                body = self.reply.encode()
+                handler.send_response(200)
+                handler.send_header("Content-Length", str(len(body)))
+                handler.end_headers()
+                handler.wfile.write(body)
+
+            def log_message(handler, *_args: object) -> None:  # noqa: N805
+                pass
+
+            def address_string(handler) -> str:  # noqa: N805 -- a unix peer has no host
+                return "agent"
+
+        super().__init__(str(path), Handler)
+
+
+def test_ambient_del_cleans_a_pod_the_agent_did_not_capture(plugin: Path, netns, tmp_path: Path):
+    # A sidecar pod captured by the plugin itself, on an ambient node: the agent knows the pod
+    # from its inventory only (no ADD reported it), so the plugin's own DEL removes its rules.
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(json.dumps({"kind": "List", "items": [INJECTED_POD]}))
+    run = tmp_path / "run"
+    run.mkdir()
+    conf = network_config(local_inventory=str(inventory), run_dir=str(run), ambient_enabled=True)
+    added = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
+    assert added.returncode == 0, added.stdout
+    assert mesh_rules(netns.name) != []
+    agent = _Agent(
+        run / spec.PLUGIN_EVENT_SOCKET_NAME,
+        "pod shop/cart-1: its sandbox was not reported to the agent",
+    )
+    threading.Thread(target=agent.serve_forever, daemon=True).start()
+    try:
+        deleted = exec_plugin(plugin, "DEL", conf, netns=netns.path, pod=("shop", "cart-1"))
+    finally:
+        agent.shutdown()
+        agent.server_close()
+    assert deleted.returncode == 0, deleted.stdout
+    assert agent.paths == ["/cmddel"]
     assert mesh_rules(netns.name) == []

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.netns
 
@@ -109,6 +110,23 @@ def test_a_killed_run_is_cleaned_up_by_the_next_whose_check_passes_on_a_pipe(tmp
     assert "request marker absent" in out
     assert "\x1b[" not in out  # a pipe gets plain lines
     assert not (state / "state.json").exists()  # the passing run removed its own record
+    # Ambient, the default: pods through the chain the node agent merged its plugin into,
+    # enrolled by the agent from the local inventory, served by one node proxy.
+    assert "via the CNI chain bridge + meshctl-cni (" in out
+    assert "2/2 held by the one node proxy" in out
+    assert "by impersonation; the node agent enrolled client, server" in out
+    assert "legacy: not enrolled" in out
+    assert "through the node proxy" in out
+    assert "PASS  proxy restart: the node proxy killed (SIGKILL)" in out
+    agent = (state / "logs" / "agent.log").read_text()
+    assert "ADD prod/server: ambient: captured by the node agent" in agent
+    assert "ADD legacy/legacy: no capture" in agent
+    assert "pod prod/server" in agent
+    assert "removed from the mesh: sandbox deleted" in agent
+    assert "DEL prod/server: released by the node agent" in agent  # its rules removed there
+    # On its way out the agent gave the node its network list back and removed its plugin.
+    assert "removed" in agent.splitlines()[-1]
+    assert "meshctl-cni" in agent.splitlines()[-1]
 
 
 def test_on_a_terminal_the_live_view_shows_the_pods_and_ctrl_c_cleans_up_within_two_seconds(
@@ -142,7 +160,8 @@ def test_on_a_terminal_the_live_view_shows_the_pods_and_ctrl_c_cleans_up_within_
         text = screen.decode(errors="replace")
         assert "the mesh keeps running" in text, text[-3000:]
         assert "\x1b[" in text  # drawn by the live view, not plain lines
-        for cell in ("spiffe://cluster.local/ns/prod/sa/server", "sidecar up", "unmeshed"):
+        cells = ("spiffe://cluster.local/ns/prod/sa/server", "ambient (enabled, ZDS acked)")
+        for cell in (*cells, "unmeshed: not enrolled"):
             assert cell in text
         names = _netns_of(state)
         started = time.monotonic()
@@ -174,6 +193,17 @@ def _frozen_binary() -> str:
     return binary
 
 
+def test_sidecar_mode_passes_every_step_as_root(tmp_path):
+    done = _run_demo(tmp_path / "state", "--check", "--mode", "sidecar", timeout=180)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    for step in STEPS:
+        assert f"PASS  {step}:" in out, out
+    assert "through both proxies" in out
+    assert "proxies ready (sidecar mode" in out
+    assert "via the CNI chain bridge (" in out  # no meshctl-cni: capture by meshctl iptables
+
+
 @pytest.mark.slow
 def test_the_frozen_binary_passes_the_check_as_root(tmp_path):
     done = subprocess.run(
@@ -199,19 +229,32 @@ def test_an_unprivileged_user_passes_the_check_in_its_own_namespaces(tmp_path):
     found = subprocess.run(["id", "-u", user], capture_output=True, text=True, check=True)
     uid = int(found.stdout)
     try:
-        done = subprocess.run(
-            ["su", user, "-s", "/bin/sh", "-c", f"cd /tmp && exec {binary} demo --check"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
+        done, sidecar = (
+            subprocess.run(
+                [
+                    "su",
+                    user,
+                    "-s",
+                    "/bin/sh",
+                    "-c",
+                    f"cd /tmp && exec {binary} demo --check {mode}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                check=False,
+            )
+            for mode in ("", "--mode sidecar")
         )
     finally:
         subprocess.run(["userdel", user], check=False, timeout=30)
         # Without a home, its state (and logs) went to a private folder in /tmp.
         shutil.rmtree(f"/tmp/meshctl-demo-{uid}", ignore_errors=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in done.stdout
+    for run in (done, sidecar):
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"summary: {len(STEPS)}/{len(STEPS)} steps passed" in run.stdout
+    assert "through the node proxy" in done.stdout  # ambient, the default
+    assert "through both proxies" in sidecar.stdout
     assert _host_netns() == before  # its namespaces were its own, never the host's
 
 
@@ -240,12 +283,49 @@ def test_keep_leaves_it_running_for_exec_until_down(tmp_path):
         )
         asked = _run_demo(state, "exec", "client", "--", sys.executable, "-c", code, timeout=60)
         assert asked.stdout == "hello from server: you asked /via-exec\n\n", asked.stderr
+        # The node agent follows its inventory: labelling legacy's namespace enrolls the pod
+        # running there (captured, handed to the node proxy), removing the label releases it.
+        assert _legacy(state) == (False, False)
+        _label_legacy(state, {"istio.io/dataplane-mode": "ambient"})
+        _until(lambda: _legacy(state) == (True, True), "legacy enrolled")
+        _label_legacy(state, {})
+        _until(lambda: _legacy(state) == (False, False), "legacy released")
     finally:
         down = _run_demo(state, "down", timeout=60)
     assert down.returncode == 0, down.stderr
     assert _existing(names) == []
     again = _run_demo(state, "down", timeout=60)
     assert (again.returncode, again.stderr) == (0, "no demo to remove\n")
+
+
+def _legacy(state: Path) -> tuple[bool, bool]:
+    """(captured, served) of the legacy pod, from the node agent's /status inside the node."""
+    code = (
+        "import urllib.request as u;"
+        "print(u.urlopen('http://127.0.0.1:8000/status', timeout=5).read().decode())"
+    )
+    shown = _run_demo(state, "exec", "node", "--", sys.executable, "-c", code, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    pod = next(p for p in json.loads(shown.stdout)["pods"] if p["name"] == "legacy")
+    return bool(pod["captured"]), bool(pod["served"])
+
+
+def _label_legacy(state: Path, labels: dict[str, str]) -> None:
+    path = state / "inventory.yaml"
+    doc = yaml.safe_load(path.read_text())
+    for item in doc["items"]:
+        if item["kind"] == "Namespace" and item["metadata"]["name"] == "legacy":
+            item["metadata"]["labels"] = labels
+    tmp = path.with_suffix(".edit")
+    tmp.write_text(yaml.safe_dump(doc))
+    tmp.replace(path)
+
+
+def _until(check, what: str, timeout: float = 20) -> None:
+    end = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < end, f"not {what} within {timeout:.0f}s"
+        time.sleep(0.3)
 
 
 def test_missing_cni_plugins_are_one_error_and_nothing_is_left(tmp_path):
@@ -256,3 +336,16 @@ def test_missing_cni_plugins_are_one_error_and_nothing_is_left(tmp_path):
     assert "apt-get install containernetworking-plugins" in done.stderr
     assert "Traceback" not in done.stderr
     assert not (state / "state.json").exists()
+
+
+def test_a_state_dir_too_long_for_the_agents_sockets_is_one_error_before_anything(tmp_path):
+    state = tmp_path / ("s" * 90)
+    done = _run_demo(state, "--check", timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith(
+        "Error: the state directory's path is too long for the node agent's unix sockets"
+    )
+    assert "MESHCTL_DEMO_STATE_DIR" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (state / "state.json").exists()
+    assert not (state / "cni").exists()

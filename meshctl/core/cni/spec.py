@@ -42,6 +42,8 @@ KUBECONFIG_NAME: Final = "meshctl-cni-kubeconfig"
 LOG_NAME: Final = "meshctl-cni.log"
 LOG_SOCKET_NAME: Final = "log.sock"
 PLUGIN_EVENT_SOCKET_NAME: Final = "pluginevent.sock"  # the node agent's (ambient mode)
+# How the node agent's answer to a DEL begins when it released the pod (its rules removed).
+AGENT_RELEASED: Final = "released"
 AGENT_UNAVAILABLE: Final = 104  # ambient: the node agent could not capture the pod
 DEFAULT_EXCLUDED_NAMESPACES: Final = ("kube-system", "meshctl-system")
 _REQUIRED_ENV: Final = {
@@ -76,6 +78,8 @@ class PluginConfig:
 
     run_dir: str = DEFAULT_RUN_DIR
     kubeconfig: str = ""  # default: <run_dir>/meshctl-cni-kubeconfig
+    # No API server: pods and namespaces from this file (``meshctl.core.inventory``) instead.
+    local_inventory: str = ""
     exclude_namespaces: tuple[str, ...] = DEFAULT_EXCLUDED_NAMESPACES
     log_level: str = "info"
     iptables_backend: str = "iptc"  # in-process libiptc: no fork/exec on the pod start path
@@ -207,7 +211,7 @@ def parse_cni_args(text: str) -> dict[str, str]:
 def plugin_config(config: Mapping[str, Any]) -> PluginConfig:
     """Our keys from the network config, type-checked (code 7 names the key and the value)."""
     values: dict[str, Any] = {}
-    for key in ("run_dir", "kubeconfig", "log_level", "iptables_backend"):
+    for key in ("run_dir", "kubeconfig", "local_inventory", "log_level", "iptables_backend"):
         if key in config:
             values[key] = _string(config, key)
     if "exclude_namespaces" in config:
