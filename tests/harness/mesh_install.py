@@ -8,19 +8,23 @@ control plane's CRDs other node tests applied directly (the node is shared by th
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from . import workloads as wl
 from .cli import run_meshctl
 from .node import TestNode
 
 OURS = "install.meshctl.io/component"  # the label install puts on every object it applies
+SYSTEM_NS = "meshctl-system"
 
 
 class Mesh:
@@ -57,6 +61,22 @@ class Mesh:
             for c in category["checks"]
         }
         return done.returncode, checks, done.stdout
+
+
+@contextlib.contextmanager
+def installed(mesh: Mesh) -> Iterator[Mesh]:
+    """``mesh`` installed (from a cluster without the CRDs other tests applied), purged after;
+    a failed install fails the test with the mesh's namespace described."""
+    remove_crds_other_tests_applied(mesh.node)
+    done = mesh.install()
+    try:
+        if done.returncode != 0:
+            with mesh.node.cluster.api_client() as api:
+                described = wl.describe_namespace(api, SYSTEM_NS)
+            pytest.fail(f"install: {done.returncode}\n{done.stderr}\n{described}")
+        yield mesh
+    finally:
+        mesh.run("uninstall", "-y", "--purge", timeout=300)
 
 
 def failing(checks: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ from meshctl.core.cni.spec import PLUGIN_TYPE
 from tests.harness import nodehost
 from tests.harness import workloads as wl
 from tests.harness.ambient_pods import NODE_PROXY_SELECTOR, talk_mtls_through_node_proxy
-from tests.harness.mesh_install import Mesh, failing, ours, remove_crds_other_tests_applied
+from tests.harness.mesh_install import Mesh, failing, installed, ours
 from tests.harness.node import CNI_CONF_DIR, CONFLIST_NAME, TestNode, report_namespace
 
 pytestmark = pytest.mark.node
@@ -29,19 +29,11 @@ NODE_PROXY_CHECK = "meshctl-ztunnel: node proxy is ready on every node"
 
 @pytest.fixture(scope="module")
 def ambient_mesh(kube_node: TestNode) -> Iterator[Mesh]:
-    remove_crds_other_tests_applied(kube_node)
     # This node's containerd pins pod netns under its own state directory, not /var/run/netns.
     netns_dir = nodehost.WORKDIR / "containerd" / "state"
-    mesh = Mesh(kube_node, "ambient", ["--set", f"components.cni.netnsDir={netns_dir}"])
-    installed = mesh.install()
-    try:
-        if installed.returncode != 0:
-            with kube_node.cluster.api_client() as api:
-                described = wl.describe_namespace(api, SYSTEM_NS)
-            pytest.fail(f"install: {installed.returncode}\n{installed.stderr}\n{described}")
+    values = ["--set", f"components.cni.netnsDir={netns_dir}"]
+    with installed(Mesh(kube_node, "ambient", values)) as mesh:
         yield mesh
-    finally:
-        mesh.run("uninstall", "-y", "--purge", timeout=300)
 
 
 def test_ambient_install_is_ready_and_verify_is_all_green(kube_node: TestNode, ambient_mesh: Mesh):

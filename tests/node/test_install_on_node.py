@@ -26,8 +26,8 @@ from tests.harness.mesh_install import (
     OURS,
     Mesh,
     failing,
+    installed,
     ours,
-    remove_crds_other_tests_applied,
 )
 from tests.harness.node import CNI_CONF_DIR, CONFLIST_NAME, TestNode, report_namespace
 
@@ -58,17 +58,8 @@ def resource_versions(node: TestNode) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def mesh(kube_node: TestNode) -> Iterator[Mesh]:
-    remove_crds_other_tests_applied(kube_node)
-    mesh = Mesh(kube_node)
-    installed = mesh.install()
-    try:
-        if installed.returncode != 0:
-            with kube_node.cluster.api_client() as api:
-                described = wl.describe_namespace(api, SYSTEM_NS)
-            pytest.fail(f"install: {installed.returncode}\n{installed.stderr}\n{described}")
+    with installed(Mesh(kube_node)) as mesh:
         yield mesh
-    finally:
-        mesh.run("uninstall", "-y", "--purge", timeout=300)
 
 
 def test_default_install_is_ready_and_verify_is_all_green(kube_node: TestNode, mesh: Mesh):
