@@ -98,7 +98,6 @@ class PodFeed:
 class _Child:
     index: int
     proc: subprocess.Popen[bytes]
-    sock: socket.socket
     started: float
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
@@ -260,7 +259,6 @@ class Supervisor:
         child = _Child(
             index=index,
             proc=proc,
-            sock=ours,
             started=time.monotonic(),
             reader=reader,
             writer=writer,
