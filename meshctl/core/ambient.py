@@ -111,6 +111,38 @@ def exit_plan(  # noqa: PLR0911 (one answer per case, each with its reason)
     return ExitPlan(False, "its DaemonSet stays (an upgrade or a restart): the next agent serves")
 
 
+AGENT_ENV = "AMBIENT_ENABLED"  # istio-cni's switch: the node agent runs in ambient mode
+
+
+def runs_agent(pod: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` is a running ambient node agent (its container has ``AMBIENT_ENABLED``
+    true), whoever installed it."""
+    if _mapping(pod.get("status")).get("phase") != "Running":
+        return False
+    return any(
+        _mapping(e).get("name") == AGENT_ENV and str(_mapping(e).get("value")).lower() == "true"
+        for c in _mapping(pod.get("spec")).get("containers") or ()
+        for e in _mapping(c).get("env") or ()
+    )
+
+
+def left_captured(pods: Sequence[Mapping[str, Any]], served_nodes: Sequence[str]) -> list[str]:
+    """``NS/NAME (node N)`` of each pod still annotated as redirected for ambient on a node
+    where no ambient node agent runs (``served_nodes`` are those where one does): its in-pod
+    rules send its traffic to a node proxy that is gone, so it refuses every connection."""
+    out = []
+    for pod in pods:
+        meta = _mapping(pod.get("metadata"))
+        value = _mapping(meta.get("annotations")).get(REDIRECTION)
+        node = str(_mapping(pod.get("spec")).get("nodeName") or "")
+        if value not in (REDIRECTION_ENABLED, REDIRECTION_PENDING) or node in served_nodes:
+            continue
+        if _mapping(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
+            continue
+        out.append(f"{meta.get('namespace')}/{meta.get('name')} (node {node or '?'})")
+    return sorted(out)
+
+
 def has_sidecar(pod: Mapping[str, Any]) -> bool:
     """Injected by a sidecar injector (status annotation) or running an ``istio-proxy``."""
     meta = _mapping(pod.get("metadata"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from meshctl.core.ambient import AGENT_ENV
 from meshctl.core.cni.spec import DEFAULT_RUN_DIR
 from meshctl.core.image import default_image
 from meshctl.core.podspec import node_security_context
@@ -54,7 +55,7 @@ def objects(
     ]
     if ambient:
         env += [
-            {"name": "AMBIENT_ENABLED", "value": "true"},
+            {"name": AGENT_ENV, "value": "true"},
             {"name": "ZTUNNEL_UDS_ADDRESS", "value": f"{ztunnel_dir}/ztunnel.sock"},
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
             # Its own pod: on SIGTERM, a DaemonSet going away means uninstall (release pods).

@@ -155,3 +155,24 @@ def test_a_stopping_agent_releases_its_pods_only_when_its_daemonset_goes(
     plan = ambient.exit_plan(own, daemonset, mode=mode)
     assert plan.release is release
     assert why in plan.reason
+
+
+def _placed(name: str, node: str, redirection: str | None, phase: str = "Running") -> dict:
+    annotations = {ambient.REDIRECTION: redirection} if redirection else {}
+    return {
+        "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
+        "spec": {"nodeName": node},
+        "status": {"phase": phase},
+    }
+
+
+def test_pods_left_redirected_are_those_annotated_on_nodes_without_an_agent():
+    pods = [
+        _placed("a", "n1", "enabled"),
+        _placed("b", "n2", "enabled"),
+        _placed("c", "n2", "pending"),
+        _placed("d", "n2", None),
+        _placed("e", "n2", "enabled", phase="Succeeded"),
+    ]
+    assert ambient.left_captured(pods, ["n1"]) == ["shop/b (node n2)", "shop/c (node n2)"]
+    assert ambient.left_captured(pods, ["n1", "n2"]) == []
