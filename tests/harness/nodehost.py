@@ -497,8 +497,21 @@ def leftovers(before: HostSnapshot) -> list[str]:
     nft tables, links and entries under the host paths (sysctls and cgroups are the kernel's
     and kubelet's to settle); one line each, empty when the host is as before."""
     after = HostSnapshot.take()
-    sections = ("iptables ", "paths ", "nft_tables:", "links:")
-    return [d for d in before.differences(after) if d.startswith(sections)]
+    found = [
+        d for d in before.differences(after) if d.startswith(("nft_tables: added", "links: added"))
+    ]
+    # Only what appeared: our agent may rightly have removed stale rules of an older run.
+    for tool, now in after.iptables.items():
+        found += [
+            f"{tool}: {item}" for item in sorted(set(now) - set(before.iptables.get(tool, [])))
+        ]
+    for path, entries in after.paths.items():
+        had = before.paths.get(path)
+        if entries is not None and had is None:
+            found.append(f"{path} was created")
+        elif entries is not None:
+            found += [f"{path}/{name}" for name in sorted(set(entries) - set(had or []))]
+    return found
 
 
 def cleanup(state: Mapping[str, Any]) -> None:
