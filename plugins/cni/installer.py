@@ -128,7 +128,7 @@ class InstallSettings:
     ambient_ipv6: bool = setting(False, env="AMBIENT_IPV6")
     # Where the runtime's pod netns files appear in this container (the DaemonSet mounts the
     # host's components.cni.netnsDir here): named in the error when a netns lies elsewhere.
-    netns_dir: str = setting("", env="MESHCTL_CNI_NETNS_DIR", flag="--netns-dir")
+    netns_dir: str = setting("", env="MESHCTL_CNI_NETNS_DIR")
     # This agent's own pod (the downward API; Istio's names): on SIGTERM its DaemonSet tells an
     # uninstall (gone or being deleted: release every pod) from an upgrade (keep them).
     pod_name: str = setting("", env="POD_NAME")
@@ -136,7 +136,6 @@ class InstallSettings:
     release_on_exit: str = setting(
         "auto",
         env="MESHCTL_CNI_RELEASE_ON_EXIT",
-        flag="--release-on-exit",
         choices=("auto", "always", "never"),
     )
 
