@@ -1,6 +1,6 @@
 """The node agent of ambient mode: enrolls this node's pods and hands them to the node proxy.
 
-Owns, for every pod on the node, the path from "should be in the mesh" (``meshctl.core.ambient``
+Owns, for every pod on the node, the path from "should be in the mesh" (``meshctl.core.k8s.ambient``
 over the pod and its namespace, from the API's watches or a local inventory file, and CNI
 events) to "is": the in-pod rules applied in
 the pod's netns from outside (the pod never has NET_ADMIN), the node's probe SNAT for its IPs,
@@ -31,9 +31,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from meshctl.core import ambient, zds
-from meshctl.core.cni.spec import AGENT_RELEASED
-from meshctl.core.inject.errors import InvalidAnnotationError
+from meshctl.core.k8s import ambient
+from meshctl.core.k8s.cni.spec import AGENT_RELEASED
+from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.core.wire import zds
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
@@ -44,7 +45,7 @@ from .kernelsteps import KernelError, KernelSteps
 from .zdsserver import ProxyUnavailableError, SnapshotEntry, ZdsServer
 
 if TYPE_CHECKING:
-    from .inventory import InventoryFile
+    from .podfile import InventoryFile
 
 log = logging.getLogger(__name__)
 

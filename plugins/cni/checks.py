@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from meshctl.core import ambient
-from meshctl.core.checks import Result
-from meshctl.core.install.context import CheckContext
+from meshctl.core.k8s import ambient
+from meshctl.core.k8s.install.checks import Result
+from meshctl.core.k8s.install.context import CheckContext
 from meshctl.errors import KubeError
 
 from .manifest import NAME, READINESS_PORT

@@ -18,12 +18,12 @@ import ssl
 import time
 from typing import TYPE_CHECKING
 
-from meshctl.core.addresses import ip as parse_ip
-from meshctl.core.authz import ConnectionFacts, evaluate
-from meshctl.core.hbone import TunnelRequested
-from meshctl.core.hbone.headers import parse_forwarded_host
-from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
-from meshctl.core.inbound_service import inbound_service
+from meshctl.core.mesh.addresses import ip as parse_ip
+from meshctl.core.mesh.authz import ConnectionFacts, evaluate
+from meshctl.core.mesh.inbound_service import inbound_service
+from meshctl.core.pki.identity import IdentityError, SpiffeId, peer_identity
+from meshctl.core.wire.hbone import TunnelRequested
+from meshctl.core.wire.hbone.headers import parse_forwarded_host
 
 from . import tls
 from .metrics import Flow, Peer

@@ -15,8 +15,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from meshctl.core import ambient
-from meshctl.core.checks import Result
+from meshctl.core.k8s import ambient
+from meshctl.core.k8s.install.checks import Result
 from meshctl.errors import KubeError
 
 from .manifest import NAME as NODE_PROXY

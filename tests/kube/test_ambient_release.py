@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
-from meshctl.core import ambient
+from meshctl.core.k8s import ambient
 from tests.harness.cni import mesh_rules
 from tests.harness.kube import kubelet_node
 from tests.harness.wait import eventually

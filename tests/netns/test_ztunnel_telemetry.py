@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from tests.harness.wait import eventually
 from tests.netns.ambient_harness import ambient_node
 from tests.netns.ztunnel_harness import (

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from meshctl.core import ambient
+from meshctl.core.k8s import ambient
 from tests.harness import nodehost
 from tests.harness import workloads as wl
 from tests.harness.ambient_pods import mtls_opened

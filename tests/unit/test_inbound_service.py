@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from meshctl.core.inbound_service import inbound_service
-from meshctl.core.workloads import Service, Store, Workload
+from meshctl.core.mesh.inbound_service import inbound_service
+from meshctl.core.mesh.records import Service, Workload
+from meshctl.core.mesh.store import Store
 
 WEB = Service(name="web", namespace="prod", hostname="web.prod.svc.cluster.local", ports={80: 8080})
 ADMIN = Service(
