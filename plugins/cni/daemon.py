@@ -144,6 +144,7 @@ async def run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     state = _State(Status(False, "starting"), agent=agent)
+    stopping = contextlib.AsyncExitStack()  # the agent's way out, before the node's cleanup
     async with contextlib.AsyncExitStack() as stack:
         addresses = []
         if settings.readiness_address:
@@ -166,13 +167,15 @@ async def run(
             addresses.append(f"unix:{events.path} (the plugin's pod events)")
             agent_stop, release = asyncio.Event(), asyncio.Event()
             serving = asyncio.ensure_future(agent.run(agent_stop, release=release))
-            stack.push_async_callback(_finish, serving, release)  # unwound last: LIFO
-            stack.push_async_callback(_stop_agent, agent, agent_stop, release)
+            # On the way out, before the plugin leaves the node's config: decide and release.
+            stopping.push_async_callback(_finish, serving, release)  # unwound last: LIFO
+            stopping.push_async_callback(_stop_agent, agent, agent_stop, release)
         logs.listening(log, WHAT, addresses or ["nothing (readiness off, no log socket)"])
         try:
             await _watch(installer, settings, state, stop)
         finally:
             state.running = False
+            await stopping.aclose()
             done = installer.cleanup()
             log.info("cleaned up: %s", ", ".join(done) or "nothing to remove")
     return 0
