@@ -315,15 +315,17 @@ def manifest_cmd(
     image: options.ImageOption = None,
     ca_address: Annotated[
         str | None,
-        typer.Option(
-            metavar="HOST:PORT",
+        options.option(
+            "--ca-address",
+            parse=values.DIAL_ADDRESS,
             help="Mesh CA (default: meshctl-controlplane.<namespace>.svc:15012).",
         ),
     ] = None,
     xds_address: Annotated[
         str | None,
-        typer.Option(
-            metavar="HOST:PORT",
+        options.option(
+            "--xds-address",
+            parse=values.DIAL_ADDRESS,
             help="Discovery (default: meshctl-controlplane.<namespace>.svc:15012).",
         ),
     ] = None,

@@ -36,8 +36,10 @@ def test_help_of_every_command_loads(args: list[str]) -> None:
 @pytest.mark.parametrize(
     ("args", "env", "error"),
     [
-        (["--grpc-address", "nonsense"], {}, "grpc-address: 'nonsense' is not HOST:PORT"),
+        (["--grpc-address", "nonsense"], {}, "'--grpc-address': 'nonsense' is not HOST:PORT"),
         (["--grpc-address", "example.org:15012"], {}, "is not an IP address"),
+        (["--grpc-address", "127.0.0.1:70000"], {}, "port 70000 is out of range (0-65535"),
+        ([], {"MESHCTL_GRPC_ADDRESS": ":70000"}, "env MESHCTL_GRPC_ADDRESS: invalid value"),
         (["--trust-domain", "Bad_Domain"], {}, "trust domain"),
         (["--namespace", "Not-A-Label"], {}, "is not a DNS-1123 label"),
         (["--trusted-node-accounts", "ztunnel"], {}, "is not NAMESPACE/SERVICE_ACCOUNT"),

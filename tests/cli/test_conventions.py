@@ -353,3 +353,49 @@ def test_help_of_every_command_imports_neither_rich_nor_a_kubernetes_client():
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+# --- HOST:PORT ------------------------------------------------------------------------------
+
+
+def _required_samples(node: Node, tmp_path: Path, skip: TyperOption) -> list[str]:
+    """Values for the command's other required options, so only the one tested can fail."""
+    words: list[str] = []
+    for param in node.options:
+        if param.required and param is not skip:
+            words += _sample(param, tmp_path)
+    return words
+
+
+HOST_PORT_OPTIONS = [
+    (n, p) for n in COMMANDS for p in n.options if _metavar(p, n.ctx) == "HOST:PORT"
+]
+
+
+def test_the_host_port_options_are_the_ones_the_docs_name():
+    found = {(n.id, _long(p)) for n, p in HOST_PORT_OPTIONS}
+    assert {
+        ("ztunnel run", "--ca-address"),
+        ("ztunnel run", "--xds-address"),
+        ("ztunnel manifest", "--ca-address"),
+        ("controlplane run", "--grpc-address"),
+        ("controlplane ca", "--grpc-address"),
+        ("cni install", "--readiness-address"),
+    } <= found
+
+
+@pytest.mark.parametrize(
+    ("node", "param"), HOST_PORT_OPTIONS, ids=[f"{n.id} {_long(p)}" for n, p in HOST_PORT_OPTIONS]
+)
+def test_every_host_port_is_checked_while_parsing_with_its_range(node, param, capsys, tmp_path):
+    parse = _parse(param)
+    assert isinstance(parse, values.ListenAddress | values.DialAddress), (
+        f"meshctl {node.id} {_long(param)}: HOST:PORT without values.ListenAddress/DialAddress"
+    )
+    for bad, reason in (("127.0.0.1:70000", "port 70000 is out of range"), ("nonsense", "")):
+        args = [*node.path, *_required_samples(node, tmp_path, param), _long(param), bad]
+        code, _, err = run(capsys, *args)
+        assert code == 2, f"meshctl {' '.join(args)}: {err}"
+        assert f"Invalid value for '{_long(param)}'" in err, err
+        assert reason in err, err
+        assert "65535" in err, err  # the allowed range is in the message
