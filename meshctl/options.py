@@ -84,11 +84,13 @@ def duration(
     *names: str,
     help: str,  # noqa: A002
     positive: bool = False,
+    minimum: float = 0.0,
     maximum: float | None = None,
+    whole: bool = False,
     env: str | Sequence[str] | None = None,
     **kw: Any,
 ) -> Any:
-    parse = values.Duration(positive=positive, maximum=maximum)
+    parse = values.Duration(positive=positive, minimum=minimum, maximum=maximum, whole=whole)
     return option(*names, help=help, parse=parse, env=env, **kw)
 
 
@@ -358,6 +360,33 @@ def daemon_logging(ctx: typer.Context) -> str:
     level = "debug" if settings.debug else (settings.log_level or logs.DAEMON_LEVEL)
     logs.configure(level, settings.log_format)
     return level
+
+
+# --- the tree of a plugin, once loaded ----------------------------------------------------
+
+
+def prepare_tree(command: click.Command) -> None:
+    """What the root does to every plugin's command tree when it loads it: group options
+    handed down or refused (``hold_group_options``), duration defaults shown as durations."""
+    hold_group_options(command)
+    show_durations(command)
+
+
+def show_durations(command: click.Command) -> None:
+    """A duration option's default is shown as a duration (``[default: 24h]``, not
+    ``86400.0``): the default becomes its text, which click runs through the option's parser
+    like any typed value, so the command still receives seconds."""
+    for param in command.params:
+        parse = getattr(getattr(param.type, "func", None), "meshctl_parse", None)
+        default = param.default
+        if (
+            isinstance(parse, values.Duration)
+            and isinstance(default, int | float)
+            and not isinstance(default, bool)
+        ):
+            param.default = values.format_duration(float(default))
+    for child in getattr(command, "commands", {}).values():
+        show_durations(child)
 
 
 # --- options given on a group -------------------------------------------------------------

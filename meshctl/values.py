@@ -88,13 +88,19 @@ class Duration:
     """A length of time in seconds, written as Go writes durations (``1m30s``, ``250ms``) or as
     a bare number of seconds; ``positive`` excludes zero, ``maximum`` caps it."""
 
-    __slots__ = ("maximum", "minimum", "positive")
+    __slots__ = ("maximum", "minimum", "positive", "whole")
     metavar = "DURATION"
 
     def __init__(
-        self, *, minimum: float = 0.0, maximum: float | None = None, positive: bool = False
+        self,
+        *,
+        minimum: float = 0.0,
+        maximum: float | None = None,
+        positive: bool = False,
+        whole: bool = False,
     ) -> None:
-        self.minimum, self.maximum, self.positive = minimum, maximum, positive
+        """``whole``: whole seconds only (an API field in seconds, e.g. ``timeoutSeconds``)."""
+        self.minimum, self.maximum, self.positive, self.whole = minimum, maximum, positive, whole
 
     def __call__(self, raw: Any) -> float:
         if isinstance(raw, int | float) and not isinstance(raw, bool):
@@ -108,6 +114,8 @@ class Duration:
             or (self.maximum is not None and value > self.maximum)
         ):
             raise ValueError(f"{format_duration(value)} is out of range ({self.range()})")
+        if self.whole and value != int(value):
+            raise ValueError(f"{format_duration(value)} is not a whole number of seconds")
         return value
 
     def range(self) -> str:

@@ -104,7 +104,6 @@ def demo(
         options.choice(
             "--mode",
             choices=("ambient", "sidecar"),
-            metavar="MODE",
             help="ambient: one node proxy, pods enrolled by the node agent; sidecar: a proxy "
             "per pod.",
         ),

@@ -223,14 +223,22 @@ def webhook(
     address: Annotated[
         str, options.address("--address", help="Address to listen on (:: for IPv6).")
     ] = "0.0.0.0",  # noqa: S104 -- in a pod the API server reaches the webhook on the pod IP
-    drain_seconds: Annotated[
+    drain_deadline: Annotated[
         float,
         options.duration(
-            "--drain-seconds",
+            "--drain-deadline",
             maximum=3600,
-            help="On SIGTERM, let requests finish this long (seconds, or e.g. 5s).",
+            help="On SIGTERM, let requests finish this long.",
         ),
     ] = 5.0,
+    # The name this option had before it was spelled as the other daemons spell it; kept so
+    # that manifests written then keep working, and out of the help.
+    drain_seconds: Annotated[
+        float | None,
+        options.duration(
+            "--drain-seconds", maximum=3600, hidden=True, help="Old name of --drain-deadline."
+        ),
+    ] = None,
     reload_interval: Annotated[
         float,
         options.duration(
@@ -262,7 +270,7 @@ def webhook(
         port=port,
         tls_cert=tls_cert,
         tls_key=tls_key,
-        graceful_seconds=drain_seconds,
+        graceful_seconds=drain_deadline if drain_seconds is None else drain_seconds,
         reload_seconds=reload_interval,
     )
     serve(settings, serve_options)
@@ -296,15 +304,16 @@ def webhook_config(
         ),
     ] = "Never",
     timeout: Annotated[
-        int,
-        options.count(
+        float,
+        options.duration(
             "--timeout",
             minimum=1,
             maximum=30,
-            metavar="SECONDS",
-            help="API server's call timeout (the API allows 1-30).",
+            whole=True,
+            help="API server's call timeout, whole seconds (the API allows 1s-30s; a bare "
+            "number is seconds).",
         ),
-    ] = 10,
+    ] = 10.0,
     output: options.OutputOption = OutputFormat.YAML,
 ) -> None:
     """Print the MutatingWebhookConfiguration that sends new pods to the webhook."""
@@ -324,6 +333,6 @@ def webhook_config(
         target=target,
         revision=settings.revision,
         reinvocation_policy=reinvocation_policy,
-        timeout_seconds=timeout,
+        timeout_seconds=int(timeout),
     )
     typer.echo(render_objects([configuration], output), nl=False)

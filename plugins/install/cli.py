@@ -39,8 +39,8 @@ ProfileOpt = Annotated[
     typer.Option(
         "--profile",
         "-p",
-        metavar="PROFILE",
-        help="default, ambient, minimal or demo (those the installed components offer).",
+        metavar="|".join(PROFILE_HELP),
+        help="The profile (those the installed components offer; default: default).",
     ),
 ]
 SetOpt = Annotated[

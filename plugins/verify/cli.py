@@ -28,6 +28,7 @@ from meshctl.core.checks import (
     report_text,
     selected,
 )
+from meshctl.core.install.components import PROFILE_HELP
 from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render
 from meshctl.values import Duration, format_duration
@@ -89,7 +90,10 @@ def verify(
     profile: Annotated[
         str | None,
         typer.Option(
-            "--profile", "-p", metavar="PROFILE", help="With --pre: the profile to install."
+            "--profile",
+            "-p",
+            metavar="|".join(PROFILE_HELP),
+            help="With --pre: the profile to install.",
         ),
     ] = None,
     sets: Annotated[

@@ -39,7 +39,11 @@ class Node:
 
     @property
     def options(self) -> list[TyperOption]:
-        return [p for p in self.command.params if isinstance(p, TyperOption) and p.expose_value]
+        return [
+            p
+            for p in self.command.params
+            if isinstance(p, TyperOption) and p.expose_value and not p.hidden
+        ]
 
 
 def _walk() -> Iterator[Node]:
@@ -399,3 +403,69 @@ def test_every_host_port_is_checked_while_parsing_with_its_range(node, param, ca
         assert f"Invalid value for '{_long(param)}'" in err, err
         assert reason in err, err
         assert "65535" in err, err  # the allowed range is in the message
+
+
+# --- choices and durations in help ------------------------------------------------------------
+
+
+@by_id(TREE)
+def test_an_option_with_fixed_choices_shows_them_as_its_metavar(node):
+    for param in node.options:
+        parse = _parse(param)
+        choices = parse.choices if isinstance(parse, values.Choice) else tuple(_choices(param))
+        if not choices or param.is_flag:
+            continue
+        assert _metavar(param, node.ctx) == "|".join(choices), (
+            f"meshctl {node.id} {_long(param)}: metavar {_metavar(param, node.ctx)!r}"
+        )
+
+
+def test_the_root_profile_and_mode_options_show_their_choices():
+    shown = {(n.id, _long(p)): _metavar(p, n.ctx) for n in TREE for p in n.options}
+    assert shown[("(root)", "--log-level")] == "debug|info|warning|error"
+    assert shown[("(root)", "--log-format")] == "text|json"
+    assert shown[("demo", "--mode")] == "ambient|sidecar"
+    for where in (("install", "--profile"), ("verify", "--profile")):
+        assert shown[where] == "default|ambient|minimal|demo"
+
+
+@by_id(TREE)
+def test_a_duration_default_is_shown_as_a_duration(node):
+    for param in node.options:
+        if not isinstance(_parse(param), values.Duration) or param.hidden:
+            continue
+        record = param.get_help_record(node.ctx)
+        assert record is not None
+        shown = re.search(r"\[default: ([^\]]+)\]", record[1])
+        if shown:
+            assert re.fullmatch(r"(\d+[dhms]|\d+ms)+", shown.group(1)), (
+                f"meshctl {node.id} {_long(param)}: default shown as {shown.group(1)!r}"
+            )
+
+
+def test_durations_that_were_seconds_take_durations_and_the_old_spelling_still_works(
+    capsys, tmp_path
+):
+    _, out, _ = run(capsys, "inject", "webhook", "--help")
+    assert "--drain-deadline DURATION" in out
+    assert "[default: 5s]" in out
+    assert "--drain-seconds" not in out  # the old name works but is not advertised
+    _, out, _ = run(capsys, "inject", "webhook-config", "--help")
+    assert "--timeout DURATION" in out
+    assert "[default: 10s]" in out
+    bundle = str(tmp_path / "ca.crt")
+    Path(bundle).write_text("-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n")
+    for given, seconds in (("7", 7), ("15s", 15)):
+        code, out, err = run(
+            capsys, "inject", "webhook-config", "--ca-bundle", bundle, "--url",
+            "https://h:15017/inject", "--timeout", given, "-o", "json",
+        )  # fmt: skip
+        assert code == 0, err
+        assert json.loads(out)["webhooks"][0]["timeoutSeconds"] == seconds
+    for given, reason in (("31s", "(1s to 30s)"), ("1.5s", "not a whole number of seconds")):
+        code, _, err = run(
+            capsys, "inject", "webhook-config", "--ca-bundle", bundle, "--url", "https://h/x",
+            "--timeout", given,
+        )  # fmt: skip
+        assert code == 2, err
+        assert reason in err
