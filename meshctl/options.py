@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -347,6 +349,44 @@ def _decode(data: bytes, name: str) -> str:
         raise MeshctlError(
             f"{name} is not UTF-8 text (byte {exc.start} cannot be decoded)",
             hint="save the manifest as UTF-8",
+        ) from exc
+
+
+# --- writing -O ----------------------------------------------------------------------------
+
+
+def write_output(text: str, output: Path | None) -> None:
+    """``text`` to stdout, or atomically to ``output`` (``-O``: a reader never sees half a
+    file, and on an error before this nothing is written at all)."""
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    target = output.expanduser()
+    try:
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise MeshctlError(
+            f"cannot write {output}: {exc.strerror or exc}",
+            hint="check that the directory exists and is writable",
+        ) from exc
+    staged = Path(temp)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        # mkstemp makes the file 0600; keep the mode of the file replaced, else 0644 less umask.
+        try:
+            mode = target.stat().st_mode & 0o777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        staged.chmod(mode)
+        staged.replace(target)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise MeshctlError(
+            f"cannot write {output}: {exc.strerror or exc}", hint="check the path and free space"
         ) from exc
 
 

@@ -229,6 +229,7 @@ def manifest_cmd(
         ),
     ] = 2,
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the control plane's objects (RBAC, Service, Deployment, webhook configuration)."""
     from meshctl.core.image import default_image
@@ -243,4 +244,4 @@ def manifest_cmd(
             replicas=replicas,
         )
     )
-    typer.echo(render_objects(items, output), nl=False)
+    options.write_output(render_objects(items, output), output_file)

@@ -10,9 +10,7 @@ empty success. The injection options given on ``meshctl inject`` itself reach ``
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -169,47 +167,13 @@ def inject(
                 if output_file is None
                 else color == "always",
             )
-    _write(text, output_file)
+    options.write_output(text, output_file)
 
 
 def _render(objects: list[Any], fmt: OutputFormat, tick: documents.Tick | None) -> str:
     if fmt is OutputFormat.YAML:
         return documents.dump(objects, tick)
     return render_objects(objects, fmt)
-
-
-def _write(text: str, output: Path | None) -> None:
-    """Writes ``text`` to stdout, or atomically to ``output`` (a reader never sees half)."""
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    target = output.expanduser()
-    try:
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise MeshctlError(
-            f"cannot write {output}: {exc.strerror or exc}",
-            hint="check that the directory exists and is writable",
-        ) from exc
-    staged = Path(temp)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        # mkstemp makes the file 0600; keep the mode of the file replaced, else 0644 less umask.
-        try:
-            mode = target.stat().st_mode & 0o777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        staged.chmod(mode)
-        staged.replace(target)
-    except OSError as exc:
-        staged.unlink(missing_ok=True)
-        raise MeshctlError(
-            f"cannot write {output}: {exc.strerror or exc}", hint="check the path and free space"
-        ) from exc
 
 
 @app.command("webhook")
@@ -315,6 +279,7 @@ def webhook_config(
         ),
     ] = 10.0,
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the MutatingWebhookConfiguration that sends new pods to the webhook."""
     if (url is None) == (service is None):
@@ -335,4 +300,4 @@ def webhook_config(
         reinvocation_policy=reinvocation_policy,
         timeout_seconds=int(timeout),
     )
-    typer.echo(render_objects([configuration], output), nl=False)
+    options.write_output(render_objects([configuration], output), output_file)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -91,8 +92,10 @@ def resolve(
     return registry, values, mf.render(registry, values)
 
 
-def print_manifest(rendered: Sequence[mf.Rendered], output: OutputFormat) -> None:
-    typer.echo(render_objects(mf.documents(rendered), output), nl=False)
+def print_manifest(
+    rendered: Sequence[mf.Rendered], output: OutputFormat, output_file: Path | None
+) -> None:
+    options.write_output(render_objects(mf.documents(rendered), output), output_file)
 
 
 def _connect(ctx: typer.Context) -> Any:
@@ -130,6 +133,7 @@ def install(
         bool, typer.Option("--dry-run", help="Print the manifest instead of applying it.")
     ] = False,
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
     yes: YesOpt = False,
     force: Annotated[
         bool,
@@ -153,7 +157,7 @@ def install(
     timeout = readiness_timeout
     registry, values, rendered = resolve(profile, files, sets, revision, namespace)
     if dry_run:
-        print_manifest(rendered, output)
+        print_manifest(rendered, output, output_file)
         return
     from meshctl.kube.inventory import Inventory
 
@@ -208,13 +212,17 @@ def generate(
     revision: RevisionOpt = None,
     namespace: NamespaceOpt = None,
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the manifest 'meshctl install' would apply (as 'install --dry-run')."""
-    print_manifest(resolve(profile, files, sets, revision, namespace)[2], output)
+    print_manifest(resolve(profile, files, sets, revision, namespace)[2], output, output_file)
 
 
 @manifest_app.command("profiles")
-def profiles(output: options.OutputOption = OutputFormat.TABLE) -> None:
+def profiles(
+    output: options.OutputOption = OutputFormat.TABLE,
+    output_file: options.OutputFileOption = None,
+) -> None:
     """List the profiles the installed components offer."""
     from meshctl import components
 
@@ -229,7 +237,7 @@ def profiles(output: options.OutputOption = OutputFormat.TABLE) -> None:
         }
         for name in registry.profiles()
     ]
-    typer.echo(render(rows, output, names=[str(r["profile"]) for r in rows]), nl=False)
+    options.write_output(render(rows, output, names=[str(r["profile"]) for r in rows]), output_file)
 
 
 @uninstall_app.command()

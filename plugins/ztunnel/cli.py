@@ -338,6 +338,7 @@ def manifest_cmd(
         ),
     ] = 1,
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the DaemonSet that runs the ambient node proxy ('ztunnel run --mode node')."""
     from meshctl.core.image import default_image
@@ -351,4 +352,4 @@ def manifest_cmd(
         xds_address=xds_address or "",
         workers=workers,
     )
-    typer.echo(render_objects(items, output), nl=False)
+    options.write_output(render_objects(items, output), output_file)

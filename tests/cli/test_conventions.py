@@ -469,3 +469,52 @@ def test_durations_that_were_seconds_take_durations_and_the_old_spelling_still_w
         )  # fmt: skip
         assert code == 2, err
         assert reason in err
+
+
+# --- -O/--output-file -------------------------------------------------------------------------
+
+# Each data command with arguments that make it print its data without a cluster or a kernel.
+DATA_COMMANDS: dict[str, list[str]] = {
+    "version": [],
+    "completion": ["bash"],
+    "inject": ["-f", "{manifest}"],
+    "inject webhook-config": ["--ca-bundle", "{pem}", "--url", "https://h:15017/inject"],
+    "ztunnel manifest": [],
+    "cni manifest": [],
+    "controlplane manifest": [],
+    "install": ["--dry-run"],
+    "manifest generate": [],
+    "manifest profiles": [],
+    "iptables render": [],
+    "iptables trace": ["--dst", "10.0.0.1:80"],
+    "verify": ["--kubeconfig", "{missing}"],  # no cluster: the failed check is the data
+}
+
+
+def test_every_command_that_prints_data_takes_output_file():
+    takes_o = {n.id for n in COMMANDS if any(_long(p) == "--output" for p in n.options)}
+    takes_big_o = {n.id for n in COMMANDS if any(_long(p) == "--output-file" for p in n.options)}
+    assert takes_o <= takes_big_o, f"-o without -O: {sorted(takes_o - takes_big_o)}"
+    assert takes_big_o <= set(DATA_COMMANDS), (
+        f"add to DATA_COMMANDS: {takes_big_o - set(DATA_COMMANDS)}"
+    )
+
+
+@pytest.mark.parametrize("command", sorted(DATA_COMMANDS))
+def test_output_file_holds_exactly_what_stdout_would(command, capsys, tmp_path):
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(
+        "kind: Pod\napiVersion: v1\nmetadata: {name: a}\nspec: {containers: [{name: a}]}\n"
+    )
+    pem = tmp_path / "ca.crt"
+    pem.write_text("-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n")
+    places = {"manifest": manifest, "pem": pem, "missing": tmp_path / "no-kubeconfig"}
+    args = [a.format(**places) for a in DATA_COMMANDS[command]]
+    code, out, err = run(capsys, *command.split(), *args)
+    target = tmp_path / "out" / "data.txt"
+    target.parent.mkdir()
+    code_o, out_o, err_o = run(capsys, *command.split(), *args, "-O", str(target))
+    assert (code_o, code) in ((0, 0), (3, 3)), err + err_o
+    assert out, f"meshctl {command} printed nothing"
+    assert out_o == ""
+    assert target.read_text() == out
