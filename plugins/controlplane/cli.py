@@ -17,7 +17,7 @@ import typer
 from meshctl import config, options, values
 from meshctl.output import OutputFormat, render_objects
 
-from .settings import ControlPlaneSettings
+from .settings import MAX_REPLICAS, ControlPlaneSettings
 
 SECTION = "controlplane"
 
@@ -225,7 +225,7 @@ def manifest_cmd(
         options.option(
             "--replicas",
             help="Replicas of the Deployment (one leads).",
-            parse=values.Integer(1, 100, what="a replica count"),
+            parse=values.Integer(1, MAX_REPLICAS, what="a replica count"),
         ),
     ] = 2,
     output: options.OutputOption = OutputFormat.YAML,

@@ -14,6 +14,8 @@ from meshctl.core import ca, callers
 from meshctl.core.identity import SpiffeId
 from meshctl.errors import ConfigError
 
+# Replicas beyond this are a typo, not a plan (install values and `manifest --replicas`).
+MAX_REPLICAS = 100
 SERVICE = "meshctl-controlplane"  # the Service (and the name in the serving certificate)
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1123 label
