@@ -15,6 +15,7 @@ from typing import Any
 
 from meshctl.core.cni.spec import DEFAULT_RUN_DIR
 from meshctl.core.image import default_image
+from meshctl.core.install.manifest import namespace_object
 from meshctl.core.podspec import node_security_context
 
 NAME = "meshctl-cni-node"
@@ -126,11 +127,7 @@ def objects(
         },
     }
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": {"app.kubernetes.io/part-of": "meshctl"}},
-        },
+        namespace_object(namespace),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -233,15 +233,19 @@ def manifest_cmd(
 ) -> None:
     """Print the control plane's objects (RBAC, Service, Deployment, webhook configuration)."""
     from meshctl.core.image import default_image
+    from meshctl.core.install.manifest import namespace_object
 
     from .manifest import ManifestSettings, objects
 
-    items = objects(
-        ManifestSettings(
-            namespace=namespace,
-            image=image or default_image(),
-            revision=revision,
-            replicas=replicas,
-        )
-    )
+    items = [
+        namespace_object(namespace),
+        *objects(
+            ManifestSettings(
+                namespace=namespace,
+                image=image or default_image(),
+                revision=revision,
+                replicas=replicas,
+            )
+        ),
+    ]
     options.write_output(render_objects(items, output), output_file)

@@ -342,14 +342,18 @@ def manifest_cmd(
 ) -> None:
     """Print the DaemonSet that runs the ambient node proxy ('ztunnel run --mode node')."""
     from meshctl.core.image import default_image
+    from meshctl.core.install.manifest import namespace_object
 
     from .manifest import objects
 
-    items = objects(
-        namespace=namespace,
-        image=image or default_image(),
-        ca_address=ca_address or "",
-        xds_address=xds_address or "",
-        workers=workers,
-    )
+    items = [
+        namespace_object(namespace),
+        *objects(
+            namespace=namespace,
+            image=image or default_image(),
+            ca_address=ca_address or "",
+            xds_address=xds_address or "",
+            workers=workers,
+        ),
+    ]
     options.write_output(render_objects(items, output), output_file)

@@ -113,6 +113,7 @@ def test_manifest_golden(name: str, args: list[str]) -> None:
     assert_golden(GOLDENS / name, result.stdout)
     kinds = [doc["kind"] for doc in yaml.safe_load_all(result.stdout)]
     assert kinds == [
+        "Namespace",  # first, as 'cni manifest' does: the output applies on a fresh cluster
         "ServiceAccount",
         "ClusterRole",
         "ClusterRoleBinding",

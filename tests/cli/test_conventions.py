@@ -518,3 +518,11 @@ def test_output_file_holds_exactly_what_stdout_would(command, capsys, tmp_path):
     assert out, f"meshctl {command} printed nothing"
     assert out_o == ""
     assert target.read_text() == out
+
+
+@pytest.mark.parametrize("plugin", ["cni", "controlplane", "ztunnel"])
+def test_a_manifest_command_puts_its_namespace_first(plugin, capsys):
+    code, out, err = run(capsys, plugin, "manifest", "-n", "mesh-x", "-o", "json")
+    assert code == 0, err
+    first = json.loads(out)["items"][0]
+    assert (first["kind"], first["metadata"]["name"]) == ("Namespace", "mesh-x")

@@ -213,8 +213,9 @@ def test_node_proxy_manifest_is_a_daemonset_with_the_zds_dir_token_and_root():
     result = meshctl("ztunnel", "manifest", "-o", "json", "--image", "registry.example/m:1")
     assert result.returncode == 0, result.stderr
     items = json.loads(result.stdout)["items"]
-    assert [i["kind"] for i in items] == ["ServiceAccount", "DaemonSet"]
-    spec = items[1]["spec"]["template"]["spec"]
+    assert [i["kind"] for i in items] == ["Namespace", "ServiceAccount", "DaemonSet"]
+    assert items[0]["metadata"]["name"] == "meshctl-system"
+    spec = items[2]["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "meshctl-ztunnel"  # the CA's trusted node account
     container = spec["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
