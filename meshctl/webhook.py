@@ -39,7 +39,7 @@ from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallabl
 
 from meshctl.core.inject.admission import MAX_BODY_BYTES, Answer, Request, handle
 from meshctl.core.inject.settings import InjectSettings
-from meshctl.errors import MeshctlError
+from meshctl.errors import MeshctlError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -262,12 +262,32 @@ def check_tls_files(cert: Path, key: Path) -> None:
             )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(str(cert), str(key))
-    except (OSError, ssl.SSLError) as exc:
-        raise MeshctlError(
-            f"cannot load the TLS certificate {cert} with key {key}: {exc.strerror or exc}",
-            hint="both must be PEM files, and the key must belong to the certificate",
+        # A password callback, so an encrypted key is an error here, never a terminal prompt.
+        context.load_cert_chain(str(cert), str(key), password=lambda: b"")
+    except ssl.SSLError as exc:
+        raise _unusable_pair(cert, key) from exc
+    except OSError as exc:
+        raise UserError(
+            f"cannot read the TLS certificate {cert} or key {key}: {exc.strerror or exc}",
+            hint="both must be readable PEM files",
         ) from exc
+
+
+def _unusable_pair(cert: Path, key: Path) -> UserError:
+    """Which file is wrong and why, in words (OpenSSL says ``PEM lib (_ssl.c:3926)``)."""
+    from meshctl.core.certs import pair_problem
+
+    hint = "--tls-cert: the PEM certificate (chain), --tls-key: its PEM private key"
+    try:
+        found = pair_problem(cert.read_bytes(), key.read_bytes())
+    except OSError as exc:
+        return UserError(f"cannot read {cert} or {key}: {exc.strerror or exc}", hint=hint)
+    where, reason = found or ("pair", "OpenSSL cannot use them together")
+    if where == "cert":
+        return UserError(f"TLS certificate file {cert} {reason}", hint=hint)
+    if where == "key":
+        return UserError(f"TLS key file {key} {reason}", hint=hint)
+    return UserError(f"TLS key file {key} and certificate {cert}: {reason}", hint=hint)
 
 
 async def serve(app: ASGIFramework, config: Config, stop: asyncio.Event) -> None:
