@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import ipaddress
 import logging
 import os
@@ -39,7 +38,7 @@ from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallabl
 
 from meshctl.core.inject.admission import MAX_BODY_BYTES, Answer, Request, handle
 from meshctl.core.inject.settings import InjectSettings
-from meshctl.errors import MeshctlError, UserError
+from meshctl.errors import MeshctlError, UserError, listen_failed
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +118,6 @@ class Pair:
     key_pem: bytes
 
 
-_IN_USE_HINT = "choose a free port, or stop what is using it"
-# What to do about a bind error other than a port in use (the address, not the port, is wrong).
-_BIND_HINTS = {
-    errno.EADDRNOTAVAIL: "listen on one of this host's addresses, or 0.0.0.0 (:: for IPv6)",
-    errno.EACCES: "ports below 1024 need root or CAP_NET_BIND_SERVICE; choose another port",
-}
-
-
 class BoundConfig(Config):
     """hypercorn's configuration over a socket we bound ourselves (``fd://``): a port in use
     is a one-line error when the configuration is made, not a failure inside a server task."""
@@ -143,12 +134,7 @@ class BoundConfig(Config):
             sock.listen(self.backlog)
         except OSError as exc:
             sock.close()
-            raise MeshctlError(
-                f"cannot listen on {shown}: {exc.strerror or exc}",
-                hint=_BIND_HINTS.get(
-                    exc.errno or 0, "choose a free port, or stop what is using it"
-                ),
-            ) from exc
+            raise listen_failed(shown, "", exc.errno, exc.strerror or str(exc)) from exc
         self.use(sock)
 
     def use(self, sock: socket.socket) -> None:

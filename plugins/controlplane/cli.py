@@ -197,6 +197,7 @@ def ca_cmd(
     """Run only the CA, without Kubernetes: Istio's CreateCertificate on 15012, callers
     authenticated by a static token file (a laptop, a VM, 'meshctl demo')."""
     flags = {k: v for k, v in locals().items() if k not in ("ctx", "ca_dir", "tokens")}
+    options.daemon_logging(ctx)  # info unless a level was given: the listening and ready lines
     import asyncio
 
     from .standalone import serve

@@ -200,6 +200,11 @@ class ControlPlaneSettings:
         return lease, renew, retry
 
 
+def is_dns_name(text: str) -> bool:
+    """Whether ``text`` may be a DNS name in a serving certificate (lower case, RFC 1123)."""
+    return bool(_DNS_NAME.match(text))
+
+
 def _is_ip(text: str) -> bool:
     try:
         ipaddress.ip_address(text)
