@@ -128,10 +128,20 @@ def run(
     secret_ttl: Annotated[
         float | None, _setting("secret_ttl", "Certificate lifetime to request (24h).")
     ] = None,
+    run_dir: Annotated[
+        str | None,
+        _setting(
+            "run_dir",
+            "This run's files, e.g. the workers' metrics; what a killed run left there is "
+            "removed at start ($TMPDIR/meshctl-ztunnel-UID).",
+            metavar="DIR",
+        ),
+    ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
     flags = {k: v for k, v in locals().items() if k != "ctx"}  # first: only the options
     level = options.daemon_logging(ctx)  # info unless a level was given: listening, ready
+    from . import rundir
     from .listeners import bind_all
     from .supervisor import modes
     from .supervisor.main import Handover, become_supervisor
@@ -152,6 +162,7 @@ def run(
     # sources as the supervisor will (quietly: it logs when it builds them again); then this
     # process becomes the lean supervisor (exec: same pid), leaving the CLI's libraries behind.
     checked = None
+    rundir.prepare(modes.run_dir(settings))
     if settings.node_mode:
         modes.node_sources(settings, quiet=True)
     else:

@@ -117,6 +117,8 @@ class ZtunnelSettings:
     # Node mode: the node agent's ZDS socket; a development CA for pod certificates when no
     # mesh CA (``ca_address``) is given.
     inpod_uds: str = setting(DEFAULT_SOCKET, env="INPOD_UDS")
+    # Files that live as long as this run (the workers' metrics); "": $TMPDIR/meshctl-ztunnel-UID.
+    run_dir: str = setting("", env="MESHCTL_RUN_DIR")
     ca_dir: str | None = setting(None, env="MESHCTL_CA_DIR")
     # Discovery (ztunnel's names): the control plane, its roots, the token, who we are.
     xds_address: str | None = setting(
