@@ -313,7 +313,7 @@ def read_sources(filenames: Iterable[str], *, recursive: bool = False) -> list[S
                 if p.suffix in MANIFEST_SUFFIXES and p.is_file()
             )
             if not files:
-                raise MeshctlError(
+                raise UserError(
                     f"{name}: no {'/'.join(MANIFEST_SUFFIXES)} files in this directory",
                     hint="name the files with -f, or add -R for subdirectories",
                 )
@@ -334,7 +334,8 @@ def _read(path: Path) -> str:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise MeshctlError(
+        # Input the user named that cannot be used is a usage error (2), like a bad flag.
+        raise UserError(
             f"cannot read {path}: {exc.strerror or exc}",
             hint="check the path given with -f (use -f - to read stdin)",
         ) from exc
@@ -346,7 +347,7 @@ def _decode(data: bytes, name: str) -> str:
         # utf-8-sig: a byte-order mark some editors write is not part of the text.
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise MeshctlError(
+        raise UserError(
             f"{name} is not UTF-8 text (byte {exc.start} cannot be decoded)",
             hint="save the manifest as UTF-8",
         ) from exc

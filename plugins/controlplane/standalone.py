@@ -24,7 +24,6 @@ import hmac
 import io
 import ipaddress
 import logging
-import signal
 import socket
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -36,6 +35,7 @@ from meshctl.core.callers import Caller, CallerError, TokenVerdict
 from meshctl.core.identity import SpiffeId
 from meshctl.errors import UserError
 from meshctl.proto import citadel_pb2_grpc
+from meshctl.shutdown import StopSignals
 
 from .ca import CertificateService
 from .metrics import Metrics
@@ -229,9 +229,9 @@ async def serve(settings: ControlPlaneSettings, ca_dir: Path, tokens: Path) -> i
             settings.trust_domain,
         )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    signals = StopSignals(stop.set)
+    signals.install()
     await stop.wait()
     await server.stop(duration(settings.drain_deadline, "drain deadline").total_seconds())
-    return 0
+    signals.remove()
+    return signals.exit_code()

@@ -25,7 +25,7 @@ from meshctl.core.inject.webhook_config import (
     WebhookTarget,
     webhook_configuration,
 )
-from meshctl.errors import MeshctlError
+from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render_objects
 from meshctl.terminal import Progress, colour_enabled
 
@@ -149,7 +149,7 @@ def inject(
             results.extend(objects)
         if not results:
             names = ", ".join(s.name for s in sources)
-            raise MeshctlError(
+            raise UserError(
                 f"nothing to inject: no Kubernetes object was read from {names}",
                 hint="pass a manifest with objects, e.g. kubectl get deploy web -o yaml | "
                 "meshctl inject -f -",
@@ -237,7 +237,9 @@ def webhook(
         graceful_seconds=drain_deadline if drain_seconds is None else drain_seconds,
         reload_seconds=reload_interval,
     )
-    serve(settings, serve_options)
+    code = serve(settings, serve_options)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("webhook-config")

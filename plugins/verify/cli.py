@@ -128,20 +128,20 @@ def verify(
         raise UserError(f"--workload {workload!r}: expected NAMESPACE/POD", hint="e.g. shop/web-1")
     if workload is not None and pre:
         raise UserError("--workload checks a running pod: not with --pre", hint="drop one of them")
-    kube = _reach(ctx, deadline)
-    if isinstance(kube, Ran):  # no cluster: its failed check is the whole report
-        _report([kube], output, output_file)
     registry = components.load()
     flags = {"revision": revision, "namespace": namespace}
     record = None
-    if pre:
+    if pre:  # what the user gave is checked before anything connects (a bad -f is exit 2)
         values = registry.resolve(
             profile=profile,
             files=options.values_sources(files or ()),
             assignments=list(sets or ()),
             flags=flags,
         )
-    else:
+    kube = _reach(ctx, deadline)
+    if isinstance(kube, Ran):  # no cluster: its failed check is the whole report
+        _report([kube], output, output_file)
+    if not pre:
         base = registry.resolve(profile=None, flags=flags)
         record = _record(kube, base.revisioned(mf.RECORD_NAME), base.namespace)
         values = _installed_values(registry, record, flags) if record else base

@@ -171,7 +171,7 @@ def test_bad_input_exits_1_and_writes_nothing(case, tmp_path):
             cwd=tmp_path,
             check=False,
         )
-        assert result.returncode == 1
+        assert result.returncode == 2  # input the user gave cannot be used (docs/cli.md)
         assert result.stdout == ""
         lines = result.stderr.splitlines()
         assert len(lines) == 2, result.stderr
@@ -184,7 +184,7 @@ def test_bad_input_exits_1_and_writes_nothing(case, tmp_path):
 
 def test_a_missing_file_is_a_clean_error(capsys):
     code, out, err = run(capsys, "inject", "-f", "/nonexistent/deploy.yaml")
-    assert code == 1
+    assert code == 2
     assert out == ""
     assert err.startswith("Error: cannot read /nonexistent/deploy.yaml: No such file")
 
@@ -193,7 +193,7 @@ def test_binary_input_is_a_clean_error(tmp_path, capsys):
     blob = tmp_path / "blob.yaml"
     blob.write_bytes(b"\xff\xfe\x00junk")
     code, out, err = run(capsys, "inject", "-f", str(blob))
-    assert (code, out) == (1, "")
+    assert (code, out) == (2, "")
     assert "is not UTF-8 text" in err
 
 
