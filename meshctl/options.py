@@ -26,7 +26,7 @@ from typer import _click as click
 from typer._click.core import ParameterSource
 from typer._click.exceptions import BadParameter, UsageError
 from typer._click.globals import get_current_context
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from meshctl import logs, values
 from meshctl.config import GlobalSettings
@@ -260,17 +260,37 @@ RecursiveOption = Annotated[
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print what would change; change nothing.")
 ]
-# For commands that talk to an API server: kubectl's --dry-run=none|client|server.
+# For commands that talk to an API server: kubectl's --dry-run=none|client|server; given
+# without a value it is client (as kubectl took it), which needs ``DryRunCommand``.
 DRY_RUN_MODES = ("none", "client", "server")
 DryRunModeOption = Annotated[
     str,
     option(
         "--dry-run",
         parse=values.Choice(DRY_RUN_MODES),
-        help="client: print what would be sent; server: let the API server validate it "
-        "without persisting; none: apply.",
+        help="client (also --dry-run alone): print what would be sent; server: the API server "
+        "checks and defaults every object and persists nothing; none: do it.",
     ),
 ]
+
+
+class DryRunCommand(TyperCommand):
+    """A command whose ``--dry-run`` may come without a value (kubectl's old spelling): then
+    it is ``--dry-run=client``; ``--dry-run server`` and ``--dry-run=server`` both take the mode.
+    (typer's click has no optional option values.)"""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        out: list[str] = []
+        for index, word in enumerate(args):
+            if word == "--":
+                out += args[index:]
+                break
+            following = args[index + 1] if index + 1 < len(args) else None
+            bare = word == "--dry-run" and following not in DRY_RUN_MODES
+            out.append("--dry-run=client" if bare else word)
+        return super().parse_args(ctx, out)
+
+
 ColorOption = Annotated[
     str,
     option(
