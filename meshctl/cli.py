@@ -338,9 +338,9 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit p
 
 
 def _answer_completion_requests() -> None:
-    """When the shell's completion script asks (``meshctl completion``), typer's shell classes
-    answer it from the same lazily loaded command tree; registering them costs an import, so
-    only completion requests pay it."""
+    """When asked for a shell's script (``_MESHCTL_COMPLETE=source_<shell>``), typer's shell
+    classes print it; registering them costs an import, so only those requests pay it. A
+    <TAB>'s ``complete_<shell>`` is ``meshctl.completion``'s."""
     if os.environ.get(COMPLETE_VAR):
         from typer._completion_classes import completion_init
 
