@@ -258,6 +258,7 @@ def build() -> tuple[Spec, list[str]]:
     from typer.main import get_command
 
     from meshctl import cli
+    from meshctl.errors import MeshctlError
 
     root: Any = get_command(cli.app)  # cli.PluginGroup
     context = click.Context(root, info_name="meshctl")
@@ -265,8 +266,12 @@ def build() -> tuple[Spec, list[str]]:
     spec["commands"] = {}
     packages = {str(Path(__file__).parent)}
     for name, info in sorted(root.plugins.items()):
-        command = root.get_command(context, name)
+        try:
+            command = root.get_command(context, name)
+        except MeshctlError:  # a plugin that does not load: its name still completes
+            command = None
         if command is None:
+            spec["commands"][name] = {"help": info.help, "hidden": info.hidden, "options": []}
             continue
         child = _spec(command, click.Context(command, info_name=name, parent=context))
         child["help"] = info.help
