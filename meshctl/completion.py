@@ -26,7 +26,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-COMPLETE_VAR = "_MESHCTL_COMPLETE"
+from meshctl.entry import COMPLETE_VAR  # the name the scripts set (entry reads it first)
+
 CACHE_FORMAT = 1
 _CHOICES = re.compile(r"^[A-Za-z0-9_.-]+(?:\|[A-Za-z0-9_.-]+)+$")
 

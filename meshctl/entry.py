@@ -25,7 +25,7 @@ from meshctl.errors import EXIT_RUNTIME, MeshctlError, format_error
 
 RawMain = Callable[[list[str]], int]
 
-COMPLETE_VAR = "_MESHCTL_COMPLETE"  # meshctl.completion's (read here before importing it)
+COMPLETE_VAR = "_MESHCTL_COMPLETE"  # set by the completion scripts: a <TAB> asks
 CNI_BINARY_NAME = "meshctl-cni"
 CNI_PLUGIN_COMMAND = "cni-plugin"
 CNI_PLUGIN_TARGET = "meshctl_plugins.cni_plugin.main:main"  # also the cni-plugin entry point

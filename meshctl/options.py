@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -383,6 +382,8 @@ def write_output(text: str, output: Path | None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
+    import tempfile  # deferred: only -O pays for it (every plugin's --help loads this module)
+
     target = output.expanduser()
     try:
         fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
