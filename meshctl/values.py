@@ -214,11 +214,11 @@ class Choice:
 _PORT_RANGE = "port 1-65535"
 
 
-def _split_host_port(text: str, example: str) -> tuple[str, str]:
+def _split_host_port(text: str, example: str, form: str = "HOST:PORT") -> tuple[str, str]:
     """``HOST:PORT`` / ``[V6]:PORT`` / ``:PORT`` -> (host without brackets, port text)."""
     host, sep, port = text.rpartition(":")
     if not sep:
-        raise ValueError(f"{text!r} is not HOST:PORT (e.g. {example}; {_PORT_RANGE})")
+        raise ValueError(f"{text!r} is not {form} (e.g. {example}; {_PORT_RANGE})")
     if host.startswith("[") and host.endswith("]"):
         inner = host[1:-1]
         try:
@@ -271,6 +271,24 @@ class ListenAddress:
         return f"[{host}]:{number}" if ":" in host else f"{host}:{number}"
 
 
+class Endpoint:
+    """One peer of a connection: ``IP:PORT`` (``[V6]:PORT``), both required; returned
+    normalised."""
+
+    __slots__ = ()
+    metavar = "IP:PORT"
+
+    def __call__(self, raw: Any) -> str:
+        text = _text(raw)
+        host, port = _split_host_port(text, "10.96.0.10:80, [fd00::1]:80", "IP:PORT")
+        number = _port_of(text, port, zero_ok=False)
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"{text!r}: {host!r} is not an IP address") from None
+        return f"[{address}]:{number}" if address.version == 6 else f"{address}:{number}"
+
+
 # RFC 1123 host names (a DNS name, dots between labels of letters, digits and hyphens).
 _HOST_NAME = re.compile(
     r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -306,3 +324,4 @@ class DialAddress:
 ADDRESS = Address()
 CIDR = Cidr()
 DIAL_ADDRESS = DialAddress()
+ENDPOINT = Endpoint()

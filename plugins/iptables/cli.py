@@ -401,7 +401,8 @@ def trace_cmd(
     ctx: typer.Context,
     capture: dict[str, Any],
     dst: Annotated[
-        str, typer.Option("--dst", metavar="IP:PORT", help="Destination ([v6]:port for IPv6).")
+        str,
+        options.option("--dst", parse=values.ENDPOINT, help="Destination ([v6]:port for IPv6)."),
     ],
     src: Annotated[
         str | None, options.address("--src", help="Source IP (default: assumed).")

@@ -374,7 +374,7 @@ def _required_samples(node: Node, tmp_path: Path, skip: TyperOption) -> list[str
 
 
 HOST_PORT_OPTIONS = [
-    (n, p) for n in COMMANDS for p in n.options if _metavar(p, n.ctx) == "HOST:PORT"
+    (n, p) for n in COMMANDS for p in n.options if _metavar(p, n.ctx) in ("HOST:PORT", "IP:PORT")
 ]
 
 
@@ -387,6 +387,7 @@ def test_the_host_port_options_are_the_ones_the_docs_name():
         ("controlplane run", "--grpc-address"),
         ("controlplane ca", "--grpc-address"),
         ("cni install", "--readiness-address"),
+        ("iptables trace", "--dst"),
     } <= found
 
 
@@ -395,7 +396,7 @@ def test_the_host_port_options_are_the_ones_the_docs_name():
 )
 def test_every_host_port_is_checked_while_parsing_with_its_range(node, param, capsys, tmp_path):
     parse = _parse(param)
-    assert isinstance(parse, values.ListenAddress | values.DialAddress), (
+    assert isinstance(parse, values.ListenAddress | values.DialAddress | values.Endpoint), (
         f"meshctl {node.id} {_long(param)}: HOST:PORT without values.ListenAddress/DialAddress"
     )
     for bad, reason in (("127.0.0.1:70000", "port 70000 is out of range"), ("nonsense", "")):
