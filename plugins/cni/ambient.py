@@ -1,6 +1,6 @@
 """The node agent of ambient mode: enrolls this node's pods and hands them to the node proxy.
 
-Owns, for every pod on the node, the path from "should be in the mesh" (``meshctl.core.ambient``
+Owns, for every pod on the node, the path from "should be in the mesh" (``meshctl.core.k8s.ambient``
 over the pod and its namespace, from the API's watches or a local inventory file, and CNI
 events) to "is": the in-pod rules applied in
 the pod's netns from outside (the pod never has NET_ADMIN), the node's probe SNAT for its IPs,
@@ -32,11 +32,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from meshctl.core import ambient, zds
 from meshctl.core.capture.plan import plan
 from meshctl.core.capture.settings import settings_from_args
-from meshctl.core.cni.spec import AGENT_RELEASED
-from meshctl.core.inject.errors import InvalidAnnotationError
+from meshctl.core.k8s import ambient
+from meshctl.core.k8s.cni.spec import AGENT_RELEASED
+from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.core.wire import zds
 from meshctl.errors import KubeError, MeshctlError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
@@ -48,7 +49,7 @@ from meshctl.net.netns import NetnsRef
 from .zdsserver import ProxyUnavailableError, SnapshotEntry, ZdsServer
 
 if TYPE_CHECKING:
-    from .inventory import InventoryFile
+    from .podfile import InventoryFile
 
 log = logging.getLogger(__name__)
 

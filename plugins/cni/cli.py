@@ -2,7 +2,7 @@
 
 Invariants: settings resolve flag > env (Istio's names) > the ``cni:`` section of the settings
 file > default, before anything touches the node; this module only wires (decisions live in
-``meshctl.core.cni``, file work in installer.py, the long-running loop in daemon.py).
+``meshctl.core.k8s.cni``, file work in installer.py, the long-running loop in daemon.py).
 The CNI plugin itself is the raw ``cni-plugin`` entry point, in ``meshctl_plugins.cni_plugin``.
 """
 
@@ -148,7 +148,7 @@ def _inventory(settings: InstallSettings) -> Any:
         return None
     from pathlib import Path
 
-    from .inventory import InventoryFile
+    from .podfile import InventoryFile
 
     return InventoryFile(Path(settings.local_inventory), node_name=settings.node_name)
 

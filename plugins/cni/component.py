@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from meshctl.core.checks import Check, Result
-from meshctl.core.install.components import Component, Values
-from meshctl.core.install.context import CheckContext, rollout
-from meshctl.core.install.values import Field, dns_label
+from meshctl.core.k8s.install.checks import Check, Result
+from meshctl.core.k8s.install.components import Component, Values
+from meshctl.core.k8s.install.context import CheckContext, rollout
+from meshctl.core.k8s.install.values import Field, dns_label
 from meshctl.errors import KubeError
 
 from .manifest import NAME, READINESS_PORT, objects

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meshctl import logs
-from meshctl.core.cni.spec import LOG_SOCKET_NAME, PLUGIN_EVENT_SOCKET_NAME
+from meshctl.core.k8s.cni.spec import LOG_SOCKET_NAME, PLUGIN_EVENT_SOCKET_NAME
 from meshctl.errors import MeshctlError, PortInUseError, listen_failed
 from meshctl.net.sockets import address_text
 from meshctl.shutdown import StopSignals

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshctl.core.cni.spec import DEFAULT_RUN_DIR
-from meshctl.core.image import default_image
-from meshctl.core.install.manifest import namespace_object
-from meshctl.core.podspec import node_security_context
+from meshctl.core.k8s.cni.spec import DEFAULT_RUN_DIR
+from meshctl.core.k8s.image import default_image
+from meshctl.core.k8s.install.manifest import namespace_object
+from meshctl.core.k8s.podspec import node_security_context
 
 NAME = "meshctl-cni-node"
 READINESS_PORT = 8000

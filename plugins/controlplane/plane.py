@@ -31,9 +31,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from meshctl import logs, rpc, webhook
-from meshctl.core import ca
-from meshctl.core.inject.settings import InjectSettings
-from meshctl.core.inject.webhook_config import configuration_name
+from meshctl.core.k8s.inject.settings import InjectSettings
+from meshctl.core.k8s.inject.webhook_config import configuration_name
+from meshctl.core.pki import ca
 from meshctl.kube.client import Kube
 from meshctl.proto import citadel_pb2_grpc
 from meshctl.shutdown import StopSignals

@@ -10,8 +10,8 @@ from datetime import timedelta
 
 from meshctl import values
 from meshctl.config import setting
-from meshctl.core import ca, callers
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import ca, callers
+from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import ConfigError
 
 # Replicas beyond this are a typo, not a plan (install values and `manifest --replicas`).

@@ -16,10 +16,10 @@ import ssl
 import time
 from typing import TYPE_CHECKING
 
-from meshctl.core.addresses import ip as parse_ip
-from meshctl.core.authz import ConnectionFacts, evaluate
-from meshctl.core.hbone import TunnelRejected, TunnelRequested
-from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
+from meshctl.core.mesh.addresses import ip as parse_ip
+from meshctl.core.mesh.authz import ConnectionFacts, evaluate
+from meshctl.core.pki.identity import IdentityError, SpiffeId, peer_identity
+from meshctl.core.wire.hbone import TunnelRejected, TunnelRequested
 
 from . import tls
 from .metrics import Flow, Peer

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshctl.core.addresses import ip as parse_ip
-from meshctl.core.authz import ConnectionFacts, evaluate
+from meshctl.core.mesh.addresses import ip as parse_ip
+from meshctl.core.mesh.authz import ConnectionFacts, evaluate
 
 from .metrics import Flow, Peer
 from .orig_dst import original_dst

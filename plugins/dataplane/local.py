@@ -22,10 +22,11 @@ import socket
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from meshctl.core.addresses import ip as parse_ip
-from meshctl.core.hbone.headers import format_baggage
-from meshctl.core.identity import SpiffeId
-from meshctl.core.workloads import Store, Workload
+from meshctl.core.mesh.addresses import ip as parse_ip
+from meshctl.core.mesh.records import Workload
+from meshctl.core.mesh.store import Store
+from meshctl.core.pki.identity import SpiffeId
+from meshctl.core.wire.hbone.headers import format_baggage
 
 from . import tls
 from .inbound import Inbound
@@ -35,8 +36,8 @@ from .pool import Pool
 from .relay import Accepted, accept_loop
 
 if TYPE_CHECKING:
-    from meshctl.core import channel
-    from meshctl.core.hbone import TunnelSettings
+    from meshctl.core.wire import channel
+    from meshctl.core.wire.hbone import TunnelSettings
     from meshctl.net.inpod import InPod
 
     from .metrics import Telemetry

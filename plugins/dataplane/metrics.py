@@ -23,8 +23,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from meshctl.core.identity import SpiffeId
-from meshctl.core.workloads import Service, Workload
+from meshctl.core.mesh.records import Service, Workload
+from meshctl.core.pki.identity import SpiffeId
 
 access_log = logging.getLogger("meshctl.access")
 

@@ -14,9 +14,9 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
-from meshctl.core.addresses import ip as parse_ip
-from meshctl.core.hbone.headers import format_authority, format_forwarded
-from meshctl.core.workloads import NoHealthyEndpointError
+from meshctl.core.mesh.addresses import ip as parse_ip
+from meshctl.core.mesh.store import NoHealthyEndpointError
+from meshctl.core.wire.hbone.headers import format_authority, format_forwarded
 
 from .metrics import Flow, Peer
 from .orig_dst import original_dst

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from meshctl import config, options
-from meshctl.core.install import manifest as mf
-from meshctl.core.install.components import PROFILE_HELP, Registry, Values
+from meshctl.core.k8s.install import manifest as mf
+from meshctl.core.k8s.install.components import PROFILE_HELP, Registry, Values
 from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render, render_objects
 from meshctl.values import Duration

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from meshctl.core.install import manifest as mf
-from meshctl.core.install.components import Registry, Values
+from meshctl.core.k8s.install import manifest as mf
+from meshctl.core.k8s.install.components import Registry, Values
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.inventory import Inventory

@@ -13,8 +13,8 @@ import json
 import re
 from typing import Any
 
-from meshctl.core.checks import Check, Result
-from meshctl.core.inject.render import PROXY_CONTAINER
+from meshctl.core.k8s.inject.render import PROXY_CONTAINER
+from meshctl.core.k8s.install.checks import Check, Result
 from meshctl.errors import KubeError
 
 CATEGORY = "meshctl-data-plane"
@@ -100,7 +100,7 @@ def _identity(ctx: Any) -> Result:  # noqa: PLR0911 (one answer per finding)
 
 
 def _mesh_root_serials(ctx: Any) -> set[str]:
-    from meshctl.core import certs
+    from meshctl.core.pki import certs
     from meshctl.kube import objects
     from meshctl.kube.resources import CONFIG_MAPS
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import yaml
 
-from meshctl.core import channel
-from meshctl.core.identity import (
+from meshctl.core.mesh.localconfig import local_config_warnings, parse_local_config
+from meshctl.core.mesh.records import LocalConfigError
+from meshctl.core.pki.identity import (
     CERT_CHAIN_FILE,
     KEY_FILE,
     ROOT_CERT_FILE,
@@ -29,7 +30,7 @@ from meshctl.core.identity import (
     check_validity,
     peer_identity,
 )
-from meshctl.core.workloads import LocalConfigError, local_config_warnings, parse_local_config
+from meshctl.core.wire import channel
 from meshctl.errors import UserError
 from meshctl.process import Feed
 
@@ -78,7 +79,7 @@ def certs_message(
 
 
 def cert_facts(pem: str) -> tuple[dict[str, Any], ...]:
-    from meshctl.core import certs as certs_mod
+    from meshctl.core.pki import certs as certs_mod
 
     return tuple(
         channel.certificate_facts(
@@ -89,7 +90,7 @@ def cert_facts(pem: str) -> tuple[dict[str, Any], ...]:
 
 
 def _check_certs(chain: str, key: str, roots: str, identity: SpiffeId) -> None:
-    from meshctl.core import certs as certs_mod
+    from meshctl.core.pki import certs as certs_mod
 
     problem = certs_mod.pair_problem(chain.encode(), key.encode())
     if problem is not None:

@@ -134,7 +134,7 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Valid inputs for every recipe, and a kubeconfig whose server nothing serves."""
     from datetime import UTC, datetime, timedelta
 
-    from meshctl.core import certs
+    from meshctl.core.pki import certs
 
     tmp_path = tmp_path_factory.mktemp("exit-codes")
     ca = certs.mint_root(trust_domain="cluster.local", now=datetime.now(UTC), ttl=timedelta(1))

@@ -266,7 +266,7 @@ def _tls_files(tmp_path):
 
     from cryptography.hazmat.primitives import serialization
 
-    from meshctl.core import certs
+    from meshctl.core.pki import certs
 
     now = datetime.now(UTC)
     one = certs.mint_root(trust_domain="td", now=now, ttl=timedelta(days=1))

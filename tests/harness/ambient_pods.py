@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from meshctl.core import ambient
+from meshctl.core.k8s import ambient
 
 from . import workloads as wl
 

@@ -26,8 +26,8 @@ import pytest
 from kubernetes import client as k8s
 from meshctl_plugins.cni.manifest import objects
 
-from meshctl.core import ambient
-from meshctl.core.cni import netconf
+from meshctl.core.k8s import ambient
+from meshctl.core.k8s.cni import netconf
 from tests.harness.cni import mesh_rules
 from tests.harness.kube import (
     SA_ISSUER,

@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from tests.harness.netns import node_with_pods
 from tests.netns.ztunnel_harness import TD, Ca, Sidecar
 from tests.netns.ztunnel_topology import local_config

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from meshctl.core import ambient
 from meshctl.core.capture import hostprobe
 from meshctl.core.capture.parse import parse
 from meshctl.core.capture.render import render
 from meshctl.core.capture.rules import Family
 from meshctl.core.capture.settings import settings_from_args
+from meshctl.core.k8s import ambient
 
 AMBIENT = {ambient.DATAPLANE_MODE: ambient.MODE_AMBIENT}
 NONE = {ambient.DATAPLANE_MODE: ambient.MODE_NONE}

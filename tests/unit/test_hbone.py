@@ -13,7 +13,7 @@ from hyperframe.frame import Frame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshctl.core.hbone import (
+from meshctl.core.wire.hbone import (
     ConnectionClosed,
     DataReceived,
     HboneConnection,
@@ -27,7 +27,7 @@ from meshctl.core.hbone import (
     TunnelStateError,
     Writable,
 )
-from meshctl.core.hbone.headers import (
+from meshctl.core.wire.hbone.headers import (
     format_authority,
     format_forwarded,
     parse_authority,

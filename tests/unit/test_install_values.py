@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from meshctl.core.install import values as v
-from meshctl.core.install.components import Component, Registry
+from meshctl.core.k8s.install import values as v
+from meshctl.core.k8s.install.components import Component, Registry
 from meshctl.errors import ConfigError
 
 
