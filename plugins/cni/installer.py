@@ -126,6 +126,18 @@ class InstallSettings:
     # for the agent and the plugin alike; no kubeconfig is written then.
     local_inventory: str = setting("", env="MESHCTL_CNI_LOCAL_INVENTORY", flag="--local-inventory")
     ambient_ipv6: bool = setting(False, env="AMBIENT_IPV6")
+    # Where the runtime's pod netns files appear in this container (the DaemonSet mounts the
+    # host's components.cni.netnsDir here): named in the error when a netns lies elsewhere.
+    netns_dir: str = setting("", env="MESHCTL_CNI_NETNS_DIR")
+    # This agent's own pod (the downward API; Istio's names): on SIGTERM its DaemonSet tells an
+    # uninstall (gone or being deleted: release every pod) from an upgrade (keep them).
+    pod_name: str = setting("", env="POD_NAME")
+    pod_namespace: str = setting("", env="POD_NAMESPACE")
+    release_on_exit: str = setting(
+        "auto",
+        env="MESHCTL_CNI_RELEASE_ON_EXIT",
+        choices=("auto", "always", "never"),
+    )
 
     @property
     def server(self) -> str:

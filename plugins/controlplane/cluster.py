@@ -53,7 +53,7 @@ def cluster_settings(settings: ControlPlaneSettings) -> ClusterSettings:
 
 
 class Discovery:
-    """The ``Component`` serving workload discovery (see ``plane.Component``)."""
+    """The ``Component`` serving workload discovery (see ``plane.Part``)."""
 
     name = "discovery"
 

@@ -33,7 +33,7 @@ from .inbound import Inbound
 from .inbound_plaintext import InboundPlaintext
 from .outbound import Outbound
 from .pool import Pool
-from .relay import Accepted, accept_loop
+from .relay import Accepted, accept_loop, stop_accepting
 
 if TYPE_CHECKING:
     from meshctl.core.wire import channel
@@ -245,7 +245,7 @@ class Local:
             task.cancel()
         self._accepting.clear()
         for sock in self.listeners.values():
-            sock.close()
+            stop_accepting(sock)
 
     def stop(self) -> None:
         """The pod left: no new connections, tunnels told to go away, the netns let go."""

@@ -68,6 +68,81 @@ def enrollment(  # noqa: PLR0911 (one answer per rule, each with its reason)
     return Enrollment(False, f"no {DATAPLANE_MODE}={MODE_AMBIENT} label on the pod or namespace")
 
 
+@dataclass(frozen=True, slots=True)
+class ExitPlan:
+    """What a stopping node agent does with the pods it enrolled."""
+
+    release: bool
+    reason: str
+
+
+def exit_plan(  # noqa: PLR0911 (one answer per case, each with its reason)
+    own_pod: Mapping[str, Any] | None, daemonset: Mapping[str, Any] | None, *, mode: str = "auto"
+) -> ExitPlan:
+    """Release every pod (an uninstall) or keep them captured for the next agent (an upgrade
+    or a restart), as istio-cni decides: by whether the agent's DaemonSet is going away.
+
+    ``own_pod``: the agent's pod (None when unknown: not in a pod, or unreadable);
+    ``daemonset``: its owning DaemonSet as read now (None when not found); ``mode``:
+    ``always``/``never`` override the decision."""
+    if mode == "always":
+        return ExitPlan(True, "told to release its pods on exit")
+    if mode == "never":
+        return ExitPlan(False, "told to keep its pods on exit")
+    if own_pod is None:
+        return ExitPlan(False, "its own pod is unknown, so an upgrade cannot be ruled out")
+    owner = next(
+        (
+            _mapping(ref)
+            for ref in _mapping(own_pod.get("metadata")).get("ownerReferences") or ()
+            if _mapping(ref).get("kind") == "DaemonSet"
+        ),
+        None,
+    )
+    if owner is None:
+        return ExitPlan(False, "its pod has no DaemonSet owner")
+    if daemonset is None:
+        return ExitPlan(True, f"its DaemonSet {owner.get('name')} is gone (uninstall)")
+    meta = _mapping(daemonset.get("metadata"))
+    if meta.get("uid") != owner.get("uid"):
+        return ExitPlan(False, "a new DaemonSet of the same name takes over (reinstall)")
+    if meta.get("deletionTimestamp"):
+        return ExitPlan(True, f"its DaemonSet {meta.get('name')} is being deleted (uninstall)")
+    return ExitPlan(False, "its DaemonSet stays (an upgrade or a restart): the next agent serves")
+
+
+AGENT_ENV = "AMBIENT_ENABLED"  # istio-cni's switch: the node agent runs in ambient mode
+
+
+def runs_agent(pod: Mapping[str, Any]) -> bool:
+    """Whether ``pod`` is a running ambient node agent (its container has ``AMBIENT_ENABLED``
+    true), whoever installed it."""
+    if _mapping(pod.get("status")).get("phase") != "Running":
+        return False
+    return any(
+        _mapping(e).get("name") == AGENT_ENV and str(_mapping(e).get("value")).lower() == "true"
+        for c in _mapping(pod.get("spec")).get("containers") or ()
+        for e in _mapping(c).get("env") or ()
+    )
+
+
+def left_captured(pods: Sequence[Mapping[str, Any]], served_nodes: Sequence[str]) -> list[str]:
+    """``NS/NAME (node N)`` of each pod still annotated as redirected for ambient on a node
+    where no ambient node agent runs (``served_nodes`` are those where one does): its in-pod
+    rules send its traffic to a node proxy that is gone, so it refuses every connection."""
+    out = []
+    for pod in pods:
+        meta = _mapping(pod.get("metadata"))
+        value = _mapping(meta.get("annotations")).get(REDIRECTION)
+        node = str(_mapping(pod.get("spec")).get("nodeName") or "")
+        if value not in (REDIRECTION_ENABLED, REDIRECTION_PENDING) or node in served_nodes:
+            continue
+        if _mapping(pod.get("status")).get("phase") in ("Succeeded", "Failed"):
+            continue
+        out.append(f"{meta.get('namespace')}/{meta.get('name')} (node {node or '?'})")
+    return sorted(out)
+
+
 def has_sidecar(pod: Mapping[str, Any]) -> bool:
     """Injected by a sidecar injector (status annotation) or running an ``istio-proxy``."""
     meta = _mapping(pod.get("metadata"))

@@ -84,6 +84,24 @@ def parse_forwarded_for(value: str) -> tuple[IPAddress, int | None] | None:
     return None
 
 
+def parse_forwarded_host(value: str) -> str | None:
+    """The ``host=`` of the first RFC 7239 element (unquoted), or None when absent or empty.
+
+    What the client's proxy says it dialled (a Service hostname): a claim, only ever matched
+    against the services of the workload it reached, never trusted on its own.
+    """
+    first = value.split(",", 1)[0]
+    for pair in first.split(";"):
+        key, sep, raw = pair.strip().partition("=")
+        if not sep or key.strip().lower() != "host":
+            continue
+        host = raw.strip()
+        if len(host) >= 2 and host[0] == host[-1] == '"':
+            host = host[1:-1]
+        return host or None
+    return None
+
+
 def format_baggage(
     *,
     cluster: str,
