@@ -25,7 +25,7 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 # Which commands each page is about (its flags must be theirs); absent: every command.
 PAGE_COMMANDS = {
     "ztunnel": ("ztunnel", "iptables", "install"),
-    "cni": ("cni", "inject", "ztunnel"),
+    "cni": ("cni", "inject", "ztunnel", "install", "verify", "uninstall"),
     "controlplane": ("controlplane", "ztunnel", "inject"),
     "inject": ("inject", "ztunnel"),
     "install": ("install", "uninstall", "manifest", "verify", "version"),
