@@ -22,8 +22,10 @@ from meshctl.core.k8s.install.context import CheckContext, rollout
 from meshctl.core.k8s.install.values import Field
 
 from . import manifest as node_manifest
+from .settings import MAX_WORKERS
 
 NAME = "meshctl-ingressgateway"
+MAX_GATEWAY_REPLICAS = 100
 # (name, service port, target port): the seed's demo gateway ports.
 PORTS = (
     ("http2", 80, 8080),
@@ -107,7 +109,9 @@ gateway = Component(
     phase=30,
     revisioned=True,
     schema={
-        "replicas": Field(kind="int", default=1, minimum=1, help="gateway replicas"),
+        "replicas": Field(
+            kind="int", default=1, minimum=1, maximum=MAX_GATEWAY_REPLICAS, help="gateway replicas"
+        ),
         "serviceType": Field(
             kind="string",
             default="LoadBalancer",
@@ -153,7 +157,13 @@ node_proxy = Component(
     phase=20,
     revisioned=False,
     schema={
-        "workers": Field(kind="int", default=1, minimum=1, help="data-plane workers per node"),
+        "workers": Field(
+            kind="int",
+            default=1,
+            minimum=1,
+            maximum=MAX_WORKERS,
+            help="data-plane workers per node",
+        ),
     },
     profiles={"ambient": {"enabled": True}},
     render=_render_node_proxy,

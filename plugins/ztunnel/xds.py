@@ -188,7 +188,8 @@ class XdsClient:
             await self._stream(channel, stop)
         except grpc.aio.AioRpcError as exc:
             code, detail = exc.code(), exc.details() or ""
-            self._fail(f"{code.name}: {detail}")
+            mismatch = rpc.hostname_mismatch(detail, self.config.address, self.config.server_name)
+            self._fail(f"{code.name}: {detail}" if mismatch is None else "; ".join(mismatch))
             cheap = code in _CHEAP_ENDS or (
                 code is grpc.StatusCode.UNAVAILABLE
                 and any(s in detail.lower() for s in _CHEAP_UNAVAILABLE)
