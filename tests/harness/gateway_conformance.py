@@ -116,6 +116,12 @@ def install_crds(api: k8s.ApiClient, suite: Suite, timeout: float = 60) -> list[
     return names
 
 
+def uninstall_crds(api: k8s.ApiClient, suite: Suite, timeout: float = 120) -> None:
+    """Removes the channel again (every Gateway API object with it), waiting until it is gone:
+    later tests in the session (an install that brings its own CRDs) find the cluster as before."""
+    wl.delete(api, crd_objects(suite.crd_dir), wait=timeout)
+
+
 # ---------------------------------------------------------------------------------------------
 # The report (conformance/apis/v1 in the suite's module: ConformanceReport, ProfileReport, Status)
 
@@ -289,7 +295,7 @@ class SuiteOptions:
     exempt_features: Sequence[str] = ()
     skip_tests: Sequence[str] = ()
     run_test: str | None = None
-    # Seconds per wait, by the suite's TimeoutConfig field names (GatewayMustHaveAddress=30, ...).
+    # Seconds per wait, by the suite's TimeoutConfig field names ({"GatewayMustHaveAddress": 30}).
     timeout_overrides: Mapping[str, int] = field(default_factory=dict)
     implementation: Implementation = Implementation()
     extra_flags: Sequence[str] = ()
@@ -314,7 +320,8 @@ class SuiteOptions:
         if self.run_test:
             flags.append(f"-run-test={self.run_test}")
         if self.timeout_overrides:
-            pairs = ";".join(f"{k}={v}" for k, v in sorted(self.timeout_overrides.items()))
+            # The suite's syntax: Name:seconds;Name:seconds (it ignores a pair it cannot read).
+            pairs = ";".join(f"{k}:{v}" for k, v in sorted(self.timeout_overrides.items()))
             flags.append(f"-timeout-config-overrides={pairs}")
         return [*flags, *self.extra_flags]
 

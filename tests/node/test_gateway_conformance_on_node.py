@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -124,6 +125,7 @@ def unserved_class(kube_node: TestNode) -> Iterator[gc.Suite]:
             yield suite
         finally:
             custom.delete_cluster_custom_object(GROUP, VERSION, "gatewayclasses", CLASS)
+            gc.uninstall_crds(api, suite)
 
 
 def _image_ids(kube_node: TestNode, role: str) -> set[str]:
@@ -147,7 +149,7 @@ def test_the_suite_runs_its_base_manifests_and_reports_an_unserved_class_failing
                 gateway_class=CLASS,
                 run_test=CORE_TEST,
                 # Nothing will ever give the Gateway an address: fail that wait in 10 s, not 180.
-                timeout_overrides={"GatewayMustHaveAddress": 10},
+                timeout_overrides={"GatewayMustHaveAddress": 10, "NamespacesMustBeReady": 180},
             ),
             timeout=600,
         )
@@ -178,6 +180,9 @@ def test_the_suite_runs_its_base_manifests_and_reports_an_unserved_class_failing
 
     # The report: the one core test ran and failed, the other core tests were skipped.
     assert run.failed_tests == (CORE_TEST,), run.tail()
+    took = re.search(rf"--- FAIL: TestConformance/{CORE_TEST} \((\d+)\.\d+s\)", output)
+    assert took is not None
+    assert int(took.group(1)) < 60, "the 10 s address wait took the suite's default (180 s)"
     assert run.report is not None, f"no report at {run.report_path}:\n{run.tail()}"
     assert run.report.gateway_api_version == unserved_class.version
     assert run.report.gateway_api_channel == "standard"

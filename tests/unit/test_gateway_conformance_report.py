@@ -157,7 +157,7 @@ def test_options_become_the_suites_flags():
         "-exempt-features=HTTPRouteCORS",
         "-skip-tests=A,B",
         "-run-test=HTTPRouteSimpleSameNamespace",
-        "-timeout-config-overrides=GatewayMustHaveAddress=10;RequestTimeout=5",
+        "-timeout-config-overrides=GatewayMustHaveAddress:10;RequestTimeout:5",
     ]
     minimal = gc.SuiteOptions(gateway_class="x").flags(Path("r"))
     optional = ("-run-test", "-skip-tests", "-exempt", "-timeout")
