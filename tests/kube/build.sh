@@ -21,6 +21,7 @@
 # Usage:
 #   bash tests/kube/build.sh                  build (or reuse) the pinned versions
 #   bash tests/kube/build.sh --apiserver      only what the `kube` tests need (kube-apiserver, etcd)
+#   bash tests/kube/build.sh --gateway-api    only the conformance suite, its CRDs and echo-basic, CoreDNS
 #   bash tests/kube/build.sh --regen v1.Y.Z   rewrite the Kubernetes wrapper's go.mod/go.sum for another release
 set -euo pipefail
 
@@ -281,8 +282,12 @@ main() {
             regen "$2"
             return ;;
         --apiserver) only_apiserver=1; shift ;;
+        --gateway-api)
+            [ $# -eq 1 ] || die "usage: $0 --gateway-api"
+            ensure_gateway_api
+            return ;;
     esac
-    [ $# -eq 0 ] || die "usage: $0 [--apiserver | --regen v1.Y.Z]"
+    [ $# -eq 0 ] || die "usage: $0 [--apiserver | --gateway-api | --regen v1.Y.Z]"
 
     local k8s_version containerd_version etcd
     k8s_version="$(pinned_version "$k8s_mod/go.mod" k8s.io/kubernetes)"
