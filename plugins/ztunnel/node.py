@@ -22,6 +22,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from meshctl.core.backoff import Backoff
 from meshctl.core.pki.identity import IdentityError, SpiffeId
 from meshctl.core.wire import channel, zds
 from meshctl.errors import MeshctlError
@@ -34,8 +35,7 @@ from .sources import LocalConfigSource
 
 log = logging.getLogger(__name__)
 
-_RECONNECT_FIRST = 0.05
-_RECONNECT_CAP = 5.0
+_RECONNECT = Backoff(first=0.05, cap=5.0)
 
 
 @dataclass(slots=True)
@@ -190,7 +190,7 @@ class ZdsClient:
                 conn = await wire.Connection.connect(self.path)
             except (OSError, TimeoutError) as exc:
                 failures += 1
-                delay = min(_RECONNECT_CAP, _RECONNECT_FIRST * 2 ** min(failures - 1, 10))
+                delay = _RECONNECT.delay(failures)
                 if failures == 1 or failures % 20 == 0:
                     log.warning(
                         "cannot reach the node agent at %s (%s); retrying",
@@ -210,7 +210,7 @@ class ZdsClient:
                 conn.close()
             if not self.stopped.is_set():
                 self.pods.set_synced(False, "node agent disconnected; reconnecting")
-                await asyncio.sleep(_RECONNECT_FIRST)
+                await asyncio.sleep(_RECONNECT.first)
 
     async def _serve(self, conn: wire.Connection) -> None:
         await conn.send(wire.encode_hello(zds.VERSION_V1))
