@@ -36,7 +36,11 @@ def test_a_factor_of_one_waits_the_same_each_time() -> None:
 
 @pytest.mark.parametrize(
     "fields",
-    [{"first": -1.0, "cap": 1.0}, {"first": 2.0, "cap": 1.0}, {"first": 1, "cap": 2, "factor": 0.5}],
+    [
+        {"first": -1.0, "cap": 1.0},
+        {"first": 2.0, "cap": 1.0},
+        {"first": 1, "cap": 2, "factor": 0.5},
+    ],
 )
 def test_a_backoff_that_makes_no_sense_is_refused(fields) -> None:
     with pytest.raises(ValueError, match="backoff"):
