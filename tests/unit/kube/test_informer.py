@@ -5,45 +5,14 @@ fan-out, late subscribers, and the loop's life following its subscribers."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from meshctl.kube.informer import Informers, Selector, subscribe
+from meshctl.kube.informer import Informers, subscribe
 from meshctl.kube.resources import CONFIG_MAPS, NAMESPACES, PODS
-from meshctl.kube.watch import Deliver, WatchEvent
-
-
-class StandInReflector:
-    """Delivers what the test tells it to, from a thread of its own (as ``Watch`` does)."""
-
-    def __init__(self, selector: Selector, deliver: Deliver) -> None:
-        self.selector = selector
-        self.deliver = deliver
-        self.started = self.stopped = False
-
-    def start(self) -> None:
-        self.started = True
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self.stopped = True
-
-    def send(self, kind: str, obj: dict[str, Any]) -> None:
-        event = WatchEvent(kind, obj, self.selector.resource)  # type: ignore[arg-type]
-        thread = threading.Thread(target=self.deliver, args=(event,))
-        thread.start()
-        thread.join()
-
-
-class Reflectors:
-    def __init__(self) -> None:
-        self.made: list[StandInReflector] = []
-
-    def __call__(self, selector: Selector, deliver: Deliver) -> StandInReflector:
-        self.made.append(StandInReflector(selector, deliver))
-        return self.made[-1]
+from tests.unit.kube.reflectors import Reflectors
 
 
 def ns(name: str, version: str = "1") -> dict[str, Any]:

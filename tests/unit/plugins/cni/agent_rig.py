@@ -205,7 +205,7 @@ def pod_object(name: str, ns: str = "shop", *, ip: str = "10.1.0.5", **labels: s
 class Rig:
     agent: AmbientAgent
     kernel: StandInKernel
-    proxy: StandInProxy
+    proxy: StandInProxy  # unused when the agent runs its real ZDS server (``zds_socket``)
     cluster: StandInCluster
     netns_dir: Path
     stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -240,6 +240,9 @@ class Rig:
             }
         )
 
+    def netns_inode(self, name: str) -> int:
+        return (self.netns_dir / f"cni-{name}").stat().st_ino
+
     def state(self, name: str) -> PodState | None:
         return self.agent.pods.get(f"uid-{name}")
 
@@ -259,39 +262,51 @@ async def eventually(condition: Callable[[], object], timeout: float = 3.0) -> N
 FAST_RETRY = Backoff(first=0.05, cap=0.2)
 
 
+@contextlib.asynccontextmanager
+async def running(
+    tmp_path: Path,
+    *,
+    retry: Backoff = FAST_RETRY,
+    cluster: StandInCluster | None = None,
+    zds_socket: str = "",
+) -> AsyncIterator[Rig]:
+    """The agent, serving until the block ends (releasing its pods if the block asked);
+    ``zds_socket``: serve real node proxies there (its ZDS server) instead of the stand-in."""
+    run_dir, netns_dir = tmp_path / "run", tmp_path / "netns"
+    run_dir.mkdir(exist_ok=True)
+    netns_dir.mkdir(exist_ok=True)
+    settings = AgentSettings(
+        node_name=NODE,
+        run_dir=str(run_dir),
+        zds_socket=zds_socket or "/run/ztunnel.sock",
+        exclude_namespaces=("kube-system",),
+        netns_dir=str(netns_dir),
+    )
+    kernel, proxy = StandInKernel(), StandInProxy()
+    cluster = cluster or StandInCluster()
+    proxies = None if zds_socket else proxy
+    agent = AmbientAgent(settings, cluster, cluster, kernel=kernel, proxies=proxies, retry=retry)
+    rig = Rig(agent, kernel, proxy, cluster, netns_dir)
+    serving = asyncio.ensure_future(agent.run(rig.stop, release=rig.release))
+    try:
+        yield rig
+    finally:
+        rig.stop.set()
+        await asyncio.wait_for(serving, 5)
+
+
 def run(
     tmp_path: Path,
     scenario: Callable[[Rig], Awaitable[None]],
     *,
     retry: Backoff = FAST_RETRY,
     cluster: StandInCluster | None = None,
-    before: Callable[[Path], None] | None = None,
 ) -> Rig:
-    """Run the agent around ``scenario``, then stop it (releasing if the scenario asked)."""
-    run_dir, netns_dir = tmp_path / "run", tmp_path / "netns"
-    run_dir.mkdir(exist_ok=True)
-    netns_dir.mkdir(exist_ok=True)
-    if before is not None:
-        before(run_dir)
-    settings = AgentSettings(
-        node_name=NODE,
-        run_dir=str(run_dir),
-        zds_socket="/run/ztunnel.sock",
-        exclude_namespaces=("kube-system",),
-        netns_dir=str(netns_dir),
-    )
-    kernel, proxy = StandInKernel(), StandInProxy()
-    cluster = cluster or StandInCluster()
+    """``running`` around ``scenario``, on a loop of its own; the rig, for a look afterwards."""
 
     async def main() -> Rig:
-        agent = AmbientAgent(settings, cluster, cluster, kernel=kernel, proxies=proxy, retry=retry)
-        rig = Rig(agent, kernel, proxy, cluster, netns_dir)
-        serving = asyncio.ensure_future(agent.run(rig.stop, release=rig.release))
-        try:
+        async with running(tmp_path, retry=retry, cluster=cluster) as rig:
             await scenario(rig)
-        finally:
-            rig.stop.set()
-            await asyncio.wait_for(serving, 5)
         return rig
 
     return asyncio.run(main())
