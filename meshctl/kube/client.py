@@ -76,6 +76,8 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
                 f"kubeconfig {path} is not a readable file",
                 hint="pass --kubeconfig PATH or set KUBECONFIG to a readable kubeconfig",
             )
+    for path in paths:
+        _check_readable(path)
     source = ":".join(str(p) for p in paths)
     try:
         configuration = client.Configuration()
@@ -101,6 +103,24 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
     configuration.connection_pool_maxsize = POOL_SIZE
     where = f"kubeconfig {source}" + (f" (context {settings.context})" if settings.context else "")
     return Kube(client.ApiClient(configuration), where, settings.request_timeout)
+
+
+def _check_readable(path: Path) -> None:
+    """The kubeconfig through the bounded reader first: the kubernetes package's loader would
+    take an alias bomb or runaway nesting as it comes, and word YAML errors over lines."""
+    from meshctl import inputs, yamlread
+    from meshctl.structured import InputError
+
+    limits = inputs.limits()
+    try:
+        yamlread.load_yaml(inputs.read_bytes(path, str(path), limits), str(path), limits)
+    except OSError as exc:
+        raise ConfigError(
+            f"kubeconfig {path}: {exc.strerror or exc}",
+            hint="pass --kubeconfig PATH or set KUBECONFIG to a readable kubeconfig",
+        ) from exc
+    except InputError as exc:
+        raise ConfigError(f"kubeconfig {exc.message}", hint=exc.hint) from exc
 
 
 def _one_attempt(configuration: Any) -> None:

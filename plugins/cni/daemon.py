@@ -34,6 +34,7 @@ from meshctl import logs
 from meshctl.core.cni.spec import LOG_SOCKET_NAME, PLUGIN_EVENT_SOCKET_NAME
 from meshctl.errors import MeshctlError
 from meshctl.net.sockets import address_text
+from meshctl.structured import InputError, load_json
 
 from .installer import Installer, InstallSettings, Status
 from .pluginserver import PluginServer
@@ -250,10 +251,10 @@ async def _close_server(server: asyncio.Server) -> None:
 class _PluginLogs(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: object) -> None:
         try:
-            record = json.loads(data)
+            record = load_json(data, "plugin log record")
             level = logging.getLevelName(str(record.get("level", "info")).upper())
             message = str(record.get("msg", ""))
-        except (ValueError, AttributeError):
+        except (InputError, AttributeError):
             level, message = logging.INFO, data.decode(errors="replace")
         plugin_log.log(level if isinstance(level, int) else logging.INFO, "%s", message)
 

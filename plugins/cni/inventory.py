@@ -17,9 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from meshctl import inputs
 from meshctl.core import inventory
 from meshctl.errors import UserError
 from meshctl.kube.watch import WatchEvent
+from meshctl.structured import InputError
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +51,10 @@ class InventoryFile:
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if stamp == self._stamp:
                 return None
-            text = self.path.read_text()
-            parsed = inventory.parse(text, str(self.path))
-        except (OSError, UnicodeDecodeError) as exc:
+            limits = inputs.limits()
+            data = inputs.read_bytes(self.path, str(self.path), limits)
+            parsed = inventory.parse(data, str(self.path), limits)
+        except OSError as exc:
             reason = getattr(exc, "strerror", None) or str(exc)
             if strict:
                 raise UserError(
@@ -59,7 +62,7 @@ class InventoryFile:
                 ) from exc
             self._warn(f"local inventory {self.path} unreadable ({reason})")
             return None
-        except inventory.InventoryError as exc:
+        except (inventory.InventoryError, InputError) as exc:  # bad content, or too large
             if strict:
                 raise UserError(str(exc), hint=HINT) from exc
             self._stamp = stamp  # the same bad content is not parsed (or reported) again

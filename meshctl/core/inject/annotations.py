@@ -8,7 +8,6 @@ with the message ``invalid value '<v>' for annotation '<k>'``; an absent annotat
 
 from __future__ import annotations
 
-import json
 import re
 from decimal import Decimal
 
@@ -16,6 +15,7 @@ from decimal import Decimal
 # accepts in the init container (or the CNI plugin) later.
 from meshctl.core.capture import settings as capture
 from meshctl.core.inject.errors import InvalidAnnotationError
+from meshctl.structured import InputError, load_json
 
 # --- read: what the user asks for ---------------------------------------------------------------
 INJECT = "sidecar.istio.io/inject"  # label (wins) or annotation: "true" | "false"
@@ -222,8 +222,8 @@ def parse_image(key: str, value: str) -> str:
 def parse_json_objects(key: str, value: str, *, what: str) -> dict[str, dict[str, object]]:
     """A JSON object of name -> object (``userVolume``, ``userVolumeMount``)."""
     try:
-        data = json.loads(value)
-    except ValueError:
+        data = load_json(value, key)
+    except InputError:
         data = None
     if not isinstance(data, dict) or not all(
         isinstance(k, str) and k and isinstance(v, dict) for k, v in data.items()

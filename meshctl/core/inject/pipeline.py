@@ -27,6 +27,7 @@ from meshctl.core.inject import multus, overrides, probes, prometheus, render
 from meshctl.core.inject.errors import InvalidAnnotationError, ManifestError
 from meshctl.core.inject.interception import STATUS_PORT, cni_annotations
 from meshctl.core.inject.settings import InjectSettings
+from meshctl.structured import InputError, load_json
 
 # Istio's list: system namespaces are never injected, whatever their pods say.
 IGNORED_NAMESPACES = frozenset(
@@ -62,8 +63,8 @@ def inject_pod(
     validate(pod)
     reason = skip_reason(pod, namespace)
     if reason is not None:
-        return Injected(copy.deepcopy(dict(pod)), reason)
-    result = copy.deepcopy(dict(pod))
+        return Injected(_copy(dict(pod)), reason)
+    result = _copy(dict(pod))
     _strip(result)
     _check_reserved_names(result)
     warnings = ann.unsupported(_mapping(_mapping(result.get("metadata")).get("annotations")))
@@ -75,9 +76,25 @@ def inject_pod(
 def uninject_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     """``pod`` without any earlier injection; an uninjected pod comes back as an equal copy."""
     validate(pod)
-    result = copy.deepcopy(dict(pod))
+    result: dict[str, Any] = _copy(dict(pod))
     _strip(result)
     return result
+
+
+def _copy(value: Any) -> Any:
+    """A deep copy of JSON-shaped data (what manifests and AdmissionReviews hold), several
+    times faster than ``copy.deepcopy``, which it falls back to for anything else."""
+    kind = value.__class__
+    if kind is dict:
+        return {k: _copy(v) for k, v in value.items()}
+    if kind is list:
+        return [_copy(v) for v in value]
+    if kind in _IMMUTABLE or value is None:
+        return value
+    return copy.deepcopy(value)
+
+
+_IMMUTABLE = frozenset({str, int, float, bool})
 
 
 def is_injected(pod: Mapping[str, Any]) -> bool:
@@ -349,8 +366,8 @@ def _status_lists(text: Any) -> dict[str, list[str]] | None:
 def _json_object(text: Any) -> dict[str, Any] | None:
     """``text`` parsed as a JSON object, or None."""
     try:
-        data = json.loads(text)
-    except (ValueError, TypeError, RecursionError):
+        data = load_json(text, "annotation")
+    except (InputError, TypeError):
         return None
     return data if isinstance(data, dict) else None
 
