@@ -163,7 +163,7 @@ def load_file(
             hint=f"fix the path given by --config or ${CONFIG_ENV}",
         ) from exc
     except InputError as exc:
-        raise ConfigError(f"settings file {exc.message}", hint=exc.hint) from exc
+        raise ConfigError(exc.message, hint=exc.hint) from exc
     if data is None:
         return {}, str(target)
     if not isinstance(data, dict):
@@ -325,7 +325,7 @@ def values_files(sources: Sequence[tuple[str, str]]) -> list[tuple[str, Any]]:
     loaded = []
     for name, text in sources:
         try:
-            loaded.append((name, yamlread.load_yaml(text, f"-f {name}", limits)))
+            loaded.append((name, yamlread.load_yaml(text, name, limits)))
         except InputError as exc:
             raise ConfigError(exc.message, hint=exc.hint) from exc
     return loaded

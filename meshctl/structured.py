@@ -24,7 +24,7 @@ DEFAULT_MAX_DEPTH = 100
 DEFAULT_MAX_NODES = 1_000_000
 # Past this, the recursive walks downstream (copying, printing) would reach Python's own
 # recursion limit; libyaml refuses deeper than 1000 levels of syntax anyway.
-DEPTH_CEILING = 500
+DEPTH_CEILING = 250
 
 ENV_MAX_BYTES = "MESHCTL_MAX_INPUT_BYTES"
 ENV_MAX_DEPTH = "MESHCTL_MAX_INPUT_DEPTH"

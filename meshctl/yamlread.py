@@ -1,13 +1,13 @@
 """YAML a user or a peer controls, built straight from libyaml's events within
 ``structured.Limits``: the YAML half of the one bounded reader (JSON: ``meshctl.structured``).
 
-Owns ``yaml_documents`` and ``load_yaml``: values are built as the parser
-reports them (no node graph), so every limit is checked before the work it guards is done: the
-nodes of a document are counted with each alias written out in full (an alias bomb stops at the
-limit, in milliseconds), depth is counted through aliases, and an alias to a node that is still
-open (a self-reference) is refused. Anything else PyYAML's safe loader builds comes out the same
-(scalars resolved by its resolver without timestamps, merge keys ``<<`` as it merges them);
-tags that name no JSON value (``!!binary``, ``!!set``, custom ones) are refused.
+Owns ``yaml_documents`` and ``load_yaml``: values are built as the parser reports them (no node
+graph), so every limit is checked before the work it guards is done: the nodes of a document are
+counted with each alias written out in full (an alias bomb stops at the limit, in milliseconds),
+depth is counted through aliases, and an alias to a node that is still open (a self-reference)
+is refused. Anything else comes out as PyYAML's safe loader builds it (scalars resolved by its
+resolver, without timestamps; merge keys ``<<`` as the merge-key spec has them: own keys win,
+then earlier mappings); tags that name no JSON value (``!!binary``, custom ones) are refused.
 """
 
 from __future__ import annotations
@@ -369,8 +369,8 @@ class _Reader:
             )  # fmt: skip
 
     def _merge_into(self, frame: _Frame, value: Any, line: int) -> None:
-        """``<<: *base`` or ``<<: [*a, *b]`` as PyYAML merges them: the mappings' keys come
-        first (of a list, the last mapping's first), the mapping's own keys win."""
+        """``<<: *base`` or ``<<: [*a, *b]`` as the YAML merge-key spec says: the mapping's own
+        keys win, then the mappings merged earlier; merged keys come first, in order."""
         sources = value if isinstance(value, list) else [value]
         if not all(isinstance(s, dict) for s in sources):
             raise InputError(
@@ -381,7 +381,7 @@ class _Reader:
             )
         if frame.merges is None:
             frame.merges = []
-        for source in reversed(sources) if isinstance(value, list) else sources:
+        for source in sources:
             frame.merges.extend(source.items())
 
     def _too_deep(self, line: int) -> InputError:
@@ -416,7 +416,7 @@ class _Reader:
 def _merged(merges: list[tuple[Any, Any]], own: dict[Any, Any]) -> dict[Any, Any]:
     merged: dict[Any, Any] = {}
     for key, value in merges:
-        merged[key] = value
+        merged.setdefault(key, value)
     merged.update(own)
     return merged
 

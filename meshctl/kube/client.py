@@ -120,7 +120,7 @@ def _check_readable(path: Path) -> None:
             hint="pass --kubeconfig PATH or set KUBECONFIG to a readable kubeconfig",
         ) from exc
     except InputError as exc:
-        raise ConfigError(f"kubeconfig {exc.message}", hint=exc.hint) from exc
+        raise ConfigError(exc.message, hint=exc.hint) from exc
 
 
 def _one_attempt(configuration: Any) -> None:

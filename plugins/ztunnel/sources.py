@@ -51,7 +51,7 @@ def read_certs(cert_dir: Path, identity: SpiffeId, generation: int) -> channel.C
         ) from exc
     except InputError as exc:
         raise UserError(
-            f"workload certificate {exc.message}",
+            exc.message,
             hint=f"mint one for {identity} with 'meshctl ztunnel certs'",
         ) from exc
     try:
@@ -120,7 +120,7 @@ def read_local_config(path: Path | None, *, warn: bool = True) -> dict[str, Any]
             f"cannot read local config {path}: {exc.strerror or exc}", hint="fix --local-config"
         ) from exc
     except InputError as exc:
-        raise UserError(f"local config {exc.message}", hint=exc.hint) from exc
+        raise UserError(exc.message, hint=exc.hint) from exc
     doc = doc or {}
     try:
         parse_local_config(doc)

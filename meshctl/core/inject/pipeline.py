@@ -97,6 +97,19 @@ def _copy(value: Any) -> Any:
 _IMMUTABLE = frozenset({str, int, float, bool})
 
 
+def _a(value: Any) -> str:
+    """What a value is, for messages: ``a string``, ``a mapping``, ``a number``."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return f"a string ({value[:30]!r})"
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
 def is_injected(pod: Mapping[str, Any]) -> bool:
     """Whether the pod carries the status annotation of an injection."""
     return ann.STATUS in _mapping(_mapping(pod.get("metadata")).get("annotations"))
@@ -112,7 +125,12 @@ def validate(pod: Mapping[str, Any]) -> None:
     if not isinstance(spec, dict):
         raise ManifestError("the pod template has no spec", hint="add spec.containers")
     containers = spec.get("containers")
-    if not isinstance(containers, list) or not containers:
+    if containers is not None and not isinstance(containers, list):
+        raise ManifestError(
+            f"spec.containers must be a list of containers, not {_a(containers)}",
+            hint="write each container as a '- name: ...' item under containers:",
+        )
+    if not containers:
         raise ManifestError(
             "the pod spec has no containers", hint="a pod needs at least one container to mesh"
         )
