@@ -43,7 +43,7 @@ _MAP = "tag:yaml.org,2002:map"
 _SEQ = "tag:yaml.org,2002:seq"
 _MERGE = "tag:yaml.org,2002:merge"
 _VALUE = "tag:yaml.org,2002:value"
-_CACHE_ENTRIES = 50_000  # per cache; cleared when full (names differ from object to object)
+_CACHE_ENTRIES = 8192  # per cache; cleared when full (names differ from object to object)
 
 
 class _Loader(_BaseLoader):
@@ -191,10 +191,16 @@ class _Reader:
         event = get()
         if isinstance(event, ev.StreamEndEvent):
             return None
+        # Locals: this loop runs once per YAML node (the inject benchmark's rate is set here).
+        scalar_event, alias_event = ev.ScalarEvent, ev.AliasEvent
+        mapping_start, sequence_start = ev.MappingStartEvent, ev.SequenceStartEvent
+        mapping_end, sequence_end = ev.MappingEndEvent, ev.SequenceEndEvent
+        tags = self._tags
         max_depth, max_nodes = self._limits.max_depth, self._limits.max_nodes
         anchors: dict[str, tuple[Any, int, int] | None] = {}
         stack: list[_Frame] = []
         frame: _Frame | None = None
+        done: _Frame | None = None
         root: Any = None
         first_line = 0
         nodes = 0
@@ -203,15 +209,20 @@ class _Reader:
         while True:
             event = get()
             kind = event.__class__
-            if kind is ev.ScalarEvent:
+            if kind is scalar_event:
                 nodes += 1
-                line = event.start_mark.line + 1
-                value = self._scalar(event, line)
-                height = -1
+                value = event.value
+                tag = event.tag
+                if tag is None or tag == "!":
+                    tag = tags.get((value, event.implicit))
+                    if tag is None:
+                        tag = self._resolved(value, event.implicit)
+                if tag != _STR:
+                    value = self._converted(tag, value, event)
                 if event.anchor is not None:
-                    self._anchor(anchors, event.anchor, line)
-                    anchors[event.anchor] = (value, 1, height)
-            elif kind is ev.MappingStartEvent or kind is ev.SequenceStartEvent:
+                    self._anchor(anchors, event.anchor, event.start_mark.line + 1)
+                    anchors[event.anchor] = (value, 1, -1)
+            elif kind is mapping_start or kind is sequence_start:
                 nodes += 1
                 line = event.start_mark.line + 1
                 if track is not None and frame is not None and frame.track is track:
@@ -219,7 +230,7 @@ class _Reader:
                 if len(stack) >= max_depth:
                     raise self._too_deep(line)
                 tag = event.tag
-                if kind is ev.MappingStartEvent:
+                if kind is mapping_start:
                     if tag is not None and tag not in (_MAP, "!"):
                         raise self._unsupported(tag, line)
                     opened = _Frame({}, line)
@@ -247,68 +258,53 @@ class _Reader:
                 if nodes > max_nodes:
                     raise self._too_many(line)
                 continue
-            elif kind is ev.MappingEndEvent or kind is ev.SequenceEndEvent:
+            elif kind is mapping_end or kind is sequence_end:
                 done = stack.pop()
                 value = done.container
                 if done.merges is not None:
                     value = _merged(done.merges, value)
-                height = deepest - len(stack) - 1
                 if done.anchor is not None:
+                    height = deepest - len(stack) - 1
                     anchors[done.anchor] = (value, nodes - done.nodes + 1, height)
                     deepest = max(done.deepest, deepest)
                 frame = stack[-1] if stack else None
-                line = done.line
                 if frame is None:
                     root = value
                     continue
-            elif kind is ev.AliasEvent:
-                line = event.start_mark.line + 1
-                target = anchors.get(event.anchor, _NO_KEY)
-                if target is _NO_KEY:
-                    raise InputError(
-                        self._source, f"alias *{event.anchor} names no anchor before it", line=line
-                    )
-                if target is None:
-                    raise InputError(
-                        self._source,
-                        f"alias *{event.anchor} refers to a node that contains it "
-                        "(a self-referencing structure has no end)",
-                        line=line,
-                        hint=f"replace *{event.anchor} with a copy of what it should hold",
-                    )
-                assert isinstance(target, tuple)  # noqa: S101 -- narrowed for mypy
-                value, size, height = target
+            elif kind is alias_event:
+                value = self._alias(anchors, event)
+                _, size, height = anchors[event.anchor]  # type: ignore[misc]
                 nodes += size
                 if nodes > max_nodes:
-                    raise self._too_many(line, alias=event.anchor)
+                    raise self._too_many(event.start_mark.line + 1, alias=event.anchor)
                 if len(stack) + 1 + height > max_depth:
-                    raise self._too_deep(line)
+                    raise self._too_deep(event.start_mark.line + 1)
                 deepest = max(deepest, len(stack) + 1 + height)
                 if track is not None and frame is not None and frame.track is track:
-                    track.append(line)
+                    track.append(event.start_mark.line + 1)
             elif kind is ev.DocumentEndEvent:
                 return Document(root, first_line, tuple(track or ()))
             else:  # pragma: no cover -- the parser emits nothing else inside a document
                 raise InputError(self._source, f"unexpected YAML event {kind.__name__}")
             # A finished value: the document itself, a list item, a mapping's key or value.
             if frame is None:
-                root, first_line = value, line
+                root, first_line = value, event.start_mark.line + 1
                 if value is _MERGE_KEY:
-                    raise self._unsupported(_MERGE, line)
+                    raise self._unsupported(_MERGE, first_line)
                 continue
             container = frame.container
             if container.__class__ is list:
                 if value is _MERGE_KEY:
-                    raise self._unsupported(_MERGE, line)
-                if track is not None and frame.track is track and kind is ev.ScalarEvent:
-                    track.append(line)
+                    raise self._unsupported(_MERGE, _line(event, done))
+                if track is not None and frame.track is track and kind is scalar_event:
+                    track.append(event.start_mark.line + 1)
                 container.append(value)
             elif frame.key is _NO_KEY:
                 if value.__class__ is not str and isinstance(value, dict | list):
                     raise InputError(
                         self._source,
                         "a mapping key is itself a mapping or a list",
-                        line=line,
+                        line=_line(event, done),
                         hint="keys must be strings (or numbers)",
                     )
                 frame.key = value
@@ -316,25 +312,39 @@ class _Reader:
                 key = frame.key
                 frame.key = _NO_KEY
                 if value is _MERGE_KEY:
-                    raise self._unsupported(_MERGE, line)
+                    raise self._unsupported(_MERGE, _line(event, done))
                 if key is _MERGE_KEY:
-                    self._merge_into(frame, value, line)
+                    self._merge_into(frame, value, _line(event, done))
                 else:
                     container[key] = value
 
-    def _scalar(self, event: ev.ScalarEvent, line: int) -> Any:
-        value = event.value
-        tag = event.tag
-        if tag is None or tag == "!":
-            key = (value, event.implicit)
-            resolved = self._tags.get(key)
-            if resolved is None:
-                if len(self._tags) >= _CACHE_ENTRIES:
-                    self._tags.clear()
-                resolved = self._tags[key] = self._resolve(ScalarNode, value, event.implicit)
-            tag = resolved
-        if tag == _STR:
-            return value
+    def _resolved(self, value: str, implicit: tuple[bool, bool]) -> str:
+        """The tag PyYAML's resolver gives a plain or quoted scalar (remembered)."""
+        if len(self._tags) >= _CACHE_ENTRIES:
+            self._tags.clear()
+        tag = self._tags[(value, implicit)] = self._resolve(ScalarNode, value, implicit)
+        return tag
+
+    def _alias(self, anchors: dict[str, tuple[Any, int, int] | None], event: Any) -> Any:
+        line = event.start_mark.line + 1
+        target = anchors.get(event.anchor, _NO_KEY)
+        if target is _NO_KEY:
+            raise InputError(
+                self._source, f"alias *{event.anchor} names no anchor before it", line=line
+            )
+        if target is None:
+            raise InputError(
+                self._source,
+                f"alias *{event.anchor} refers to a node that contains it "
+                "(a self-referencing structure has no end)",
+                line=line,
+                hint=f"replace *{event.anchor} with a copy of what it should hold",
+            )
+        assert isinstance(target, tuple)  # noqa: S101 -- narrowed for mypy
+        return target[0]
+
+    def _converted(self, tag: str, value: str, event: Any) -> Any:
+        """A scalar that is not a string: its value by the safe loader's rules (remembered)."""
         if tag == _MERGE:
             return _MERGE_KEY
         if tag == _VALUE:
@@ -344,7 +354,7 @@ class _Reader:
             return cached
         convert = self._convert.get(tag)
         if convert is None:
-            raise self._unsupported(tag, line)
+            raise self._unsupported(tag, event.start_mark.line + 1)
         try:
             result = convert(ScalarNode(tag, value))
         except (ValueError, yaml.YAMLError) as exc:  # int() beyond its digit limit, mostly
@@ -353,7 +363,7 @@ class _Reader:
             raise InputError(
                 self._source,
                 f"{shown!r} is not a usable {tag.rsplit(':', 1)[-1]} ({reason[:200]})",
-                line=line,
+                line=event.start_mark.line + 1,
                 hint="quote it to keep it a string",
             ) from None
         if len(self._values) >= _CACHE_ENTRIES:
@@ -411,6 +421,13 @@ class _Reader:
             line=line,
             hint="remove the tag; write the value as a string, number, mapping or list",
         )
+
+
+def _line(event: Any, done: _Frame | None) -> int:
+    """The line a finished value starts on: a scalar's or alias's own, a container's opening."""
+    if isinstance(event, ev.MappingEndEvent | ev.SequenceEndEvent) and done is not None:
+        return done.line
+    return int(event.start_mark.line) + 1
 
 
 def _merged(merges: list[tuple[Any, Any]], own: dict[Any, Any]) -> dict[Any, Any]:

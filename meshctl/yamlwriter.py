@@ -23,7 +23,8 @@ _BAD_FIRST = frozenset("#,[]{}&*!|>'\"%@`")
 _ASCII_LINE = re.compile(r"[\x20-\x7e]+\Z")
 _LONGEST = 1 << 16  # far below libyaml's fold width (1<<20): a longer string takes the slow path
 _LONGEST_KEY = 120  # libyaml writes a key longer than 128 as "? key" (not a simple key)
-_CACHE_ENTRIES = 50_000
+_CACHE_ENTRIES = 8192  # per cache, cleared when full: memory stays flat over a long stream
+_CACHED_LENGTH = 256  # longer strings are rarely written twice (names, JSON annotations)
 _BREAKS = re.compile("[\r\x85\u2028\u2029]")  # line breaks to YAML besides "\n"
 
 
@@ -85,11 +86,16 @@ class BlockWriter:
         start = first
         keys, values = self._keys, self._values
         for key, value in data.items():
-            key_text = keys.get(key) if key.__class__ is str else None
+            key_text = keys.get(key)  # only strings are remembered: 1 and True find nothing
             if key_text is None:
                 key_text = self._key(key)
             kind = value.__class__
-            if kind is dict:
+            if kind is str:  # most values: one lookup
+                text = values.get(value)
+                if text is None:
+                    text = self._scalar(value)
+                out.append(f"{start}{key_text}: {text}\n")
+            elif kind is dict:
                 if value:
                     out.append(f"{start}{key_text}:\n")
                     self._mapping(value, indent + 2, pad + "  ", out)
@@ -102,10 +108,7 @@ class BlockWriter:
                 else:
                     out.append(f"{start}{key_text}: []\n")
             else:
-                text = values.get(value) if kind is str else None
-                if text is None:
-                    text = self._scalar(value)
-                out.append(f"{start}{key_text}: {text}\n")
+                out.append(f"{start}{key_text}: {self._scalar(value)}\n")
             start = pad
 
     def _sequence(self, data: list[Any], indent: int, first: str, out: list[str]) -> None:
@@ -119,16 +122,18 @@ class BlockWriter:
                     self._mapping(value, indent + 2, start + "- ", out)
                 else:
                     out.append(f"{start}- {{}}\n")
+            elif kind is str:
+                text = values.get(value)
+                if text is None:
+                    text = self._scalar(value)
+                out.append(f"{start}- {text}\n")
             elif kind is list:
                 if value:
                     self._sequence(value, indent + 2, start + "- ", out)
                 else:
                     out.append(f"{start}- []\n")
             else:
-                text = values.get(value) if kind is str else None
-                if text is None:
-                    text = self._scalar(value)
-                out.append(f"{start}- {text}\n")
+                out.append(f"{start}- {self._scalar(value)}\n")
             start = pad
 
     def _scalar(self, value: Any) -> str:
@@ -137,7 +142,8 @@ class BlockWriter:
             text = _ascii_text(value)
             if text is None:
                 text = _rendered(value)
-            self._remember(self._values, value, text)
+            if len(value) <= _CACHED_LENGTH:
+                self._remember(self._values, value, text)
             return text
         if kind is bool:
             return "true" if value else "false"
