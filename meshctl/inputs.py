@@ -54,7 +54,15 @@ def open_stream(name: str) -> tuple[BinaryIO, str]:
 
 
 def _bounded(handle: BinaryIO, source: str, limits: Limits) -> bytes:
-    data = handle.read(limits.max_bytes + 1)
-    if len(data) > limits.max_bytes:
-        raise too_large(source, limits)
-    return data
+    """Reads in chunks: a limit raised far above what is there allocates nothing extra."""
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := handle.read(min(_CHUNK, limits.max_bytes + 1 - size)):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limits.max_bytes:
+            raise too_large(source, limits)
+    return b"".join(chunks)
+
+
+_CHUNK = 1 << 20

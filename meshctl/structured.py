@@ -25,6 +25,7 @@ DEFAULT_MAX_NODES = 1_000_000
 # Past this, the recursive walks downstream (copying, printing) would reach Python's own
 # recursion limit; libyaml refuses deeper than 1000 levels of syntax anyway.
 DEPTH_CEILING = 250
+BYTES_CEILING = 1 << 40
 
 ENV_MAX_BYTES = "MESHCTL_MAX_INPUT_BYTES"
 ENV_MAX_DEPTH = "MESHCTL_MAX_INPUT_DEPTH"
@@ -33,7 +34,9 @@ LIMITS_HINT = (
     f"if the input is genuine, raise the limit with ${ENV_MAX_BYTES}, ${ENV_MAX_DEPTH} or "
     f"${ENV_MAX_NODES} (docs/cli.md)"
 )
-_SIZE_UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "K": 1000, "M": 10**6}
+_SIZE_UNITS = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
+_SIZE_UNITS |= {"K": 10**3, "M": 10**6, "G": 10**9}
+_DIGITS = 15  # more is no limit anyone means (and int() refuses past 4,300 digits)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,29 +71,29 @@ def limits_from_env(env: Mapping[str, str]) -> Limits:
         if not raw:
             continue
         value = parse(raw)
-        ceiling = DEPTH_CEILING if field == "max_depth" else None
+        ceiling = {"max_depth": DEPTH_CEILING, "max_bytes": BYTES_CEILING}.get(field)
         if value is None or value < 1 or (ceiling is not None and value > ceiling):
-            allowed = f"1-{ceiling}" if ceiling else "a positive size such as 64Mi"
+            allowed = f"1-{ceiling}" if field != "max_bytes" else "a size up to 1Ti, e.g. 64Mi"
             raise UserError(f"env {name}: invalid value {raw!r} ({allowed})", hint=LIMITS_HINT)
         values[field] = value
     return Limits(**values)
 
 
 def _whole(raw: str) -> int | None:
-    return int(raw) if raw.isdigit() else None
+    return int(raw) if raw.isdigit() and len(raw) <= _DIGITS else None
 
 
 def _size(raw: str) -> int | None:
-    number = raw.rstrip("KMGib")
+    number = raw.rstrip("KMGTi")
     unit = raw[len(number) :]
-    if not number.isdigit() or unit not in _SIZE_UNITS:
+    if not number.isdigit() or len(number) > _DIGITS or unit not in _SIZE_UNITS:
         return None
     return int(number) * _SIZE_UNITS[unit]
 
 
 def size_text(size: int) -> str:
     """``32Mi``, ``512Ki`` or bytes: how limits are written in messages and env vars."""
-    for unit in ("Gi", "Mi", "Ki"):
+    for unit in ("Ti", "Gi", "Mi", "Ki"):
         if size % _SIZE_UNITS[unit] == 0:
             return f"{size // _SIZE_UNITS[unit]}{unit}"
     return f"{size} bytes"

@@ -40,7 +40,8 @@ def assert_clean_refusal(run: Measured, code: int, needle: str) -> None:
     assert needle in first, run.describe()
     assert "Traceback" not in run.stderr, run.describe()
     assert "internal error" not in run.stderr, run.describe()
-    assert run.seconds < 2, run.describe()
+    assert run.cpu_seconds < 2, run.describe()  # its own work, whatever the machine's load
+    assert run.seconds < 15, run.describe()
 
 
 @pytest.mark.parametrize("fmt", ["yaml", "json", "name", "table"])

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MESHCTL = (sys.executable, "-m", "meshctl")
-# argv[1]: where to write the child's peak (KiB); argv[2:]: the command. Exits as the child did.
+# argv[1]: where to write the child's peak (KiB) and CPU seconds; argv[2:]: the command. Exits as
+# the child did.
 _LAUNCHER = """
 import os, sys
 pid = os.fork()
@@ -32,7 +33,7 @@ if pid == 0:
         os._exit(127)
 _, status, usage = os.wait4(pid, 0)
 with open(sys.argv[1], "w") as out:
-    out.write(str(usage.ru_maxrss))
+    out.write(f"{usage.ru_maxrss} {usage.ru_utime + usage.ru_stime}")
 code = os.waitstatus_to_exitcode(status)
 if code < 0:
     os.kill(os.getpid(), -code)
@@ -48,7 +49,8 @@ class Measured:
     returncode: int  # negative: killed by that signal (-9: by the deadline)
     stdout: str
     stderr: str
-    seconds: float
+    seconds: float  # wall clock
+    cpu_seconds: float  # the child's own user + system time: its work, whatever the machine's load
     max_rss_mib: float
     timed_out: bool
 
@@ -56,7 +58,8 @@ class Measured:
         """For assertion messages: the command, what it cost, the end of its stderr."""
         shown = " ".join(self.argv)[:200]
         return (
-            f"{shown}: exit {self.returncode}, {self.seconds:.2f}s, {self.max_rss_mib:.0f} MiB"
+            f"{shown}: exit {self.returncode}, {self.seconds:.2f}s ({self.cpu_seconds:.2f}s CPU), "
+            f"{self.max_rss_mib:.0f} MiB"
             f"{' (killed at the deadline)' if self.timed_out else ''}\n"
             f"stdout: {self.stdout[:300]!r}\nstderr: {self.stderr[-1500:]}"
         )
@@ -108,14 +111,15 @@ def run_measured(
             finally:
                 timer.cancel()
             seconds = time.monotonic() - start
-        peak = peak_path.read_text() if peak_path.exists() else "0"
+        peak, cpu = (peak_path.read_text() if peak_path.exists() else "0 0").split()
         return Measured(
             argv=tuple(argv),
             returncode=returncode,
             stdout=out_path.read_text(errors="replace"),
             stderr=err_path.read_text(errors="replace"),
             seconds=seconds,
-            max_rss_mib=int(peak or 0) / 1024,  # Linux reports KiB
+            cpu_seconds=float(cpu),
+            max_rss_mib=int(peak) / 1024,  # Linux reports KiB
             timed_out=killed.is_set(),
         )
 
