@@ -11,7 +11,7 @@ import pytest
 
 from meshctl.cli import main
 from tests.harness.measured import Measured, meshctl
-from tests.unit.test_bounded_reader import alias_bomb
+from tests.hostile.corpus import alias_bomb
 
 SELF_REFERENCE = "apiVersion: v1\nkind: ConfigMap\nmetadata: &m\n  name: x\n  self: *m\n"
 NESTED_JSON = "[" * 100_000 + "]" * 100_000
@@ -21,7 +21,7 @@ BINARY = bytes(range(256)) * 8
 @pytest.fixture
 def files(tmp_path: Path) -> dict[str, Path]:
     out = {
-        "bomb.yaml": alias_bomb().encode(),
+        "bomb.yaml": alias_bomb(),
         "self.yaml": SELF_REFERENCE.encode(),
         "nested.json": NESTED_JSON.encode(),
         "binary.bin": BINARY,
