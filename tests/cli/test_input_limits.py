@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from meshctl.cli import main
+from meshctl.structured import DEPTH_CEILING
 from tests.harness.measured import Measured, meshctl
 from tests.hostile.corpus import alias_bomb
 
@@ -115,18 +116,22 @@ def test_controlplane_ca_refuses_a_token_file_csv_cannot_read(tmp_path: Path):
     assert_clean_refusal(run, 2, "tokens.csv:2: field larger than field limit")
 
 
-def test_a_limit_can_be_raised_by_env(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_a_limit_can_be_raised_by_env_up_to_its_ceiling(tmp_path: Path, capsys):
     deep = tmp_path / "deep.yaml"
-    value = "[" * 120 + "]" * 120
+    value = "[" * 240 + "x" + "]" * 240
     deep.write_text(f"apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: d}}\ndata: {value}\n")
     assert main(["inject", "-f", str(deep)]) == 1
     assert "nested deeper than 100 levels" in capsys.readouterr().err
-    os.environ["MESHCTL_MAX_INPUT_DEPTH"] = "200"
+    os.environ["MESHCTL_MAX_INPUT_DEPTH"] = str(DEPTH_CEILING)
     try:
-        assert main(["inject", "-f", str(deep)]) == 0
+        for fmt in ("yaml", "json"):  # written out at the ceiling without running out of stack
+            assert main(["inject", "-f", str(deep), "-o", fmt]) == 0
+            assert capsys.readouterr().out.count("x") == 1
+        os.environ["MESHCTL_MAX_INPUT_DEPTH"] = str(DEPTH_CEILING + 1)
+        assert main(["inject", "-f", str(deep)]) == 2
+        assert f"(1-{DEPTH_CEILING})" in capsys.readouterr().err
     finally:
         del os.environ["MESHCTL_MAX_INPUT_DEPTH"]
-    assert capsys.readouterr().out.startswith("apiVersion: v1\nkind: ConfigMap\n")
 
 
 # --- messages that said something else -------------------------------------------------------
