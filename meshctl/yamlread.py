@@ -171,7 +171,7 @@ class _Reader:
         self._loader = loader
         self._source = source
         self._limits = limits
-        self._tags: dict[tuple[str, Any], str] = {}
+        self._tags: dict[str, str] = {}  # a plain scalar's resolved tag
         self._values: dict[tuple[str, str], Any] = {}
         self._convert: dict[str, Callable[[ScalarNode], Any]] = {
             "tag:yaml.org,2002:int": loader.construct_yaml_int,
@@ -192,14 +192,19 @@ class _Reader:
         if isinstance(event, ev.StreamEndEvent):
             return None
         # Locals: this loop runs once per YAML node (the inject benchmark's rate is set here).
+        # The open container, whether it is a list, and its pending key live in locals; the
+        # frame keeps them while a child is open.
         scalar_event, alias_event = ev.ScalarEvent, ev.AliasEvent
         mapping_start, sequence_start = ev.MappingStartEvent, ev.SequenceStartEvent
         mapping_end, sequence_end = ev.MappingEndEvent, ev.SequenceEndEvent
-        tags = self._tags
+        plain_tags = self._tags
         max_depth, max_nodes = self._limits.max_depth, self._limits.max_nodes
         anchors: dict[str, tuple[Any, int, int] | None] = {}
         stack: list[_Frame] = []
         frame: _Frame | None = None
+        cur: Any = None
+        is_list = False
+        key: Any = _NO_KEY
         done: _Frame | None = None
         root: Any = None
         first_line = 0
@@ -214,9 +219,12 @@ class _Reader:
                 value = event.value
                 tag = event.tag
                 if tag is None or tag == "!":
-                    tag = tags.get((value, event.implicit))
-                    if tag is None:
-                        tag = self._resolved(value, event.implicit)
+                    if event.implicit[0]:  # plain: the resolver decides (remembered)
+                        tag = plain_tags.get(value)
+                        if tag is None:
+                            tag = self._resolved(value)
+                    else:  # quoted: a string, whatever it looks like
+                        tag = _STR
                 if tag != _STR:
                     value = self._converted(tag, value, event)
                 if event.anchor is not None:
@@ -238,39 +246,39 @@ class _Reader:
                     if tag is not None and tag not in (_SEQ, "!"):
                         raise self._unsupported(tag, line)
                     opened = _Frame([], line)
-                    if (
-                        track is None
-                        and len(stack) == 1
-                        and frame is not None
-                        and frame.key == "items"
-                    ):
+                    if track is None and len(stack) == 1 and key == "items":
                         opened.track = track = []
                 if event.anchor is not None:
                     self._anchor(anchors, event.anchor, line)
                     anchors[event.anchor] = None  # open: an alias to it now is a cycle
                     opened.anchor, opened.nodes, opened.deepest = event.anchor, nodes, deepest
                     deepest = len(stack) + 1
-                if not stack:
+                if frame is None:
                     first_line = line
+                else:
+                    frame.key = key
                 stack.append(opened)
-                frame = opened
+                frame, cur, is_list, key = opened, opened.container, kind is sequence_start, _NO_KEY
                 deepest = max(deepest, len(stack))
                 if nodes > max_nodes:
                     raise self._too_many(line)
                 continue
             elif kind is mapping_end or kind is sequence_end:
                 done = stack.pop()
-                value = done.container
+                value = cur
                 if done.merges is not None:
                     value = _merged(done.merges, value)
                 if done.anchor is not None:
                     height = deepest - len(stack) - 1
                     anchors[done.anchor] = (value, nodes - done.nodes + 1, height)
                     deepest = max(done.deepest, deepest)
-                frame = stack[-1] if stack else None
-                if frame is None:
+                if not stack:
                     root = value
+                    frame, cur = None, None
                     continue
+                frame = stack[-1]
+                cur, key = frame.container, frame.key
+                is_list = cur.__class__ is list
             elif kind is alias_event:
                 value = self._alias(anchors, event)
                 _, size, height = anchors[event.anchor]  # type: ignore[misc]
@@ -287,19 +295,15 @@ class _Reader:
             else:  # pragma: no cover -- the parser emits nothing else inside a document
                 raise InputError(self._source, f"unexpected YAML event {kind.__name__}")
             # A finished value: the document itself, a list item, a mapping's key or value.
-            if frame is None:
-                root, first_line = value, event.start_mark.line + 1
-                if value is _MERGE_KEY:
-                    raise self._unsupported(_MERGE, first_line)
-                continue
-            container = frame.container
-            if container.__class__ is list:
-                if value is _MERGE_KEY:
-                    raise self._unsupported(_MERGE, _line(event, done))
-                if track is not None and frame.track is track and kind is scalar_event:
+            if value is _MERGE_KEY and (cur is None or is_list or key is not _NO_KEY):
+                raise self._unsupported(_MERGE, _line(event, done))
+            if is_list:
+                if track is not None and kind is scalar_event and frame.track is track:  # type: ignore[union-attr]
                     track.append(event.start_mark.line + 1)
-                container.append(value)
-            elif frame.key is _NO_KEY:
+                cur.append(value)
+            elif cur is None:
+                root, first_line = value, event.start_mark.line + 1
+            elif key is _NO_KEY:
                 if value.__class__ is not str and isinstance(value, dict | list):
                     raise InputError(
                         self._source,
@@ -307,22 +311,19 @@ class _Reader:
                         line=_line(event, done),
                         hint="keys must be strings (or numbers)",
                     )
-                frame.key = value
+                key = value
             else:
-                key = frame.key
-                frame.key = _NO_KEY
-                if value is _MERGE_KEY:
-                    raise self._unsupported(_MERGE, _line(event, done))
                 if key is _MERGE_KEY:
-                    self._merge_into(frame, value, _line(event, done))
+                    self._merge_into(frame, value, _line(event, done))  # type: ignore[arg-type]
                 else:
-                    container[key] = value
+                    cur[key] = value
+                key = _NO_KEY
 
-    def _resolved(self, value: str, implicit: tuple[bool, bool]) -> str:
-        """The tag PyYAML's resolver gives a plain or quoted scalar (remembered)."""
+    def _resolved(self, value: str) -> str:
+        """The tag PyYAML's resolver gives a plain scalar (remembered)."""
         if len(self._tags) >= _CACHE_ENTRIES:
             self._tags.clear()
-        tag = self._tags[(value, implicit)] = self._resolve(ScalarNode, value, implicit)
+        tag = self._tags[value] = self._resolve(ScalarNode, value, (True, False))
         return tag
 
     def _alias(self, anchors: dict[str, tuple[Any, int, int] | None], event: Any) -> Any:
