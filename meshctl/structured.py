@@ -1,13 +1,13 @@
-"""YAML and JSON that a user or a peer controls, parsed within limits: the one reader below
-every command, daemon and plugin that takes such input.
+"""The limits on input a user or a peer controls, their one-line errors, and JSON read within
+them: the base of the one bounded reader (YAML: ``meshctl.yamlread``; files and stdin:
+``meshctl.inputs``).
 
-Owns the limits (bytes held at once, nesting depth, nodes per document with YAML aliases
-written out in full) and the one-line errors users see: ``SOURCE:LINE: problem`` for a limit
-or a structure, ``SOURCE: invalid YAML at line N, column M: problem`` for a syntax error.
-Invariants: pure (text, bytes or a readable binary stream in; plain ``dict``/``list``/scalar
-values out; no files, no env); work is bounded by the limits whatever the input (an alias bomb
-or a self-referencing alias is refused as soon as it is met, before anything is built from it);
-timestamps stay strings, as the API server reads YAML; every failure is an ``InputError``.
+Owns the limits (bytes held at once, nesting depth, values per document with YAML aliases
+written out in full), how env vars raise them, and the errors users see: ``SOURCE:LINE:
+problem`` for a limit or a structure, ``SOURCE: invalid JSON|YAML at line N, column M:
+problem`` for a syntax error. Invariants: pure (text or bytes in; plain ``dict``/``list``/scalar
+values out; no files; env only as a mapping handed in); every failure is an ``InputError``
+(exit 2 unless a caller says the input is something else), one line, with a hint.
 """
 
 from __future__ import annotations

@@ -139,12 +139,15 @@ def assert_refused_cleanly(run: Measured, code: int, may_pass: bool) -> None:
     assert run.max_rss_mib <= MIB, run.describe()
 
 
-@pytest.mark.parametrize("item", NAMES)
-@pytest.mark.parametrize("reader", READERS)
+# Every (reader, item) but those a daemon takes as valid and then serves on: those would not end.
+CASES = [
+    (reader, item) for reader, spec in READERS.items() for item in NAMES if item not in spec.starts
+]
+
+
+@pytest.mark.parametrize(("reader", "item"), CASES)
 def test_a_reader_refuses_hostile_input_cleanly_and_quickly(place: Place, reader: str, item):
     spec_ = READERS[reader]
-    if item in spec_.starts:
-        pytest.skip(f"{item!r} is valid here: the daemon would start and serve")
     path = place.corpus[item]
     run = run_measured(
         (*MESHCTL, *spec_.argv(place, path)),
