@@ -8,6 +8,7 @@ with the message ``invalid value '<v>' for annotation '<k>'``; an absent annotat
 
 from __future__ import annotations
 
+import functools
 import re
 from decimal import Decimal
 
@@ -132,6 +133,7 @@ _SUFFIX = {
     "Pi": Decimal(2**50),
     "Ei": Decimal(2**60),
 }
+_LONGEST_SUFFIX_FIRST = tuple(sorted(_SUFFIX, key=len, reverse=True))  # "Mi" before "M"
 
 
 def parse_bool(key: str, value: str) -> bool:
@@ -232,9 +234,10 @@ def parse_json_objects(key: str, value: str, *, what: str) -> dict[str, dict[str
     return data
 
 
+@functools.lru_cache(maxsize=256)  # a few quantities, read for every pod of a long manifest
 def quantity(text: str) -> Decimal:
     """A Kubernetes quantity as a number (``100m`` -> 0.1, ``1Ki`` -> 1024)."""
-    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+    for suffix in _LONGEST_SUFFIX_FIRST:
         if text.endswith(suffix):
             return Decimal(text[: -len(suffix)]) * _SUFFIX[suffix]
     return Decimal(text)
