@@ -1,7 +1,8 @@
 """Finding the components installed distributions contribute to install and verify.
 
-Plugins publish ``meshctl.core.install.components.Component`` values in the ``meshctl.components``
-entry-point group (``name = "module:attribute"``; the attribute is a Component or a function
+Plugins publish ``meshctl.core.k8s.install.components.Component`` values in the
+``meshctl.components`` entry-point group (``name = "module:attribute"``; the attribute is a
+Component or a function
 returning one). Invariants: nothing is imported until install, uninstall or verify asks; a broken
 contribution is a one-line error naming its distribution, never a traceback; a name clash keeps
 the first distribution's component, as plugin discovery does.
@@ -13,8 +14,8 @@ import importlib
 import importlib.metadata
 import logging
 
-from meshctl.core.checks import Check
-from meshctl.core.install.components import Component, Registry
+from meshctl.core.k8s.install.checks import Check
+from meshctl.core.k8s.install.components import Component, Registry
 from meshctl.errors import MeshctlError
 
 ENTRY_POINT_GROUP = "meshctl.components"

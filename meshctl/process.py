@@ -3,7 +3,7 @@
 Owns the child's life: argv (``self_command``: the frozen executable itself, or this interpreter
 running the console entry point), the inherited listening sockets (owned here, so connections
 queue in the kernel backlog while a crashed data plane restarts instead of being refused), the
-channel (a socketpair speaking ``meshctl.core.channel``), one or more worker children each
+channel (a socketpair speaking ``meshctl.core.wire.channel``), one or more worker children each
 restarted with exponential backoff, and the drain on SIGTERM/SIGINT. Invariants: the supervisor
 never imports the data plane; a new child always receives the latest config, certificates and
 workloads before anything else; ``run`` returns 0 after a requested drain (signal or
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshctl import logs
-from meshctl.core import channel
+from meshctl.core.wire import channel
 
 log = logging.getLogger(__name__)
 

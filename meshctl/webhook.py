@@ -2,7 +2,7 @@
 
 Owns only I/O: TLS (from files or from a key pair held in memory, swappable while serving), HTTP
 framing, the body size limit and the drain on shutdown. What an AdmissionReview gets back is
-decided by ``meshctl.core.inject.admission.handle`` (pure). ``meshctl inject webhook`` and the
+decided by ``meshctl.core.k8s.inject.admission.handle`` (pure). ``meshctl inject webhook`` and the
 control plane (``meshctl controlplane run``, port 15017) both serve through here.
 
 Why hypercorn: the API server talks HTTP/2 or HTTP/1.1 to webhooks, chosen by ALPN. Hypercorn is
@@ -38,8 +38,8 @@ from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, Scope
 
-from meshctl.core.inject.admission import MAX_BODY_BYTES, Answer, Request, handle
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject.admission import MAX_BODY_BYTES, Answer, Request, handle
+from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.errors import MeshctlError
 
 log = logging.getLogger(__name__)

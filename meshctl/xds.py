@@ -17,9 +17,7 @@ from typing import Any
 
 from google.protobuf import any_pb2
 
-from meshctl.core import delta
-from meshctl.core.discovery import ADDRESS_TYPE, AUTHORIZATION_TYPE
-from meshctl.core.workloads import (
+from meshctl.core.mesh.records import (
     DEFAULT_TRUST_DOMAIN,
     Action,
     IPAddress,
@@ -32,6 +30,8 @@ from meshctl.core.workloads import (
     StringMatch,
     Workload,
 )
+from meshctl.core.xds import delta
+from meshctl.core.xds.resources import ADDRESS_TYPE, AUTHORIZATION_TYPE
 from meshctl.proto import authorization_pb2 as authz_pb
 from meshctl.proto import workload_pb2 as wl_pb
 from meshctl.proto import xds_pb2

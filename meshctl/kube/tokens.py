@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from meshctl.core.callers import TokenVerdict
+from meshctl.core.pki.callers import TokenVerdict
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import TOKEN_REVIEWS

@@ -128,15 +128,22 @@ def _installed(choice: iptables.Choice, family: Family) -> RuleSet:
     return choice.backend.read(family).ours()
 
 
-def clean(*, target: netns.NetnsRef | None, backend: str, dry_run: bool = False) -> list[Outcome]:
+def clean(
+    *,
+    target: netns.NetnsRef | None,
+    backend: str,
+    dry_run: bool = False,
+    in_process: bool = False,
+) -> list[Outcome]:
     """Remove every MESH_ chain and jump (and meshctl's policy routing), nothing else.
 
     With ``auto`` every backend kind holding meshctl chains is cleaned (a mixed namespace can be
-    repaired this way); an explicit backend cleans only its own tables.
+    repaired this way); an explicit backend cleans only its own tables. ``in_process``: legacy
+    tables through libiptc (no xtables lock file needed: for namespaces only meshctl writes).
     """
     with netns.entered(target):
         if backend == "auto":
-            holders = iptables.holders(FAMILIES)
+            holders = iptables.holders(FAMILIES, in_process=in_process)
         else:
             holders = [iptables.select(backend, FAMILIES).backend]
         outcomes = []
@@ -162,15 +169,46 @@ def apply_host_probe(
     pod_ips: Iterable[str], *, target: netns.NetnsRef | None, backend: str = "auto"
 ) -> Outcome:
     """The node's probe SNAT rules (``hostprobe``) for exactly ``pod_ips``; only ``MESH_POSTRT``
-    and its jump are read and written, whatever else the node's tables hold (kube-proxy's...)."""
+    and its jump are read and written, whatever else the node's tables hold (kube-proxy's...).
+
+    ``auto``: in the kind of tables the node's kubelet and kube-proxy use (``host_kind``); ours
+    found in the other kind (an older agent's choice) are moved, so one host never mixes both.
+    """
     ips = list(pod_ips)
     with netns.entered(target):
-        choice = iptables.select(backend, FAMILIES)
+        if backend == "auto":
+            kind = iptables.host_kind(FAMILIES)
+            writer = iptables.host_backend(kind)
+            other = "nft" if kind == "legacy" else "legacy"
+            stale = _host_holder(other)
+            ours = _host_ours(writer)
+        else:
+            choice = iptables.select(backend, FAMILIES)
+            writer, stale = choice.backend, None
+            ours = {f: _installed(choice, f) for f in FAMILIES}
         texts: dict[Family, str] = {}
         for family in FAMILIES:
-            installed = hostprobe.scoped(_installed(choice, family))
+            installed = hostprobe.scoped(ours[family])
             desired = hostprobe.build(ips, family)
             texts[family] = render.transition(installed, desired)
             if texts[family]:
-                choice.backend.write(family, installed, desired)
-    return Outcome(choice.backend.name, texts)
+                writer.write(family, installed, desired)
+        if stale is not None:
+            for family in FAMILIES:
+                left = hostprobe.scoped(stale.read(family).ours())
+                if not left.is_empty():
+                    log.info("moving the node's probe rules out of the %s tables", stale.variant)
+                    stale.write(family, left, RuleSet(family))
+    return Outcome(writer.name, texts)
+
+
+def _host_holder(kind: str) -> iptables.Backend | None:
+    """The writer of ``kind`` when those tables hold meshctl chains on this host, else None."""
+    presence = iptables.legacy_presence if kind == "legacy" else iptables.nft_presence
+    if not presence(FAMILIES).has_ours:
+        return None
+    return iptables.host_backend(kind)
+
+
+def _host_ours(writer: iptables.Backend) -> dict[Family, RuleSet]:
+    return {f: writer.read(f).ours() for f in FAMILIES}

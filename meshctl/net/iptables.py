@@ -9,6 +9,10 @@ Invariants:
   already live in the other one (legacy and nft keep separate tables, and both would apply).
 - ``auto`` picks the kind that already holds meshctl's chains, else the kind that holds any
   rules (legacy first, as istio-iptables does), else the host's default ``iptables``.
+- A node's own tables (``host_kind``) follow the node's kubelet and kube-proxy instead, as
+  kubernetes-sigs/iptables-wrappers decides: the kind holding kubelet's hint chains
+  (``KUBE-IPTABLES-HINT``, ``KUBE-KUBELET-CANARY``), else the kind holding more rules; never
+  both kinds on one host.
 - Detection runs in-process (``/proc`` + libiptc for legacy, nf_tables netlink for nft) so that
   the ``iptc`` path never forks.
 """
@@ -30,6 +34,9 @@ from meshctl.errors import NetError, UserError
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "nft", "legacy", "iptc")
+# Chains kubelet creates in the tables it uses (kubernetes-sigs/iptables-wrappers reads the
+# same two to tell which kind a node's Kubernetes components write).
+HINT_CHAINS = frozenset({"KUBE-IPTABLES-HINT", "KUBE-KUBELET-CANARY"})
 _TIMEOUT = 30.0
 _NFPROTO = {Family.IPV4: 2, Family.IPV6: 10}  # nf_tables families of iptables-nft's tables
 
@@ -119,6 +126,13 @@ def _hint(stderr: str) -> str:
             "a netfilter extension is missing in the kernel (xt_REDIRECT, xt_owner, xt_TPROXY, "
             "xt_CT, xt_conntrack ...): load it on the node"
         )
+    if "lock file" in text:
+        # iptables-legacy opens /run/xtables.lock (XTABLES_LOCKFILE) even to write another
+        # namespace's tables; a container with a read-only root has nowhere to create it.
+        return (
+            "iptables-legacy needs a writable xtables lock file: mount the host's "
+            "/run/xtables.lock into the container (hostPath, FileOrCreate), as kube-proxy does"
+        )
     if "xtables lock" in text:
         return "another iptables process holds the xtables lock; retry"
     return "rerun with --debug to see the exact restore input"
@@ -130,6 +144,8 @@ class Presence:
 
     rules: bool  # any rule or user chain at all
     ours: frozenset[Family]  # the families with a MESH_* chain
+    hinted: bool = False  # kubelet's hint chains: the kind the node's own components use
+    count: int = 0  # rules in all (the tie-breaker when no hint says which kind is the node's)
 
     @property
     def has_ours(self) -> bool:
@@ -140,6 +156,8 @@ def legacy_presence(families: tuple[Family, ...]) -> Presence:
     from meshctl.net import libiptc
 
     rules = False
+    hinted = False
+    count = 0
     ours: set[Family] = set()
     for family in families:
         if not libiptc.existing_tables(family):
@@ -152,9 +170,11 @@ def legacy_presence(families: tuple[Family, ...]) -> Presence:
             state = RestoreBackend("legacy").read(family)
         chains = [c for t in state.tables for c in t.chains]
         rules = rules or any(c.rules or c.policy is None for c in chains)
+        hinted = hinted or any(c.name in HINT_CHAINS for c in chains)
+        count += sum(len(c.rules) for c in chains)
         if any(is_ours(c.name) for c in chains):
             ours.add(family)
-    return Presence(rules, frozenset(ours))
+    return Presence(rules, frozenset(ours), hinted, count)
 
 
 def nft_presence(families: tuple[Family, ...]) -> Presence:
@@ -182,6 +202,8 @@ def nft_presence(families: tuple[Family, ...]) -> Presence:
     return Presence(
         bool(rules) or any(name not in base for _, name in chains),
         frozenset(family for family, name in chains if is_ours(name)),
+        any(name in HINT_CHAINS for _, name in chains),
+        len(rules),
     )
 
 
@@ -255,11 +277,35 @@ def select(choice: str, families: tuple[Family, ...]) -> Choice:
     return Choice(make(choice), mine.ours)
 
 
-def holders(families: tuple[Family, ...]) -> list[Backend]:
-    """Every backend kind holding meshctl chains here (for ``clean --backend auto``)."""
+def holders(families: tuple[Family, ...], *, in_process: bool = False) -> list[Backend]:
+    """Every backend kind holding meshctl chains here (for ``clean --backend auto``).
+
+    ``in_process``: legacy tables through libiptc even where the restore binary is installed
+    (a namespace only we write, such as an ambient pod's: no xtables lock to take)."""
     out = []
     if legacy_presence(families).has_ours:
-        out.append(_legacy_backend())
+        out.append(make("iptc") if in_process else _legacy_backend())
     if nft_presence(families).has_ours:
         out.append(make("nft"))
     return out
+
+
+def host_kind(families: tuple[Family, ...]) -> str:
+    """``legacy`` or ``nft``: the kind of tables this (node's) namespace's own Kubernetes
+    components write, decided as kubernetes-sigs/iptables-wrappers does (see the module)."""
+    legacy = legacy_presence(families)
+    nft = nft_presence(families)
+    if nft.hinted:
+        return "nft"
+    if legacy.hinted:
+        return "legacy"
+    if legacy.count != nft.count:
+        return "legacy" if legacy.count > nft.count else "nft"
+    default = host_default()
+    return "legacy" if default == "iptc" else default
+
+
+def host_backend(kind: str) -> Backend:
+    """The writer of ``kind`` on a node: legacy through the restore binary when installed (it
+    takes the node's xtables lock, which kube-proxy's legacy writes take too), else libiptc."""
+    return _legacy_backend() if kind == "legacy" else make("nft")

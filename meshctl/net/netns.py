@@ -73,6 +73,27 @@ def entered(ref: NetnsRef | None) -> Iterator[None]:
         os.close(own)
 
 
+@contextlib.contextmanager
+def scratch() -> Iterator[None]:
+    """Run the block with the calling thread in a new, empty network namespace, gone after
+    (``unshare(2)`` of the thread alone; nothing else can reach the namespace)."""
+    own = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.unshare(_CLONE_NEWNET) != 0:
+            code = ctypes.get_errno()
+            raise NetError(
+                f"cannot create a network namespace: {os.strerror(code)}",
+                hint="creating a namespace needs CAP_SYS_ADMIN",
+            )
+        try:
+            yield
+        finally:
+            _setns(own, NetnsRef("(own)", _THREAD_NETNS))
+    finally:
+        os.close(own)
+
+
 def _setns(fd: int, ref: NetnsRef) -> None:
     # libc's setns(2) directly: pyroute2's wrapper looks libc up with ctypes.util.find_library,
     # which runs `ldconfig -p`, and the iptc path must not fork.

@@ -1,6 +1,6 @@
 """ZDS on the wire: protobuf packets on a SOCK_SEQPACKET unix socket, netns fds as SCM_RIGHTS.
 
-Owns the codec between ``meshctl.core.zds`` records and Istio's ``istio.workload.zds`` messages
+Owns the codec between ``meshctl.core.wire.zds`` records and Istio's ``istio.workload.zds`` messages
 (``meshctl.proto.zds_pb2``), one message per packet without a length prefix, and the socket I/O
 both ends use: a bounded receive (``MAX_PACKET`` bytes, ``MSG_CMSG_CLOEXEC``; a truncated packet
 or truncated control data is an error), sends with at most one descriptor, and the check that a
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError
 
-from meshctl.core.zds import (
+from meshctl.core.wire.zds import (
     MAX_PACKET,
     Ack,
     Add,

@@ -40,7 +40,7 @@ import oci  # noqa: E402 (beside this script)
 import rootfs  # noqa: E402
 
 from meshctl import __version__  # noqa: E402
-from meshctl.core.image import DEFAULT_REPOSITORY, PAUSE_REPOSITORY, TESTAPP_REPOSITORY  # noqa: E402
+from meshctl.core.k8s.image import DEFAULT_REPOSITORY, PAUSE_REPOSITORY, TESTAPP_REPOSITORY  # noqa: E402
 from meshctl.core.tree import MANIFEST_NAME, parse  # noqa: E402
 
 TREE_DIR = "/opt/meshctl"

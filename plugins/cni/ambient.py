@@ -1,6 +1,6 @@
 """The node agent of ambient mode: enrolls this node's pods and hands them to the node proxy.
 
-Owns, for every pod on the node, the path from "should be in the mesh" (``meshctl.core.ambient``
+Owns, for every pod on the node, the path from "should be in the mesh" (``meshctl.core.k8s.ambient``
 over the pod and its namespace, from the API's watches or a local inventory file, and CNI
 events) to "is": the in-pod rules applied in
 the pod's netns from outside (the pod never has NET_ADMIN), the node's probe SNAT for its IPs,
@@ -20,35 +20,32 @@ the annotation and the Warning events then live only here (``enrollment()``, the
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
+import errno
 import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from meshctl.core import ambient, zds
-from meshctl.core.capture.plan import plan
-from meshctl.core.capture.settings import settings_from_args
-from meshctl.core.cni.spec import AGENT_RELEASED
-from meshctl.core.inject.errors import InvalidAnnotationError
-from meshctl.errors import KubeError, MeshctlError
+from meshctl.core.k8s import ambient
+from meshctl.core.k8s.cni.spec import AGENT_RELEASED
+from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.core.wire import zds
+from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
-from meshctl.kube.resources import NAMESPACES, PODS, Resource
+from meshctl.kube.resources import DAEMONSETS, NAMESPACES, PODS, Resource
 from meshctl.kube.watch import AsyncWatch, WatchEvent
-from meshctl.net import capture as kernel
-from meshctl.net.netns import NetnsRef
 
+from .kernelsteps import KernelError, KernelSteps
 from .zdsserver import ProxyUnavailableError, SnapshotEntry, ZdsServer
 
 if TYPE_CHECKING:
-    from .inventory import InventoryFile
+    from .podfile import InventoryFile
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +54,18 @@ STATE_FILE = "ambient-pods.json"
 COMPONENT = "meshctl-cni-node"
 _RETRY_FIRST = 0.5
 _RETRY_CAP = 30.0
-T = TypeVar("T")
+ENROLL_FAILED = "AmbientEnrollmentFailed"
+REMOVAL_FAILED = "AmbientRemovalFailed"
 
 
 class EnrollmentError(Exception):
-    """A pod could not be enrolled; ``retry``: whether trying again later can help."""
+    """A pod could not be enrolled (or removed: ``reason``); ``retry``: whether trying again
+    later can help."""
 
-    def __init__(self, message: str, *, retry: bool) -> None:
+    def __init__(self, message: str, *, retry: bool, reason: str = ENROLL_FAILED) -> None:
         super().__init__(message)
         self.retry = retry
+        self.reason = reason
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,9 +75,16 @@ class AgentSettings:
     zds_socket: str
     exclude_namespaces: tuple[str, ...]
     iptables_backend: str = "iptc"
-    host_backend: str = "auto"  # the node's tables: whichever kind already holds rules
+    host_backend: str = "auto"  # the node's tables: the kind its kubelet and kube-proxy use
     dns_capture: bool = False
     ipv6: bool = False
+    # Where the runtime's pod netns files appear to this agent (the DaemonSet's mount): a
+    # reported netns outside it cannot be opened here, and the error must say why.
+    netns_dir: str = ""
+    # The agent's own pod, to tell an uninstall from an upgrade on exit (``exit_plan``).
+    pod_name: str = ""
+    pod_namespace: str = ""
+    release_on_exit: str = "auto"
 
 
 @dataclass(eq=False)
@@ -124,12 +131,14 @@ class AmbientAgent:
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
         self._synced_kinds: set[str] = set()
-        # One thread for every kernel change: libiptc and setns act per thread, and two
-        # rule writers in one namespace at once would race.
-        self._kernel = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kernel")
-        self._host_ips: frozenset[str] = frozenset()
-        self._host_dirty = asyncio.Event()
-        self._host_task: asyncio.Task[None] | None = None
+        self.kernel = KernelSteps(
+            pod_backend=settings.iptables_backend,
+            host_backend=settings.host_backend,
+            wanted_host_ips=self._captured_ips,
+        )
+        # Directories of reported netns paths this agent cannot see (the runtime pins them
+        # outside the mounted netns directory): every pod there fails, and verify says why.
+        self.netns_unseen: dict[str, str] = {}  # directory -> a pod whose netns was there
         self._state_path = Path(settings.run_dir) / STATE_FILE
         self.zds = ZdsServer(
             settings.zds_socket,
@@ -141,7 +150,9 @@ class AmbientAgent:
 
     # -- life --------------------------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: asyncio.Event, *, release: asyncio.Event | None = None) -> None:
+        """Serve until ``stop``; when ``release`` is set by then (the mesh is being uninstalled
+        from this node), every pod is taken out of the mesh first, so it keeps working."""
         self._load_state()
         self.zds.start()
         selector = f"spec.nodeName={self.settings.node_name}"
@@ -163,13 +174,68 @@ class AmbientAgent:
                 finally:
                     for task in readers:
                         task.cancel()
+                if release is not None and release.is_set():
+                    await self.release_all()
         finally:
             for task in list(self._tasks):
                 task.cancel()
             await self.zds.close()
             for state in self.pods.values():
                 self._close_fd(state)
-            self._kernel.shutdown(wait=False, cancel_futures=True)
+            self.kernel.close()
+
+    async def exit_plan(self) -> ambient.ExitPlan:
+        """Whether stopping now is an uninstall (release every pod) or an upgrade (keep them),
+        from this agent's DaemonSet as the API server has it now."""
+        mode = self.settings.release_on_exit
+        name, namespace = self.settings.pod_name, self.settings.pod_namespace
+        if mode != "auto" or self.kube is None or not (name and namespace):
+            return ambient.exit_plan(None, None, mode=mode)
+        kube = self.kube
+        try:
+            async with asyncio.timeout(5):
+                own = await asyncio.to_thread(objects.get, kube, PODS, name, namespace)
+                refs = ((own or {}).get("metadata") or {}).get("ownerReferences") or ()
+                owner = next((r for r in refs if r.get("kind") == "DaemonSet"), None)
+                daemonset = None
+                if owner is not None:
+                    daemonset = await asyncio.to_thread(
+                        objects.get, kube, DAEMONSETS, str(owner.get("name")), namespace
+                    )
+        except (KubeError, TimeoutError) as exc:
+            why = exc.message if isinstance(exc, KubeError) else "no answer within 5 s"
+            return ambient.ExitPlan(False, f"cannot read its DaemonSet ({why}): keeping them")
+        return ambient.exit_plan(own, daemonset)
+
+    async def release_all(self) -> list[str]:
+        """Take every pod out of the mesh (the agent is being uninstalled): rules, the node's
+        SNAT, the proxy's entry and the annotation removed, the state file deleted; returns the
+        pods that could not be released (logged, each with its error)."""
+        for task in list(self._tasks):
+            task.cancel()
+        left = []
+        for state in list(self.pods.values()):
+            if state.retry is not None:
+                state.retry.cancel()
+            if not (state.captured or state.served or state.annotated or state.netns):
+                continue
+            async with state.lock:
+                try:
+                    await self._unenroll(state, reason="the node agent is being uninstalled")
+                except EnrollmentError as exc:
+                    log.error("%s", exc)  # noqa: TRY400 -- one line, the pod and the fix
+                    left.append(state.ref)
+        if not await self.kernel.host_synced(timeout=10):
+            log.error("the node's probe rules were not removed: %s", self.kernel.host_error)
+        if not left:
+            with contextlib.suppress(FileNotFoundError):
+                self._state_path.unlink()
+        log.info(
+            "released %d pods from the mesh for uninstall%s",
+            sum(1 for s in self.pods.values() if s.ref not in left),
+            f"; {len(left)} left captured: {', '.join(left)} (restart them)" if left else "",
+        )
+        return left
 
     async def _consume(self, kind: str, events: AsyncWatch) -> None:
         async for event in events:
@@ -264,6 +330,7 @@ class AmbientAgent:
             self._close_fd(state)
             state.captured = state.served = False
         state.netns = str(event["netns"])
+        self._check_visible(state)
         state.container = str(event.get("containerId", ""))
         state.ips = tuple(str(ip) for ip in event.get("ips") or ())
         if pod is not None and state.pod is None:
@@ -295,7 +362,14 @@ class AmbientAgent:
             # only those), so once ours are removed nothing of meshctl's is left in it. A pod
             # known only from the watch may be one the plugin captured (sidecar CNI mode).
             reported = bool(state.netns)
-            await self._unenroll(state, reason="sandbox deleted")
+            try:
+                await self._unenroll(state, reason="sandbox deleted")
+            except EnrollmentError as exc:
+                # The plugin removes the rules itself when the agent did not say "released".
+                log.warning("%s", exc)
+                state.captured = state.served = False
+                self.kernel.sync_host()
+                reported = False
             state.netns = ""
         self._forget_if_gone(state)
         self._save_state()
@@ -327,7 +401,7 @@ class AmbientAgent:
                 elif state.captured or state.served or state.annotated:
                     await self._unenroll(state, reason=decision.reason)
             except EnrollmentError as exc:
-                self._failed(state, str(exc), retry=exc.retry)
+                self._failed(state, str(exc), retry=exc.retry, reason=exc.reason)
                 return
             state.failures, state.reported = 0, ""
         self._forget_if_gone(state)
@@ -352,19 +426,18 @@ class AmbientAgent:
             try:
                 state.fd = os.open(state.netns, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
-                raise EnrollmentError(
-                    f"pod {state.ref}: network namespace {state.netns} vanished: "
-                    f"{exc.strerror or exc}",
-                    retry=False,
-                ) from exc
+                raise self._vanished(state, exc) from exc
         if not state.captured:
             args = ambient.capture_args(
                 state.pod or {}, dns=self._dns(state), ipv6=self.settings.ipv6
             )
-            await self._in_kernel(self._apply_rules, state.netns, args)
+            try:
+                await self.kernel.apply_pod(state.netns, args)
+            except KernelError as exc:
+                raise EnrollmentError(f"pod {state.ref}: {exc}", retry=True) from exc
             state.ips = state.ips or tuple(ambient.pod_ips(state.pod or {}))
             state.captured = True
-            await self._sync_host()
+            self.kernel.sync_host()
         if not hand_over:
             return
         captured = time.monotonic()
@@ -394,26 +467,55 @@ class AmbientAgent:
             await self._annotate(state, ambient.REDIRECTION_ENABLED)
 
     async def _unenroll(self, state: PodState, *, reason: str) -> None:
-        if state.served or state.captured:
+        """Rules first, then the proxy: while the proxy still serves the pod its new connections
+        stop being redirected and the open ones finish; the other order leaves the pod
+        redirected to ports nobody listens on. A removal that fails keeps the pod served (and
+        is retried), so it is never left black-holed."""
+        # An earlier agent may have captured a pod this one has only seen annotated.
+        leftover = state.captured or state.annotated in (
+            ambient.REDIRECTION_ENABLED,
+            ambient.REDIRECTION_PENDING,
+        )
+        if leftover and state.netns and Path(state.netns).exists():
+            try:
+                await self.kernel.clean_pod(state.netns)
+            except KernelError as exc:
+                raise EnrollmentError(
+                    f"pod {state.ref}: its capture rules could not be removed ({reason}): {exc}; "
+                    "the node proxy keeps serving it meanwhile",
+                    retry=True,
+                    reason=REMOVAL_FAILED,
+                ) from exc
+        elif leftover and not state.captured and not state.netns and state.pod is not None:
+            raise EnrollmentError(
+                f"pod {state.ref} is annotated {ambient.REDIRECTION}={state.annotated} but its "
+                "network namespace is unknown to this node agent, so its capture rules (if any) "
+                "cannot be removed; restart the pod",
+                retry=False,
+                reason=REMOVAL_FAILED,
+            )
+        was_captured = state.captured
+        if state.captured:
+            state.captured = False
+            self.kernel.sync_host()
+        if state.served or was_captured:
             await self.zds.delete(state.uid)
             state.served = False
-        if state.captured:
-            if state.netns and Path(state.netns).exists():
-                await self._in_kernel(self._clean_rules, state.netns)
-            state.captured = False
-            await self._sync_host()
         self._close_fd(state)
         if state.annotated and state.pod is not None:
             await self._annotate(state, None)
         state.annotated = None
-        log.info("pod %s (%s) removed from the mesh: %s", state.ref, state.uid, reason)
+        if leftover:
+            log.info("pod %s (%s) removed from the mesh: %s", state.ref, state.uid, reason)
 
-    def _failed(self, state: PodState, message: str, *, retry: bool) -> None:
+    def _failed(
+        self, state: PodState, message: str, *, retry: bool, reason: str = ENROLL_FAILED
+    ) -> None:
         log.error("%s", message)  # one line: which pod, what failed, what to do
         if message != state.reported:  # one event per distinct failure, not one per retry
             state.reported = message
-            self._spawn(self._event(state, "AmbientEnrollmentFailed", message))
-        if not retry or state.pod is None:
+            self._spawn(self._event(state, reason, message))
+        if not retry or (state.pod is None and not state.captured):
             return
         state.failures += 1
         delay = min(_RETRY_CAP, _RETRY_FIRST * 2 ** (state.failures - 1))
@@ -436,13 +538,6 @@ class AmbientAgent:
 
     # -- kernel ------------------------------------------------------------------------------
 
-    async def _in_kernel(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._kernel, fn, *args)
-        except MeshctlError as exc:
-            raise EnrollmentError(exc.message, retry=False) from exc
-
     def _dns(self, state: PodState) -> bool:
         """DNS stays uncaptured: the node proxy has no DNS proxy on 15053 yet, and capturing
         DNS to a port nobody serves would break the pod's name resolution."""
@@ -460,47 +555,50 @@ class AmbientAgent:
             )
         return False
 
-    def _apply_rules(self, netns: str, args: list[str]) -> None:
-        settings = settings_from_args(args)
-        kernel.apply(
-            plan(settings),
-            target=NetnsRef(netns, netns),
-            backend=self.settings.iptables_backend,
-        )
-
-    def _clean_rules(self, netns: str) -> None:
-        kernel.clean(target=NetnsRef(netns, netns), backend="auto")
-
-    async def _sync_host(self) -> None:
-        """Bring the node's probe SNAT in line with the captured pods, in the background: a
-        probe that comes first goes through the pod's 15006 instead (still served), so a pod's
-        start does not wait for the node's tables (an iptables-restore run on most nodes)."""
-        self._host_dirty.set()
-        if self._host_task is None or self._host_task.done():
-            self._host_task = asyncio.ensure_future(self._host_loop())
-
-    async def _host_loop(self) -> None:
-        while self._host_dirty.is_set():
-            self._host_dirty.clear()
-            wanted = frozenset(ip for s in self.pods.values() if s.captured for ip in s.ips)
-            if wanted == self._host_ips:
-                continue
-            try:
-                await self._in_kernel(self._apply_host, wanted)
-            except EnrollmentError as exc:
-                log.error("node probe rules not updated: %s; retrying", exc)  # noqa: TRY400
-                await asyncio.sleep(1.0)
-                self._host_dirty.set()
-                continue
-            self._host_ips = wanted
+    def _captured_ips(self) -> frozenset[str]:
+        return frozenset(ip for s in self.pods.values() if s.captured for ip in s.ips)
 
     async def host_synced(self) -> None:
         """Wait until the node's probe rules match the captured pods (tests, shutdown)."""
-        while self._host_task is not None and not self._host_task.done():
-            await asyncio.shield(self._host_task)
+        await self.kernel.host_synced()
 
-    def _apply_host(self, ips: frozenset[str]) -> None:
-        kernel.apply_host_probe(sorted(ips), target=None, backend=self.settings.host_backend)
+    def _check_visible(self, state: PodState) -> None:
+        """Remember (and say once) where the runtime pins netns this agent cannot see: any
+        pod's sandbox shows it, long before an enrolled pod fails on it."""
+        where = str(Path(state.netns).parent)
+        mounted = self.settings.netns_dir
+        if not mounted or where in self.netns_unseen or _within(state.netns, mounted):
+            return
+        if Path(state.netns).exists():
+            return  # visible all the same (the runtime's path is inside another mount)
+        self.netns_unseen[where] = state.ref
+        log.error(
+            "pod %s: its network namespace %s is not visible to the node agent (it mounts %s); "
+            "ambient pods on this node cannot be enrolled: reinstall with "
+            "--set components.cni.netnsDir=%s",
+            state.ref,
+            state.netns,
+            mounted,
+            where,
+        )
+
+    def _vanished(self, state: PodState, exc: OSError) -> EnrollmentError:
+        """Why ``state``'s netns cannot be opened, with the fix when it lies outside the
+        directory this agent mounts (the runtime pins netns elsewhere)."""
+        where = str(Path(state.netns).parent)
+        mounted = self.settings.netns_dir
+        if exc.errno == errno.ENOENT and mounted and not _within(state.netns, mounted):
+            self.netns_unseen.setdefault(where, state.ref)
+            return EnrollmentError(
+                f"pod {state.ref}: its network namespace {state.netns} is not visible to the node "
+                f"agent: the container runtime pins pod netns in {where}, but the agent mounts "
+                f"{mounted}; reinstall with --set components.cni.netnsDir={where}",
+                retry=False,
+            )
+        return EnrollmentError(
+            f"pod {state.ref}: network namespace {state.netns} vanished: {exc.strerror or exc}",
+            retry=False,
+        )
 
     # -- the API -----------------------------------------------------------------------------
 
@@ -554,6 +652,65 @@ class AmbientAgent:
             await asyncio.to_thread(objects.create, self.kube, EVENTS, body, state.namespace)
         except KubeError as exc:
             log.warning("pod %s: event not recorded: %s", state.ref, exc.message)
+
+    # -- health (what verify reads) -----------------------------------------------------------
+
+    async def health(self, *, dry_run: bool = False) -> dict[str, Any]:
+        """Whether a pod can be enrolled on this node now, and what stands in the way: the
+        netns directory, netns the runtime pins where this agent cannot see them, a node
+        proxy on ZDS, the node's rules, pods failing; ``dry_run``: each captured pod's rules
+        compared with what an enrollment would write (or, with none, an enrollment into a
+        fresh namespace of the agent's own), nothing written."""
+        problems: list[str] = []
+        mounted = self.settings.netns_dir
+        readable: bool | None = None
+        if mounted:
+            try:
+                next(Path(mounted).iterdir(), None)
+                readable = True
+            except OSError as exc:
+                readable = False
+                problems.append(f"cannot read the netns directory {mounted}: {exc.strerror}")
+        for where, pod in sorted(self.netns_unseen.items()):
+            problems.append(
+                f"the runtime pins pod netns in {where} (pod {pod}), which the node agent "
+                f"does not mount ({mounted}): set components.cni.netnsDir={where}"
+            )
+        if not self.zds.connected:
+            problems.append(f"no node proxy is connected on {self.settings.zds_socket}")
+        if self.kernel.host_error:
+            problems.append(f"the node's probe rules are not in place: {self.kernel.host_error}")
+        failing = sorted(f"{s.ref}: {s.reported}" for s in self.pods.values() if s.reported)
+        report: dict[str, Any] = {
+            "netnsDir": mounted,
+            "netnsDirReadable": readable,
+            "netnsUnseen": dict(sorted(self.netns_unseen.items())),
+            "nodeProxies": self.zds.connected,
+            "failing": failing,
+        }
+        if dry_run:
+            report["dryRun"] = await self._dry_run(problems)
+        report["problems"] = problems
+        return report
+
+    async def _dry_run(self, problems: list[str], limit: int = 50) -> dict[str, Any]:
+        captured = [s for s in self.pods.values() if s.captured and s.netns][:limit]
+        drifted: list[str] = []
+        try:
+            for state in captured:
+                args = ambient.capture_args(state.pod or {}, ipv6=self.settings.ipv6)
+                if await self.kernel.dry_run_pod(state.netns, args):
+                    drifted.append(state.ref)
+            if not captured:
+                await self.kernel.dry_run_pod(None, ambient.capture_args({}))
+        except KernelError as exc:
+            problems.append(f"a dry-run enrollment failed: {exc}")
+            return {"ok": False, "error": str(exc)}
+        if drifted:
+            problems.append(
+                f"{len(drifted)} captured pod(s) lack their capture rules: {', '.join(drifted)}"
+            )
+        return {"ok": not drifted, "pods": len(captured), "drifted": drifted}
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -641,6 +798,12 @@ class AmbientAgent:
             tmp.replace(self._state_path)
         except OSError as exc:
             log.warning("cannot save %s: %s", self._state_path, exc.strerror or exc)
+
+
+def _within(path: str, directory: str) -> bool:
+    return Path(path).is_relative_to(directory) or Path(path).is_relative_to(
+        Path(directory).resolve()
+    )
 
 
 def _running(pod: dict[str, Any] | None) -> bool:

@@ -2,7 +2,7 @@
 
 Invariants: settings resolve flag > env (Istio's names) > the ``cni:`` section of the settings
 file > default, before anything touches the node; this module only wires (decisions live in
-``meshctl.core.cni``, file work in installer.py, the long-running loop in daemon.py).
+``meshctl.core.k8s.cni``, file work in installer.py, the long-running loop in daemon.py).
 The CNI plugin itself is the raw ``cni-plugin`` entry point, in ``meshctl_plugins.cni_plugin``.
 """
 
@@ -148,7 +148,7 @@ def _inventory(settings: InstallSettings) -> Any:
         return None
     from pathlib import Path
 
-    from .inventory import InventoryFile
+    from .podfile import InventoryFile
 
     return InventoryFile(Path(settings.local_inventory), node_name=settings.node_name)
 
@@ -178,10 +178,14 @@ def _agent(settings: InstallSettings, kube_settings: KubeSettings, inventory: An
         zds_socket=settings.ztunnel_socket,
         exclude_namespaces=settings.exclude_namespaces,
         iptables_backend=settings.iptables_backend,
-        # The node's tables too: in-process, so an image without iptables binaries works.
-        host_backend=settings.iptables_backend,
+        # The node's tables: the kind its kubelet and kube-proxy use (never both on a host).
+        host_backend="auto",
         dns_capture=settings.ambient_dns_capture,
         ipv6=settings.ambient_ipv6,
+        netns_dir=settings.netns_dir,
+        pod_name=settings.pod_name,
+        pod_namespace=settings.pod_namespace,
+        release_on_exit=settings.release_on_exit,
     )
     if inventory is not None:
         return AmbientAgent(agent_settings, None, inventory=inventory)

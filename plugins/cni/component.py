@@ -4,7 +4,8 @@ One shared component (``meshctl.components`` entry point ``cni``): the DaemonSet
 ``meshctl cni install`` on every node, with its RBAC. Checks: the DaemonSet runs ready on every
 node, and every node's agent reports our entry in the runtime's CNI config (its ``/status``,
 read through the API server's pod proxy), naming a node where another component keeps
-rewriting the config.
+rewriting the config; in ambient mode every node's agent can enroll a pod (``checks.py``), and
+(also before an install) no pod is left redirected for a node proxy that is gone.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from meshctl.core.checks import Check, Result
-from meshctl.core.install.components import Component, Values
-from meshctl.core.install.context import CheckContext, rollout
-from meshctl.core.install.values import Field, dns_label
+from meshctl.core.k8s.install.checks import Check, Result
+from meshctl.core.k8s.install.components import Component, Values
+from meshctl.core.k8s.install.context import CheckContext, rollout
+from meshctl.core.k8s.install.values import Field, dns_label
 from meshctl.errors import KubeError
 
-from .manifest import NAME, READINESS_PORT, objects
+from .checks import agent_status, enrollable, leftovers
+from .manifest import NAME, objects
 
 CATEGORY = "meshctl-cni"
 
@@ -56,17 +58,6 @@ def _ready(ctx: CheckContext) -> Result:
     )
 
 
-def _node_status(ctx: CheckContext, pod: dict[str, Any]) -> dict[str, Any]:
-    from meshctl.kube import api
-
-    meta = pod["metadata"]
-    path = (
-        f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}:{READINESS_PORT}/proxy/status"
-    )
-    answer: dict[str, Any] = api.request(ctx.kube, "GET", path, timeout=5)
-    return answer
-
-
 def _conflist(ctx: CheckContext) -> Result:
     item, live = _daemonset(ctx)
     if item is None:
@@ -83,7 +74,7 @@ def _conflist(ctx: CheckContext) -> Result:
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName", "?")
         try:
-            status = _node_status(ctx, pod)
+            status = agent_status(ctx, pod)
         except (KubeError, json.JSONDecodeError) as exc:
             failed.append(f"node {node}: cannot read the agent's status: {exc}")
             continue
@@ -161,6 +152,17 @@ cni = Component(
             category=CATEGORY,
             description="our entry is in every node's CNI config",
             run=_conflist,
+        ),
+        Check(
+            category=CATEGORY,
+            description="ambient pods can be enrolled on every node",
+            run=enrollable,
+        ),
+        Check(
+            category=CATEGORY,
+            description="no pod is redirected to a node proxy that is gone",
+            run=leftovers,
+            stage="both",
         ),
     ),
 )

@@ -6,9 +6,12 @@ Invariants:
   (a token bucket) and a component that keeps undoing them is named in a warning with a hint.
 - ``/readyz`` answers 200 only while the runtime's config includes us (``Installer.status``);
   ``/healthz`` answers 200 while the loop runs; ``/status`` is JSON for ``meshctl verify``
-  (ready, reason, repairs within the conflict window; in ambient mode each pod's enrollment).
+  (ready, reason, repairs within the conflict window; in ambient mode each pod's enrollment and
+  the agent's health, ``?dry-run=1`` with a dry-run enrollment).
   Every read has a timeout.
-- SIGTERM or SIGINT: stop watching, then ``Installer.cleanup`` (the node's config as it was).
+- SIGTERM or SIGINT: stop watching, then ``Installer.cleanup`` (the node's config as it was);
+  in ambient mode, when the agent's DaemonSet is going away (an uninstall), every pod is
+  released first (``AmbientAgent.release_all``), so running pods keep working unmeshed.
 - The CNI plugin's log records arriving on ``<run_dir>/log.sock`` are re-logged here.
 - Ambient mode (``--ambient``): the node agent runs beside the installer (``ambient.py``): the
   plugin's events on ``<run_dir>/pluginevent.sock``, the ZDS server for the node proxy, the pod
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meshctl import logs
-from meshctl.core.cni.spec import LOG_SOCKET_NAME, PLUGIN_EVENT_SOCKET_NAME
+from meshctl.core.k8s.cni.spec import LOG_SOCKET_NAME, PLUGIN_EVENT_SOCKET_NAME
 from meshctl.errors import MeshctlError
 from meshctl.net.sockets import address_text
 from meshctl.structured import InputError, load_json
@@ -103,14 +106,30 @@ class _State:
         return True, "ok"
 
 
-async def _finish(task: asyncio.Future[None]) -> None:
-    """The agent stops with the stop event; wait for it (a crash shows in the log)."""
+RELEASE_DEADLINE = 25.0  # seconds for an uninstall's release (the pod's grace period is 30)
+
+
+async def _finish(task: asyncio.Future[None], release: asyncio.Event) -> None:
+    """The agent stops with its stop event; wait for it (a crash shows in the log)."""
     try:
-        await asyncio.wait_for(asyncio.shield(task), 10)
+        await asyncio.wait_for(asyncio.shield(task), RELEASE_DEADLINE if release.is_set() else 10)
     except TimeoutError:
+        log.error("the ambient node agent did not stop in time")  # noqa: TRY400 -- no traceback to show
         task.cancel()
     except Exception:
         log.exception("the ambient node agent failed")
+
+
+async def _stop_agent(agent: AmbientAgent, stop: asyncio.Event, release: asyncio.Event) -> None:
+    """Decide, before the agent stops, whether this is an uninstall (release every pod so it
+    keeps working unmeshed) or an upgrade/restart (keep them captured for the next agent)."""
+    plan = await agent.exit_plan()
+    log.info(
+        "stopping: %s pods (%s)", "releasing the" if plan.release else "keeping the", plan.reason
+    )
+    if plan.release:
+        release.set()
+    stop.set()
 
 
 async def run(
@@ -126,6 +145,7 @@ async def run(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     state = _State(Status(False, "starting"), agent=agent)
+    stopping = contextlib.AsyncExitStack()  # the agent's way out, before the node's cleanup
     async with contextlib.AsyncExitStack() as stack:
         addresses = []
         if settings.readiness_address:
@@ -146,13 +166,17 @@ async def run(
             await events.start()
             stack.push_async_callback(events.close)
             addresses.append(f"unix:{events.path} (the plugin's pod events)")
-            serving = asyncio.ensure_future(agent.run(stop))
-            stack.push_async_callback(_finish, serving)
+            agent_stop, release = asyncio.Event(), asyncio.Event()
+            serving = asyncio.ensure_future(agent.run(agent_stop, release=release))
+            # On the way out, before the plugin leaves the node's config: decide and release.
+            stopping.push_async_callback(_finish, serving, release)  # unwound last: LIFO
+            stopping.push_async_callback(_stop_agent, agent, agent_stop, release)
         logs.listening(log, WHAT, addresses or ["nothing (readiness off, no log socket)"])
         try:
             await _watch(installer, settings, state, stop)
         finally:
             state.running = False
+            await stopping.aclose()
             done = installer.cleanup()
             log.info("cleaned up: %s", ", ".join(done) or "nothing to remove")
     return 0
@@ -210,13 +234,18 @@ async def _readiness_server(address: str, state: _State) -> asyncio.Server:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
-            path = request.split(b" ", 2)[1].decode(errors="replace") if b" " in request else ""
+            target = request.split(b" ", 2)[1].decode(errors="replace") if b" " in request else ""
+            path, _, query = target.partition("?")
             content_type = "text/plain"
             if path == "/readyz":
                 ok, reason = state.ready()
                 code, body = (200, "ok") if ok else (503, reason)
             elif path == "/status":
-                code, body, content_type = 200, json.dumps(state.report()), "application/json"
+                report = state.report()
+                if state.agent is not None:  # ?dry-run=1: also a dry-run enrollment (verify)
+                    dry_run = "dry-run=1" in query.split("&")
+                    report["ambient"] = await state.agent.health(dry_run=dry_run)
+                code, body, content_type = 200, json.dumps(report), "application/json"
             elif path == "/healthz":
                 code, body = (200, "ok") if state.running else (503, "stopping")
             else:

@@ -1,6 +1,6 @@
 """The node installer's file work: plugin binary, plugin kubeconfig, our entry in the CNI config.
 
-Decisions come from ``meshctl.core.cni.netconf``; this module reads and writes files only.
+Decisions come from ``meshctl.core.k8s.cni.netconf``; this module reads and writes files only.
 Invariants:
 - Every write is atomic (temp file in the same directory, fsync, rename), so a runtime never
   reads a half-written config or executes a half-copied binary; a config keeps its file mode.
@@ -33,8 +33,8 @@ from typing import Any
 from meshctl import tree as trees
 from meshctl import values
 from meshctl.config import setting
-from meshctl.core.cni import netconf
-from meshctl.core.cni.spec import (
+from meshctl.core.k8s.cni import netconf
+from meshctl.core.k8s.cni.spec import (
     DEFAULT_EXCLUDED_NAMESPACES,
     DEFAULT_RUN_DIR,
     KUBECONFIG_NAME,
@@ -126,6 +126,18 @@ class InstallSettings:
     # for the agent and the plugin alike; no kubeconfig is written then.
     local_inventory: str = setting("", env="MESHCTL_CNI_LOCAL_INVENTORY", flag="--local-inventory")
     ambient_ipv6: bool = setting(False, env="AMBIENT_IPV6")
+    # Where the runtime's pod netns files appear in this container (the DaemonSet mounts the
+    # host's components.cni.netnsDir here): named in the error when a netns lies elsewhere.
+    netns_dir: str = setting("", env="MESHCTL_CNI_NETNS_DIR")
+    # This agent's own pod (the downward API; Istio's names): on SIGTERM its DaemonSet tells an
+    # uninstall (gone or being deleted: release every pod) from an upgrade (keep them).
+    pod_name: str = setting("", env="POD_NAME")
+    pod_namespace: str = setting("", env="POD_NAMESPACE")
+    release_on_exit: str = setting(
+        "auto",
+        env="MESHCTL_CNI_RELEASE_ON_EXIT",
+        choices=("auto", "always", "never"),
+    )
 
     @property
     def server(self) -> str:
@@ -148,7 +160,7 @@ class InstallSettings:
         return Path(self.cni_bin_dir) / PLUGIN_TYPE
 
     def entry(self) -> dict[str, Any]:
-        """Our plugin's entry in the node's conflist (keys read by ``meshctl.core.cni.spec``)."""
+        """Our plugin's entry in the node's conflist (its keys: ``meshctl.core.k8s.cni.spec``)."""
         return {
             "type": PLUGIN_TYPE,
             "run_dir": self.run_dir,

@@ -5,20 +5,22 @@ capability dropped, read-only root filesystem); it mounts exactly the three host
 the plugin's RBAC is read-only on pods (the CNI plugin only ever GETs the pod it is called for).
 With ``ambient`` (the node agent runs too, like istio-cni's): the host network, the capabilities
 to enter pod namespaces and change their rules and the node's (NET_ADMIN, SYS_ADMIN), the host's
-netns and ZDS socket directories, and RBAC to watch pods and namespaces, annotate pods and record
-events; nothing more.
+netns and ZDS socket directories and its xtables lock, and RBAC to watch pods and namespaces,
+annotate pods, record events and read DaemonSets (is its own going away?); nothing more.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from meshctl.core.cni.spec import DEFAULT_RUN_DIR
-from meshctl.core.image import default_image
-from meshctl.core.podspec import node_security_context
+from meshctl.core.k8s.ambient import AGENT_ENV
+from meshctl.core.k8s.cni.spec import DEFAULT_RUN_DIR
+from meshctl.core.k8s.image import default_image
+from meshctl.core.k8s.podspec import node_security_context
 
 NAME = "meshctl-cni-node"
 READINESS_PORT = 8000
+XTABLES_LOCK = "/run/xtables.lock"
 
 
 def objects(
@@ -53,9 +55,16 @@ def objects(
     ]
     if ambient:
         env += [
-            {"name": "AMBIENT_ENABLED", "value": "true"},
+            {"name": AGENT_ENV, "value": "true"},
             {"name": "ZTUNNEL_UDS_ADDRESS", "value": f"{ztunnel_dir}/ztunnel.sock"},
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            # Its own pod: on SIGTERM, a DaemonSet going away means uninstall (release pods).
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {
+                "name": "POD_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            },
+            {"name": "MESHCTL_CNI_NETNS_DIR", "value": netns_dir},
         ]
         mounts += [
             # The runtime's pinned netns files (containerd: /var/run/netns/cni-...), at the same
@@ -63,6 +72,14 @@ def objects(
             ("cni-netns-dir", netns_dir, netns_dir),
             ("cni-ztunnel-sock-dir", ztunnel_dir, ztunnel_dir),
         ]
+        files = [
+            # The node's xtables lock, as kube-proxy mounts it: legacy writes to the node's own
+            # tables take it (the root filesystem is read-only, and the lock must be the node's
+            # so kube-proxy's writes and ours never interleave).
+            ("xtables-lock", XTABLES_LOCK, XTABLES_LOCK),
+        ]
+    else:
+        files = []
     container = {
         "name": "install-cni",
         "image": image or default_image(),
@@ -84,7 +101,7 @@ def objects(
             ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"] if ambient else ()
         ),
         "volumeMounts": [
-            *(_mount(n, inside) for n, _, inside in mounts),
+            *(_mount(n, inside) for n, _, inside in mounts + files),
             # The one writable place under the read-only root. Our image's one-dir tree needs
             # none, but an image built on the one-file binary unpacks itself into /tmp before
             # it runs (without it: "Could not create temporary directory!" and a crash loop, as
@@ -111,13 +128,18 @@ def objects(
                     # Pods cannot start on a node without the mesh's CNI plugin in place.
                     "priorityClassName": "system-node-critical",
                     "tolerations": [{"operator": "Exists"}],
-                    "terminationGracePeriodSeconds": 10,
+                    # Ambient: an uninstall releases every pod before the agent exits.
+                    "terminationGracePeriodSeconds": 30 if ambient else 10,
                     "nodeSelector": {"kubernetes.io/os": "linux"},
                     "containers": [container],
                     "volumes": [
                         *(
                             {"name": n, "hostPath": {"path": host, "type": "DirectoryOrCreate"}}
                             for n, host, _ in mounts
+                        ),
+                        *(
+                            {"name": n, "hostPath": {"path": host, "type": "FileOrCreate"}}
+                            for n, host, _ in files
                         ),
                         {"name": "tmp", "emptyDir": {}},
                     ],
@@ -171,4 +193,6 @@ def rules(*, ambient: bool) -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+        # On exit: is its DaemonSet going away (uninstall) or staying (upgrade)?
+        {"apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ["get"]},
     ]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshctl.core import zds
+from meshctl.core.wire import zds
 from meshctl.net import zds as wire
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import json
 import socket
 from typing import Any
 
-from meshctl.core.cni.spec import PLUGIN_EVENT_SOCKET_NAME
+from meshctl.core.k8s.cni.spec import PLUGIN_EVENT_SOCKET_NAME
 
 
 class AgentUnavailableError(Exception):

@@ -13,7 +13,7 @@ import logging.handlers
 import socket
 from pathlib import Path
 
-from meshctl.core.cni.spec import LOG_NAME, LOG_SOCKET_NAME
+from meshctl.core.k8s.cni.spec import LOG_NAME, LOG_SOCKET_NAME
 from meshctl.logs import JsonFormatter
 
 MAX_LOG_BYTES = 10 * 1024 * 1024  # as istio-cni's rolling file

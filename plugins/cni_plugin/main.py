@@ -6,7 +6,7 @@ Invariants:
 - stdout carries exactly one thing: the result JSON (ADD, VERSION) or the CNI error JSON; logs go
   to the run dir's file and the node agent (agentlog.py), never to stdout.
 - ADD captures only pods injected in CNI mode, with the rules their init container would apply
-  (``meshctl.core.cni.pod``), in their netns, in-process (``iptc`` backend by default).
+  (``meshctl.core.k8s.cni.pod``), in their netns, in-process (``iptc`` backend by default).
 - Fail closed: when the pod cannot be read for a namespace that is not excluded, ADD fails (code
   11, try again later) rather than let a pod start with its traffic uncaptured.
 - DEL is idempotent and never blocks teardown: a missing netns or missing rules is success.
@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from meshctl import inputs
-from meshctl.core.cni import spec
-from meshctl.core.cni.spec import CniError, Request
+from meshctl.core.k8s.cni import spec
+from meshctl.core.k8s.cni.spec import CniError, Request
 from meshctl.errors import ConfigError, KubeError, MeshctlError, NetError, UserError
 from meshctl.structured import InputError, Limits
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from meshctl.core.capture.settings import CaptureSettings
-    from meshctl.core.cni.pod import Decision
+    from meshctl.core.k8s.cni.pod import Decision
 
     NamespaceReader = Callable[[], dict[str, Any] | None]
 
@@ -162,8 +162,8 @@ def _require_netns(request: Request) -> None:
 
 
 def _decide(request: Request) -> tuple[NamespaceReader, dict[str, Any], Decision]:
-    from meshctl.core.cni import pod as pods
-    from meshctl.core.inject.errors import InvalidAnnotationError
+    from meshctl.core.k8s.cni import pod as pods
+    from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 
     if request.plugin.local_inventory:
         namespace, pod = _from_inventory(request)
@@ -229,16 +229,16 @@ def _from_inventory(request: Request) -> tuple[NamespaceReader, dict[str, Any]]:
     import functools
     import time
 
-    from meshctl.core import inventory
+    from meshctl.core.k8s import podlist
 
     path = request.plugin.local_inventory
     give_up = time.monotonic() + request.plugin.pod_lookup_timeout
     while True:
         try:
             limits = inputs.limits()
-            current = inventory.parse(inputs.read_bytes(path, path, limits), path, limits)
+            current = podlist.parse(inputs.read_bytes(path, path, limits), path, limits)
             problem = f"pod {request.pod} is not in it"
-        except (OSError, InputError, inventory.InventoryError) as exc:
+        except (OSError, InputError, podlist.InventoryError) as exc:
             current, problem = None, getattr(exc, "strerror", None) or str(exc)
         pod = current.pod(request.pod_namespace, request.pod_name) if current else None
         if current is not None and pod is not None:
@@ -257,7 +257,7 @@ def _ambient_add(
     request: Request, read_namespace: NamespaceReader, pod: dict[str, Any], sidecar_reason: str
 ) -> None:
     """Hand an ambient pod to the node agent (fail closed); report any other pod's netns."""
-    from meshctl.core import ambient
+    from meshctl.core.k8s import ambient
 
     from .agentevent import AgentUnavailableError, post
 

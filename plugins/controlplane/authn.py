@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ParamSpec, TypeVar
 
-from meshctl.core import callers
-from meshctl.core.callers import Caller, CallerError
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import callers
+from meshctl.core.pki.callers import Caller, CallerError
+from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from meshctl.core import ca
+from meshctl.core.pki import ca
 from meshctl.errors import KubeError, UserError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube

@@ -1,7 +1,7 @@
 """The CA service: Istio's ``istio.v1.auth.IstioCertificateService/CreateCertificate``.
 
 Owns one call's path: authenticate the caller (``authn``), read the CSR and the identity it asks
-for (``meshctl.core.ca``), check the caller may have it (its own, or as a node proxy with
+for (``meshctl.core.pki.ca``), check the caller may have it (its own, or as a node proxy with
 ``ImpersonatedIdentity`` for a workload on its node), sign with the current authority and answer
 leaf, intermediates, root. Invariants: every refusal is the gRPC status Istio uses with a
 message that says why (UNAUTHENTICATED, PERMISSION_DENIED, INVALID_ARGUMENT, UNAVAILABLE), and is
@@ -19,9 +19,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from meshctl import rpc
-from meshctl.core import ca
-from meshctl.core.callers import Caller, CallerError
-from meshctl.core.identity import IdentityError, SpiffeId
+from meshctl.core.pki import ca
+from meshctl.core.pki.callers import Caller, CallerError
+from meshctl.core.pki.identity import IdentityError, SpiffeId
 from meshctl.proto import citadel_pb2, citadel_pb2_grpc
 
 from .metrics import Metrics

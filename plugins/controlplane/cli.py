@@ -37,7 +37,7 @@ def _settings(ctx: typer.Context, flags: dict[str, Any]) -> ControlPlaneSettings
 
 def inject_settings(ctx: typer.Context, settings: ControlPlaneSettings) -> Any:
     """The webhook's injection settings: the ``inject:`` section, defaults from ``settings``."""
-    from meshctl.core.inject.settings import InjectSettings
+    from meshctl.core.k8s.inject.settings import InjectSettings
 
     section, name = config.file_section(ctx.meta, "inject")
     base = config.resolve(InjectSettings, file=section, file_name=name)
@@ -231,7 +231,7 @@ def manifest_cmd(
     output: options.OutputOption = OutputFormat.YAML,
 ) -> None:
     """Print the control plane's objects (RBAC, Service, Deployment, webhook configuration)."""
-    from meshctl.core.image import default_image
+    from meshctl.core.k8s.image import default_image
 
     from .manifest import ManifestSettings, objects
 

@@ -16,16 +16,16 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from meshctl.core.cluster.index import ClusterIndex, Resource
-from meshctl.core.cluster.objects import ObjectError
-from meshctl.core.cluster.settings import ClusterSettings
-from meshctl.core.workloads import Update
+from meshctl.core.k8s.cluster.index import ClusterIndex, Resource
+from meshctl.core.k8s.cluster.objects import ObjectError
+from meshctl.core.k8s.cluster.settings import ClusterSettings
+from meshctl.core.mesh.store import Update
 from meshctl.kube import resources
 from meshctl.kube.watch import Watch, WatchEvent, object_key
 from meshctl.proto import xds_pb2_grpc
 
 from .crds import GROUP, PLURAL
-from .discovery import DiscoveryServer
+from .xds_server import DiscoveryServer
 
 if TYPE_CHECKING:
     from .plane import Plane
@@ -53,7 +53,7 @@ def cluster_settings(settings: ControlPlaneSettings) -> ClusterSettings:
 
 
 class Discovery:
-    """The ``Component`` serving workload discovery (see ``plane.Component``)."""
+    """The ``Component`` serving workload discovery (see ``plane.Part``)."""
 
     name = "discovery"
 

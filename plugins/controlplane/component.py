@@ -12,17 +12,17 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-from meshctl.core.checks import Check, Result
-from meshctl.core.inject import annotations as ann
-from meshctl.core.inject.webhook_config import (
+from meshctl.core.k8s.inject import annotations as ann
+from meshctl.core.k8s.inject.webhook_config import (
     ISTIO_NAMESPACE_LABEL,
     NAMESPACE_LABEL,
     configuration_name,
 )
-from meshctl.core.install.components import Component, Values
-from meshctl.core.install.context import CheckContext
-from meshctl.core.install.readiness import readiness
-from meshctl.core.install.values import Field
+from meshctl.core.k8s.install.checks import Check, Result
+from meshctl.core.k8s.install.components import Component, Values
+from meshctl.core.k8s.install.context import CheckContext
+from meshctl.core.k8s.install.readiness import readiness
+from meshctl.core.k8s.install.values import Field
 from meshctl.errors import KubeError
 
 from . import crds
@@ -118,7 +118,7 @@ def _root_bundle(ctx: CheckContext) -> tuple[str | None, str]:
 
 
 def _ca_root(ctx: CheckContext) -> Result:  # noqa: PLR0911 (one answer per finding)
-    from meshctl.core import certs
+    from meshctl.core.pki import certs
 
     bundle, where = _root_bundle(ctx)
     if not bundle:

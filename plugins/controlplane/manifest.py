@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from meshctl.core.image import default_image
-from meshctl.core.inject.webhook_config import (
+from meshctl.core.k8s.image import default_image
+from meshctl.core.k8s.inject.webhook_config import (
     WebhookTarget,
     configuration_name,
     webhook_configuration,

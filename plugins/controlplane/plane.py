@@ -2,7 +2,7 @@
 leader's writers and the status ports, on istiod's port numbers.
 
 Owns the order of life: status ports first (not ready) -> the CA loaded (``cacerts`` or our
-root) -> a serving certificate from it -> gRPC on 15012 (CA plus every ``Component``'s service,
+root) -> a serving certificate from it -> gRPC on 15012 (CA plus every ``Part``'s service,
 one server) and the injection webhook on 15017 -> leader election, whose leader runs the writers
 (root ConfigMaps, the webhook's caBundle) -> ready. On SIGTERM: not ready at once, the gRPC server
 stops accepting and lets in-flight calls finish within the drain deadline (then GOAWAY and cancel:
@@ -11,7 +11,7 @@ released, exit 0. Invariants: the serving certificate is reissued at half its li
 whenever the CA changes, without a restart; no part's failure after start takes the process down
 (each logs and retries); every wait has a deadline.
 
-Components (discovery, #12 part B, and whatever follows) plug in through ``Component``: they get
+Parts (discovery, #12 part B, and whatever follows) plug in through ``Part``: they get
 the ``Plane`` on start (register a servicer on ``plane.server``, start watches with
 ``plane.spawn``, authenticate callers with ``plane.authenticator``) and report readiness.
 """
@@ -32,9 +32,9 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, TypeVar
 
 from meshctl import logs, rpc, webhook
-from meshctl.core import ca
-from meshctl.core.inject.settings import InjectSettings
-from meshctl.core.inject.webhook_config import configuration_name
+from meshctl.core.k8s.inject.settings import InjectSettings
+from meshctl.core.k8s.inject.webhook_config import configuration_name
+from meshctl.core.pki import ca
 from meshctl.kube.client import Kube
 from meshctl.proto import citadel_pb2_grpc
 
@@ -56,7 +56,7 @@ _QUIET = 0.2  # seconds without a new CA call that count as "nothing in flight"
 _LISTENER_CLOSE = 0.1  # seconds for grpc core to close the listener and send GOAWAY
 
 
-class Component(Protocol):
+class Part(Protocol):
     """A part of the control plane that serves on the shared gRPC server (e.g. discovery)."""
 
     name: str
@@ -115,7 +115,7 @@ class ControlPlane:
         settings: ControlPlaneSettings,
         kube: Kube,
         inject: InjectSettings,
-        components: Sequence[Component] = (),
+        components: Sequence[Part] = (),
     ) -> None:
         self.settings = settings
         self.kube = kube

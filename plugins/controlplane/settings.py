@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from meshctl.config import setting
-from meshctl.core import ca, callers
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import ca, callers
+from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import ConfigError
 
 SERVICE = "meshctl-controlplane"  # the Service (and the name in the serving certificate)

@@ -29,9 +29,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from meshctl import inputs, rpc
-from meshctl.core import ca, callers
-from meshctl.core.callers import Caller, CallerError, TokenVerdict
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import ca, callers
+from meshctl.core.pki.callers import Caller, CallerError, TokenVerdict
+from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import UserError
 from meshctl.proto import citadel_pb2_grpc
 from meshctl.structured import InputError

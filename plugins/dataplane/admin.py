@@ -22,8 +22,8 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from meshctl import __version__
-from meshctl.core.appprobes import is_probe_path
-from meshctl.core.channel import Certs, CertSource
+from meshctl.core.k8s.appprobes import is_probe_path
+from meshctl.core.wire.channel import Certs, CertSource
 
 if TYPE_CHECKING:
     import socket

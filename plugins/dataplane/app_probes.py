@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
-from meshctl.core.appprobes import (
+from meshctl.core.k8s.appprobes import (
     GRPC_HEALTH_PATH,
     HEALTHY,
     NOT_FOUND,

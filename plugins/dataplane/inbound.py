@@ -4,8 +4,10 @@ Owns the server side: the TLS handshake (done here with ``start_tls`` so a faile
 handshake is counted, not just logged by the event loop), the peer identity rule (a SPIFFE ID in
 our trust domain), and the per-request verdicts: not CONNECT or a malformed ``:authority`` ->
 400 (in the core), an ``:authority`` that is not our workload -> 400, authorization denied ->
-401, upstream connect failure -> 503, else 200 and a byte stream. Invariant: every accepted
-socket ends as a counted failure or as tunnels that each end as an opened or failed ``Flow``.
+401, upstream connect failure -> 503, else 200 and a byte stream. A request's flow is counted
+under the Service the client's proxy says it dialled (``forwarded: host=``) if our workload backs
+it (``core/inbound_service.py``). Invariant: every accepted socket ends as a counted failure or as
+tunnels that each end as an opened or failed ``Flow``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import ssl
 import time
 from typing import TYPE_CHECKING
 
-from meshctl.core.addresses import ip as parse_ip
-from meshctl.core.authz import ConnectionFacts, evaluate
-from meshctl.core.hbone import TunnelRejected, TunnelRequested
-from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
+from meshctl.core.mesh.addresses import ip as parse_ip
+from meshctl.core.mesh.authz import ConnectionFacts, evaluate
+from meshctl.core.mesh.inbound_service import inbound_service
+from meshctl.core.pki.identity import IdentityError, SpiffeId, peer_identity
+from meshctl.core.wire.hbone import TunnelRequested
+from meshctl.core.wire.hbone.headers import parse_forwarded_host
 
 from . import tls
 from .metrics import Flow, Peer
@@ -69,8 +73,9 @@ class Inbound:
             client=False,
             settings=rt.tunnel_settings,
             on_connected=check_peer,
-            on_request=self._request,
-            on_rejected=self._rejected,
+            # The addresses as accepted: every stream's flow names them, without a syscall each.
+            on_request=lambda proto, ev: self._request(proto, ev, acc),
+            on_rejected=lambda proto, ev: self._flow(proto, acc).fail("BAD_REQUEST", ev.reason),
             on_closed=self.tunnels.discard,
         )
         flow = Flow(rt.telemetry, direction="inbound", src=src, dst=self._me(), mtls=True)
@@ -94,32 +99,48 @@ class Inbound:
         ip = rt.me.workload_ips[0] if rt.me and rt.me.workload_ips else "0.0.0.0"  # noqa: S104
         return Peer((str(ip), 0), rt.me, rt.identity)
 
-    def _flow(self, proto: TunnelProtocol, ev_addr: tuple[str, int]) -> Flow:
+    def _flow(
+        self,
+        proto: TunnelProtocol,
+        acc: Accepted,
+        ev: TunnelRequested | None = None,
+        *,
+        ours: bool = False,
+    ) -> Flow:
+        """The flow of one CONNECT as ztunnel reports it: ``dst.addr`` the address the client's
+        TCP connection reached (our :15008), ``dst.hbone_addr`` the CONNECT authority and, for a
+        request to our workload (``ours``), the Service the client's proxy dialled (or one by
+        port: ``inbound_service``)."""
         rt = self.rt
-        peer = proto.extra_info("peername") or ("0.0.0.0", 0)  # noqa: S104 (unknown peer)
         identity = proto.peer if isinstance(proto.peer, SpiffeId) else None
-        src = Peer((peer[0], peer[1]), rt.store.workload_by_ip(peer[0]), identity)
+        src = Peer(acc.peer, rt.store.workload_by_ip(acc.peer[0]), identity)
+        target, service = None, None
+        if ev is not None:
+            target = (str(ev.authority.ip), ev.authority.port)
+            if ours:
+                forwarded = ev.headers.get("forwarded")
+                claimed = parse_forwarded_host(forwarded) if forwarded else None
+                service = inbound_service(rt.store, rt.me, ev.authority.port, claimed)
         return Flow(
             rt.telemetry,
             direction="inbound",
             src=src,
-            dst=Peer(ev_addr, rt.me, rt.identity),
+            dst=Peer(acc.local, rt.me, rt.identity),
+            service=service,
             mtls=True,
+            hbone_addr=target,
         )
 
-    def _rejected(self, proto: TunnelProtocol, ev: TunnelRejected) -> None:
-        local = proto.extra_info("sockname") or ("0.0.0.0", 0)  # noqa: S104 (unknown address)
-        self._flow(proto, (local[0], local[1])).fail("BAD_REQUEST", ev.reason)
-
-    def _request(self, proto: TunnelProtocol, ev: TunnelRequested) -> None:
+    def _request(self, proto: TunnelProtocol, ev: TunnelRequested, acc: Accepted) -> None:
         rt = self.rt
         addr = (str(ev.authority.ip), ev.authority.port)
-        flow = self._flow(proto, addr)
+        ours = self._is_ours(acc, ev.authority.ip) and ev.authority.port not in rt.own_ports
+        flow = self._flow(proto, acc, ev, ours=ours)
         if rt.draining:
             proto.respond(ev.stream_id, 503)
             flow.fail("DRAIN", "proxy is draining")
             return
-        if not self._is_ours(proto, ev.authority.ip) or ev.authority.port in rt.own_ports:
+        if not ours:
             proto.respond(ev.stream_id, 400)
             flow.fail("BAD_REQUEST", f"authority {ev.authority} is not this workload")
             return
@@ -145,15 +166,12 @@ class Inbound:
         app.bind(proto, ev.stream_id)
         rt.spawn(self._connect(proto, ev.stream_id, app, flow, addr))
 
-    def _is_ours(
-        self, proto: TunnelProtocol, ip: ipaddress.IPv4Address | ipaddress.IPv6Address
-    ) -> bool:
+    def _is_ours(self, acc: Accepted, ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
         me = self.rt.me
         if me is not None and me.workload_ips:
             return ip in me.workload_ips
         # No workload record yet: the address the client reached must be the one it asks for.
-        local = proto.extra_info("sockname")
-        return local is not None and str(ip) == local[0]
+        return str(ip) == acc.local[0]
 
     async def _connect(
         self, proto: TunnelProtocol, sid: int, app: AppStream, flow: Flow, addr: tuple[str, int]

@@ -1,7 +1,8 @@
 """Inbound plaintext (:15006): captured non-mesh traffic to our workload.
 
 Owns one check and one hop: the connection's original destination (``SO_ORIGINAL_DST``) must be
-a real port of ours, L4 authorization runs without a peer identity (so ``principals`` never
+a real port of ours, the Service it is counted under is guessed from that port (no client proxy
+says which was dialled), L4 authorization runs without a peer identity (so ``principals`` never
 match and ``notPrincipals: ["*"]`` refuses plaintext), then plain TCP to the original destination.
 Invariant: a connection that was not redirected (no original destination) or that targets one
 of our own ports is refused, never looped back into us.
@@ -11,8 +12,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshctl.core.addresses import ip as parse_ip
-from meshctl.core.authz import ConnectionFacts, evaluate
+from meshctl.core.mesh.addresses import ip as parse_ip
+from meshctl.core.mesh.authz import ConnectionFacts, evaluate
+from meshctl.core.mesh.inbound_service import inbound_service
 
 from .metrics import Flow, Peer
 from .orig_dst import original_dst
@@ -44,7 +46,15 @@ class InboundPlaintext:
             )
             acc.refuse()
             return
-        flow = Flow(rt.telemetry, direction="inbound", src=src, dst=Peer(dst, rt.me, rt.identity))
+        # No client proxy told us which Service was dialled: ztunnel's guess by target port.
+        service = inbound_service(rt.store, rt.me, dst[1])
+        flow = Flow(
+            rt.telemetry,
+            direction="inbound",
+            src=src,
+            dst=Peer(dst, rt.me, rt.identity),
+            service=service,
+        )
         facts = ConnectionFacts(
             source=None,
             source_ip=parse_ip(peer[0]),

@@ -22,21 +22,22 @@ import socket
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from meshctl.core.addresses import ip as parse_ip
-from meshctl.core.hbone.headers import format_baggage
-from meshctl.core.identity import SpiffeId
-from meshctl.core.workloads import Store, Workload
+from meshctl.core.mesh.addresses import ip as parse_ip
+from meshctl.core.mesh.records import Workload
+from meshctl.core.mesh.store import Store
+from meshctl.core.pki.identity import SpiffeId
+from meshctl.core.wire.hbone.headers import format_baggage
 
 from . import tls
 from .inbound import Inbound
 from .inbound_plaintext import InboundPlaintext
 from .outbound import Outbound
 from .pool import Pool
-from .relay import Accepted, accept_loop
+from .relay import Accepted, accept_loop, stop_accepting
 
 if TYPE_CHECKING:
-    from meshctl.core import channel
-    from meshctl.core.hbone import TunnelSettings
+    from meshctl.core.wire import channel
+    from meshctl.core.wire.hbone import TunnelSettings
     from meshctl.net.inpod import InPod
 
     from .metrics import Telemetry
@@ -244,7 +245,7 @@ class Local:
             task.cancel()
         self._accepting.clear()
         for sock in self.listeners.values():
-            sock.close()
+            stop_accepting(sock)
 
     def stop(self) -> None:
         """The pod left: no new connections, tunnels told to go away, the netns let go."""

@@ -23,8 +23,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from meshctl.core.identity import SpiffeId
-from meshctl.core.workloads import Service, Workload
+from meshctl.core.mesh.records import Service, Workload
+from meshctl.core.pki.identity import SpiffeId
 
 access_log = logging.getLogger("meshctl.access")
 
@@ -267,6 +267,8 @@ class Flow:
         self.src, self.dst = src, dst
         self.service = service
         self.mtls = mtls
+        # Over HBONE, either side: the CONNECT authority (ztunnel's dst.hbone_addr), while
+        # dst.addr is the address of the TCP connection that carries it (the peer's :15008).
         self.hbone_addr = hbone_addr
         self.started = time.monotonic()
         self.bytes_received = 0  # client -> server

@@ -14,9 +14,9 @@ import logging
 import random
 from typing import TYPE_CHECKING
 
-from meshctl.core.addresses import ip as parse_ip
-from meshctl.core.hbone.headers import format_authority, format_forwarded
-from meshctl.core.workloads import NoHealthyEndpointError
+from meshctl.core.mesh.addresses import ip as parse_ip
+from meshctl.core.mesh.store import NoHealthyEndpointError
+from meshctl.core.wire.hbone.headers import format_authority, format_forwarded
 
 from .metrics import Flow, Peer
 from .orig_dst import original_dst
@@ -54,18 +54,18 @@ class Outbound:
             Flow(rt.telemetry, direction="outbound", src=src, dst=Peer(dst)).fail("NR", str(exc))
             acc.refuse()
             return
-        target = Peer(
-            route.addr, route.workload, route.workload.identity if route.workload else None
-        )
+        identity = route.workload.identity if route.workload else None
         if route.kind == "hbone":
+            # As ztunnel logs it: dst.addr is where our TCP connection goes (the peer's :15008),
+            # dst.hbone_addr the CONNECT authority (the workload's address and target port).
             flow = Flow(
                 rt.telemetry,
                 direction="outbound",
                 src=src,
-                dst=target,
+                dst=Peer(route.hbone_addr, route.workload, identity),
                 service=route.service,
                 mtls=True,
-                hbone_addr=route.hbone_addr,
+                hbone_addr=route.addr,
             )
             await self._tunnel(
                 acc,
@@ -75,6 +75,7 @@ class Outbound:
                 route.service.hostname if route.service else None,
             )
         else:
+            target = Peer(route.addr, route.workload, identity)
             flow = Flow(
                 rt.telemetry, direction="outbound", src=src, dst=target, service=route.service
             )

@@ -18,8 +18,8 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from meshctl.core.hbone import TunnelSettings
-from meshctl.core.identity import IdentityError, SpiffeId, peer_identity
+from meshctl.core.pki.identity import IdentityError, SpiffeId, peer_identity
+from meshctl.core.wire.hbone import TunnelSettings
 
 from . import tls
 from .relay import connect

@@ -348,7 +348,20 @@ async def accept_loop(listener: socket.socket, handle: Callable[[Accepted], None
                 ready.set()  # more may be queued: take them after others had their turn
                 await asyncio.sleep(0)
     finally:
-        loop.remove_reader(fd)
+        # A listener closed before this cancelled task ran has given its number away (maybe to
+        # a connection's transport by now): only a still-open listener's reader is ours.
+        if listener.fileno() == fd:
+            loop.remove_reader(fd)
+
+
+def stop_accepting(listener: socket.socket) -> None:
+    """Stop the listener's ``accept_loop`` reader now and close it (its task, cancelled, finds
+    the socket closed): the number is free for reuse only once no reader refers to it."""
+    fd = listener.fileno()
+    if fd >= 0:
+        with contextlib.suppress(RuntimeError):  # no loop running: no reader to remove
+            asyncio.get_running_loop().remove_reader(fd)
+    listener.close()
 
 
 _ACCEPT_BATCH = 64  # accepts per wake-up before other callbacks get their turn

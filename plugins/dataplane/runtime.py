@@ -21,12 +21,14 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import Any
 
-from meshctl.core import channel
-from meshctl.core.appprobes import parse_probers, parse_scrape
-from meshctl.core.hbone import TunnelSettings
-from meshctl.core.identity import parse_workload_ref
-from meshctl.core.records import update_from_plain
-from meshctl.core.workloads import LocalConfigError, Store, parse_local_config
+from meshctl.core.k8s.appprobes import parse_probers, parse_scrape
+from meshctl.core.mesh.localconfig import parse_local_config
+from meshctl.core.mesh.records import LocalConfigError
+from meshctl.core.mesh.render import update_from_plain
+from meshctl.core.mesh.store import Store
+from meshctl.core.pki.identity import parse_workload_ref
+from meshctl.core.wire import channel
+from meshctl.core.wire.hbone import TunnelSettings
 
 from . import admin, tls
 from .app_probes import AppProbes

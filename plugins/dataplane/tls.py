@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from meshctl.core.channel import Certs
+from meshctl.core.wire.channel import Certs
 
 ALPN_H2 = "h2"
 

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from meshctl.core.hbone import (
+from meshctl.core.wire.hbone import (
     ConnectionClosed,
     DataReceived,
     Event,

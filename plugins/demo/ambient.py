@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from meshctl.core.cni.spec import PLUGIN_EVENT_SOCKET_NAME
+from meshctl.core.k8s.cni.spec import PLUGIN_EVENT_SOCKET_NAME
 from meshctl.errors import UserError
 from meshctl.net import netns
 from meshctl.process import self_command

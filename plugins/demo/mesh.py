@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import MeshctlError
 from meshctl.net import netns
 from meshctl.process import self_command

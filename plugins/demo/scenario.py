@@ -31,7 +31,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshctl.core import certs, wire
+from meshctl.core.pki import certs
+from meshctl.core.wire import pcap
 from meshctl.errors import MeshctlError
 from meshctl.net import netns, packets
 from meshctl.process import self_command
@@ -402,7 +403,7 @@ class Demo:
             f"{opened:.0f} connection(s) as mutual_tls",
         )
 
-    def captured_request(self, src: str, link: Pod) -> tuple[int | None, str, list[wire.Segment]]:
+    def captured_request(self, src: str, link: Pod) -> tuple[int | None, str, list[pcap.Segment]]:
         """A request from ``src`` whose path is a fresh marker, with a raw capture on ``link``'s
         node-side veth around it: status, body and the TCP segments (the marker: ``marker``)."""
         marker = f"meshctl-demo-marker-{secrets.token_hex(8)}"
@@ -411,7 +412,7 @@ class Demo:
             status, body = self.request(src, f"/{marker}")
         finally:
             frames = capture.stop()
-        segs = wire.segments(frames)
+        segs = pcap.segments(frames)
         self.marker = marker
         return status, body, segs
 
@@ -419,13 +420,13 @@ class Demo:
         server = self.pods["server"]
         status, _, segs = self.captured_request("client", server)
         leaked = any(self.marker.encode() in s.payload for s in segs)
-        flows = wire.streams(segs)
+        flows = pcap.streams(segs)
         client_ip = self.pods["client"].ip
         to_hbone = {f: d for f, d in flows.items() if 15008 in (f[0][1], f[1][1])}
         plain = [
             f for f in flows if client_ip in (f[0][0], f[1][0]) and 15008 not in (f[0][1], f[1][1])
         ]
-        records = [wire.tls_records(d) for d in to_hbone.values()]
+        records = [pcap.tls_records(d) for d in to_hbone.values()]
         total = sum(r.total for r in records)
         app_data = sum(r.counts.get("application_data", 0) for r in records)
         ok = (

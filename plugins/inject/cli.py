@@ -20,9 +20,9 @@ import typer
 from typer import _click as click
 
 from meshctl import config, inputs, options
-from meshctl.core.inject import documents
-from meshctl.core.inject.settings import InjectSettings
-from meshctl.core.inject.webhook_config import (
+from meshctl.core.k8s.inject import documents
+from meshctl.core.k8s.inject.settings import InjectSettings
+from meshctl.core.k8s.inject.webhook_config import (
     REINVOCATION_POLICIES,
     WebhookTarget,
     webhook_configuration,

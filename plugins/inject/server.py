@@ -25,7 +25,7 @@ from typing import Any
 from hypercorn.logging import Logger
 
 from meshctl import logs, webhook
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.errors import MeshctlError
 from meshctl.net.sockets import listener
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from meshctl import config
-from meshctl.core.install import manifest as mf
-from meshctl.core.install import ownership
-from meshctl.core.install.components import Registry, Values
-from meshctl.core.install.readiness import crd as crd_readiness
+from meshctl.core.k8s.install import manifest as mf
+from meshctl.core.k8s.install import ownership
+from meshctl.core.k8s.install.components import Registry, Values
+from meshctl.core.k8s.install.readiness import crd as crd_readiness
 from meshctl.errors import MeshctlError
 from meshctl.kube import objects
 from meshctl.kube.inventory import Inventory

@@ -16,9 +16,9 @@ from typing import Annotated, Any
 import typer
 
 from meshctl import config, options
-from meshctl.core.install import manifest as mf
-from meshctl.core.install.components import PROFILE_HELP, Registry, Values
-from meshctl.errors import MeshctlError, UserError
+from meshctl.core.k8s.install import manifest as mf
+from meshctl.core.k8s.install.components import PROFILE_HELP, Registry, Values
+from meshctl.errors import CheckFailedError, MeshctlError, UserError
 from meshctl.output import OutputFormat, render, render_objects
 from meshctl.values import Duration
 
@@ -296,3 +296,11 @@ def uninstall(
         finally:
             progress.close()
     _say(f"✔ removed {what}")
+    left = remove.left_redirected(inventory)
+    if left:
+        raise CheckFailedError(
+            f"{len(left)} pod(s) are still redirected to the removed node proxy and refuse "
+            f"every connection: {', '.join(left[:10])}{' ...' if len(left) > 10 else ''}",
+            hint="restart them ('kubectl delete pod', or 'kubectl rollout restart' of their "
+            "workload), or install ambient mode again: its node agent releases them",
+        )

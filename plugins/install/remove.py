@@ -15,8 +15,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from meshctl.core.install import manifest as mf
-from meshctl.core.install.components import Registry, Values
+from meshctl.core.k8s import ambient
+from meshctl.core.k8s.install import manifest as mf
+from meshctl.core.k8s.install.components import Registry, Values
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.inventory import Inventory
@@ -90,3 +91,14 @@ def delete(inventory: Inventory, items: list[Object], say: Callable[[str], None]
         )
         if gone:
             say(f"deleting {mf.key_of(obj)}")
+
+
+def left_redirected(inventory: Inventory) -> list[str]:
+    """Pods still redirected for ambient on nodes where no node agent runs any more: their
+    agent was removed without releasing them (killed, or older than the release on exit), so
+    they refuse every connection until restarted."""
+    from meshctl.kube.resources import PODS
+
+    pods, _ = objects.list_objects(inventory.kube, PODS)
+    served = [str((p.get("spec") or {}).get("nodeName")) for p in pods if ambient.runs_agent(p)]
+    return ambient.left_captured(pods, served)

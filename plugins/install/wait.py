@@ -12,8 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from meshctl.core.install import manifest as mf
-from meshctl.core.install.readiness import readiness, waits
+from meshctl.core.k8s.install import manifest as mf
+from meshctl.core.k8s.install.readiness import readiness, waits
 from meshctl.errors import MeshctlError
 from meshctl.kube import objects
 from meshctl.kube.inventory import Inventory, pod_problem

@@ -13,12 +13,12 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from meshctl.core.checks import Check, Result
-from meshctl.core.install import ownership
-from meshctl.core.install.context import CheckContext
-from meshctl.core.install.drift import differences
-from meshctl.core.install.manifest import key_of
-from meshctl.core.install.readiness import readiness, waits
+from meshctl.core.k8s.install import ownership
+from meshctl.core.k8s.install.checks import Check, Result
+from meshctl.core.k8s.install.context import CheckContext
+from meshctl.core.k8s.install.drift import differences
+from meshctl.core.k8s.install.manifest import key_of
+from meshctl.core.k8s.install.readiness import readiness, waits
 
 API = "kubernetes-api"
 INSTALL = "meshctl-install"

@@ -3,8 +3,8 @@
 Invariants: the checks come from the components and the ``meshctl.checks`` group (this plugin
 adds only the cluster-wide ones); a check that raises is a failure with its message, never a
 traceback; a fatal failure (API unreachable, nothing installed) ends the run; the report and the
-exit code are decided by ``meshctl.core.checks`` alone; ``--wait`` reruns until nothing fails or
-the time is up, then reports once.
+exit code are decided by ``meshctl.core.k8s.install.checks`` alone; ``--wait`` reruns until
+nothing fails or the time is up, then reports once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from meshctl import options
-from meshctl.core.checks import (
+from meshctl.core.k8s.install.checks import (
     Check,
     Outcome,
     Ran,
@@ -106,8 +106,8 @@ def verify(
     -o table is the checklist, json/yaml the report, name the failing checks (none: healthy).
     """
     from meshctl import components
-    from meshctl.core.install import manifest as mf
-    from meshctl.core.install.context import CheckContext
+    from meshctl.core.k8s.install import manifest as mf
+    from meshctl.core.k8s.install.context import CheckContext
     from meshctl.kube.client import connect
     from meshctl.kube.inventory import Inventory
 

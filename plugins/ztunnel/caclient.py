@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from meshctl import rpc
-from meshctl.core import certs as certs_mod
-from meshctl.core import channel
-from meshctl.core.identity import IdentityError, SpiffeId
+from meshctl.core.pki import certs as certs_mod
+from meshctl.core.pki.identity import IdentityError, SpiffeId
+from meshctl.core.wire import channel
 from meshctl.process import Feed
 from meshctl.proto import citadel_pb2, citadel_pb2_grpc
 

@@ -3,8 +3,9 @@
 Reads the proxy as ``istioctl proxy-config`` does: ``/config_dump`` on the admin port (15000,
 loopback only, through port forwarding) for the certificate's SPIFFE id and its root, and the
 merged metrics (15020, through the API server's pod proxy) for connections by security policy.
-Invariant: read-only; a pod without our proxy is a failure that says so (not injected), not an
-error.
+An ambient pod (no proxy of its own) is read through the node proxy on its node
+(``ambient_checks``). Invariant: read-only; a pod that is not meshed is a failure that says so
+(with the fix for either mode), not an error.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import json
 import re
 from typing import Any
 
-from meshctl.core.checks import Check, Result
-from meshctl.core.inject.render import PROXY_CONTAINER
+from meshctl.core.k8s.inject.render import PROXY_CONTAINER
+from meshctl.core.k8s.install.checks import Check, Result
 from meshctl.errors import KubeError
+
+from . import ambient_checks
 
 CATEGORY = "meshctl-data-plane"
 ADMIN_PORT = 15000
@@ -52,12 +55,8 @@ def _identity(ctx: Any) -> Result:  # noqa: PLR0911 (one answer per finding)
         return Result.fail(
             f"pod {ctx.workload} not found", hint="give NAMESPACE/POD of a running pod"
         )
-    if not _proxied(pod):
-        return Result.fail(
-            f"pod {ctx.workload} has no {PROXY_CONTAINER} container: it is not meshed",
-            hint="label its namespace for injection (meshctl-injection=enabled or istio.io/rev) "
-            "and restart it ('kubectl rollout restart')",
-        )
+    if not _proxied(pod):  # ambient, or not meshed at all
+        return ambient_checks.identity(ctx, pod, lambda: _mesh_root_serials(ctx))
     namespace, name = ctx.workload.split("/")
     try:
         status, body = http_get(ctx.kube, namespace, name, ADMIN_PORT, "/config_dump")
@@ -100,7 +99,7 @@ def _identity(ctx: Any) -> Result:  # noqa: PLR0911 (one answer per finding)
 
 
 def _mesh_root_serials(ctx: Any) -> set[str]:
-    from meshctl.core import certs
+    from meshctl.core.pki import certs
     from meshctl.kube import objects
     from meshctl.kube.resources import CONFIG_MAPS
 
@@ -115,28 +114,24 @@ def _mtls(ctx: Any) -> Result:
     from meshctl.kube import api
 
     pod = _pod(ctx)
-    if pod is None or not _proxied(pod):
-        return Result.skip("not a meshed pod")
-    namespace, name = ctx.workload.split("/")
-    path = f"/api/v1/namespaces/{namespace}/pods/{name}:{METRICS_PORT}/proxy/stats/prometheus"
-    try:
-        text = api.request_text(ctx.kube, path)
-    except KubeError as exc:
-        return Result.fail(f"cannot read the proxy's metrics: {exc.message}", hint="is it ready?")
-    peers: dict[str, float] = {}
-    plain = 0.0
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        labels = dict(_LABEL.findall(match.group("labels")))
-        value = float(match.group("value"))
-        reporter = labels.get("reporter")
-        peer = labels.get("destination_principal" if reporter == "source" else "source_principal")
-        if labels.get("connection_security_policy") == "mutual_tls":
-            peers[peer or "unknown"] = peers.get(peer or "unknown", 0) + value
-        else:
-            plain += value
+    if pod is None:
+        return Result.skip("no such pod")
+    own: str | None = None  # ambient: the node proxy's connections of this pod's identity
+    if _proxied(pod):
+        namespace, name = ctx.workload.split("/")
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}:{METRICS_PORT}/proxy/stats/prometheus"
+        try:
+            text = api.request_text(ctx.kube, path)
+        except KubeError as exc:
+            return Result.fail(
+                f"cannot read the proxy's metrics: {exc.message}", hint="is it ready?"
+            )
+    else:
+        found = ambient_checks.metrics_text(ctx, pod)
+        if isinstance(found, Result):
+            return found if ambient_checks.enrolled_state(pod) else Result.skip("not meshed")
+        text, own = found
+    peers = _mtls_peers(text, own)
     if not peers:
         return Result.warn(
             "no mTLS connection seen yet",
@@ -144,6 +139,25 @@ def _mtls(ctx: Any) -> Result:
         )
     listed = ", ".join(f"{p} ({int(n)})" for p, n in sorted(peers.items()))
     return Result.ok(f"{int(sum(peers.values()))} mTLS connections with {listed}")
+
+
+def _mtls_peers(text: str, own: str | None) -> dict[str, float]:
+    """Connections opened with mutual TLS, by peer identity; ``own``: only those whose own
+    side (source when it reported as source, else destination) is that identity."""
+    peers: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        labels = dict(_LABEL.findall(match.group("labels")))
+        source = labels.get("reporter") == "source"
+        mine = labels.get("source_principal" if source else "destination_principal")
+        if own is not None and mine != own:
+            continue
+        peer = labels.get("destination_principal" if source else "source_principal")
+        if labels.get("connection_security_policy") == "mutual_tls":
+            peers[peer or "unknown"] = peers.get(peer or "unknown", 0) + float(match.group("value"))
+    return peers
 
 
 checks = (

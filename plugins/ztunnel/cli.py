@@ -11,9 +11,9 @@ from typing import Annotated, Any
 import typer
 
 from meshctl import config, options, values
-from meshctl.core import certs as certs_mod
-from meshctl.core import proxyconfig
-from meshctl.core.identity import IdentityError, parse_workload_ref
+from meshctl.core.k8s import proxyconfig
+from meshctl.core.pki import certs as certs_mod
+from meshctl.core.pki.identity import IdentityError, parse_workload_ref
 from meshctl.errors import ConfigError, MeshctlError, UserError
 from meshctl.output import OutputFormat, render_objects
 from meshctl.values import format_duration
@@ -338,7 +338,7 @@ def manifest_cmd(
     output: options.OutputOption = OutputFormat.YAML,
 ) -> None:
     """Print the DaemonSet that runs the ambient node proxy ('ztunnel run --mode node')."""
-    from meshctl.core.image import default_image
+    from meshctl.core.k8s.image import default_image
 
     from .manifest import objects
 

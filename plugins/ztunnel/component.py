@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshctl.core.checks import Check, Result
-from meshctl.core.inject import annotations as ann
-from meshctl.core.inject import render
-from meshctl.core.inject.settings import InjectSettings
-from meshctl.core.install.components import Component, Values
-from meshctl.core.install.context import CheckContext, rollout
-from meshctl.core.install.values import Field
+from meshctl.core.k8s.inject import annotations as ann
+from meshctl.core.k8s.inject import render
+from meshctl.core.k8s.inject.settings import InjectSettings
+from meshctl.core.k8s.install.checks import Check, Result
+from meshctl.core.k8s.install.components import Component, Values
+from meshctl.core.k8s.install.context import CheckContext, rollout
+from meshctl.core.k8s.install.values import Field
 
 from . import manifest as node_manifest
 

@@ -21,9 +21,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from meshctl.core import certs as certs_mod
-from meshctl.core import channel
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import certs as certs_mod
+from meshctl.core.pki.identity import SpiffeId
+from meshctl.core.wire import channel
 from meshctl.errors import UserError
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshctl.core.image import default_image
-from meshctl.core.podspec import node_security_context
+from meshctl.core.k8s.image import default_image
+from meshctl.core.k8s.podspec import node_security_context
 
 NAME = "meshctl-ztunnel"
 CONTROL_PLANE = "meshctl-controlplane"

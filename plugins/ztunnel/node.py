@@ -1,7 +1,7 @@
 """Node (ambient) mode of ``meshctl ztunnel run``: the pods the node agent hands over, served.
 
 Owns the supervisor's side of in-pod mode: the ZDS client (connect to the agent's socket, hello,
-one answer per request, ztunnel's rules from ``meshctl.core.zds``), the registry of served pods
+one answer per request, ztunnel's rules from ``meshctl.core.wire.zds``), the registry of served pods
 (each pod's netns descriptor and the listeners opened inside it, marked with the in-pod mark),
 and what every data-plane worker is told about them (``PodAdd`` with the descriptors, ``PodDelete``,
 ``PodsSynced``). Invariants: a pod's listeners are owned here, so a restarting worker loses no
@@ -22,8 +22,8 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from meshctl.core import channel, zds
-from meshctl.core.identity import IdentityError, SpiffeId
+from meshctl.core.pki.identity import IdentityError, SpiffeId
+from meshctl.core.wire import channel, zds
 from meshctl.errors import MeshctlError
 from meshctl.net import zds as wire
 from meshctl.net.inpod import InPod

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from meshctl import values
 from meshctl.config import setting
-from meshctl.core.appprobes import PROBERS_ENV, parse_probers, parse_scrape
-from meshctl.core.zds import DEFAULT_SOCKET
+from meshctl.core.k8s.appprobes import PROBERS_ENV, parse_probers, parse_scrape
+from meshctl.core.wire.zds import DEFAULT_SOCKET
 from meshctl.errors import ConfigError
 
 _DURATION_HINT = f"write a duration, {values.DURATION_EXAMPLES}"

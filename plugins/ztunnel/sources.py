@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from meshctl import inputs, yamlread
-from meshctl.core import channel
-from meshctl.core.identity import (
+from meshctl.core.mesh.localconfig import local_config_warnings, parse_local_config
+from meshctl.core.mesh.records import LocalConfigError
+from meshctl.core.pki.identity import (
     CERT_CHAIN_FILE,
     KEY_FILE,
     ROOT_CERT_FILE,
@@ -28,7 +29,7 @@ from meshctl.core.identity import (
     check_validity,
     peer_identity,
 )
-from meshctl.core.workloads import LocalConfigError, local_config_warnings, parse_local_config
+from meshctl.core.wire import channel
 from meshctl.errors import UserError
 from meshctl.process import Feed
 from meshctl.structured import InputError
@@ -81,7 +82,7 @@ def certs_message(
 
 
 def cert_facts(pem: str) -> tuple[dict[str, Any], ...]:
-    from meshctl.core import certs as certs_mod
+    from meshctl.core.pki import certs as certs_mod
 
     return tuple(
         channel.certificate_facts(
@@ -92,7 +93,7 @@ def cert_facts(pem: str) -> tuple[dict[str, Any], ...]:
 
 
 def _check_certs(chain: str, key: str, roots: str, identity: SpiffeId) -> None:
-    from meshctl.core import certs as certs_mod
+    from meshctl.core.pki import certs as certs_mod
 
     facts = certs_mod.describe(chain.encode())
     if not facts:

@@ -29,10 +29,11 @@ import grpc.aio
 from google.protobuf import json_format, struct_pb2
 
 from meshctl import config, xds
-from meshctl.core import channel
-from meshctl.core.discovery import AUTHORIZATION_TYPE, TYPES
-from meshctl.core.records import render, update_to_plain
-from meshctl.core.workloads import Kind, Policy, Service, Store, Update, Workload
+from meshctl.core.mesh.records import Kind, Policy, Service, Workload
+from meshctl.core.mesh.render import render, update_to_plain
+from meshctl.core.mesh.store import Store, Update
+from meshctl.core.wire import channel
+from meshctl.core.xds.resources import AUTHORIZATION_TYPE, TYPES
 from meshctl.errors import ConfigError
 from meshctl.process import Feed
 from meshctl.proto import xds_pb2, xds_pb2_grpc

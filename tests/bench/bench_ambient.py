@@ -59,7 +59,7 @@ def p50_p95(samples: list[float]) -> str:
 def bench_enroll(tmp: Path, enrolled: int, samples: int) -> list[Row]:
     from kubernetes import client as k8s
 
-    from meshctl.core import ambient
+    from meshctl.core.k8s import ambient
     from tests.harness.kube import (
         create_namespace,
         kubelet_node,

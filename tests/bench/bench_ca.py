@@ -41,8 +41,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from meshctl import rpc
-from meshctl.core import ca
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import ca
+from meshctl.core.pki.identity import SpiffeId
 from meshctl.kube.client import KubeSettings, connect
 from meshctl.kube.tokens import review_token
 from meshctl.proto import citadel_pb2, citadel_pb2_grpc

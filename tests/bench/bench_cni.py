@@ -36,9 +36,9 @@ from meshctl_plugins.cni.manifest import objects
 
 from meshctl.core.capture.plan import plan
 from meshctl.core.capture.settings import settings_from_args
-from meshctl.core.cni.pod import decide
-from meshctl.core.inject.pipeline import inject_pod
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.cni.pod import decide
+from meshctl.core.k8s.inject.pipeline import inject_pod
+from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.core.tree import MANIFEST_NAME
 from meshctl.core.tree import parse as parse_manifest
 from meshctl.kube import pods, rest

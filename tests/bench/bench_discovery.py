@@ -40,9 +40,9 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from meshctl.core.cluster.index import ClusterIndex, Resource
-from meshctl.core.cluster.settings import ClusterSettings
-from meshctl.core.workloads import Store
+from meshctl.core.k8s.cluster.index import ClusterIndex, Resource
+from meshctl.core.k8s.cluster.settings import ClusterSettings
+from meshctl.core.mesh.store import Store
 from tests.harness import controlplane as cp
 from tests.harness import xds_client as tc
 from tests.harness.kube import create_namespace, locate_binaries, running_cluster

@@ -198,7 +198,7 @@ def _rss_mb(pid: int) -> float:
 @contextlib.contextmanager
 def _mesh(tmp: Path, workers: int) -> Iterator[dict]:
     sys.path.insert(0, str(ROOT))
-    from meshctl.core.identity import SpiffeId
+    from meshctl.core.pki.identity import SpiffeId
     from tests.harness.netns import node_with_pods
     from tests.netns.ztunnel_harness import TD, Ca, Sidecar, capture, workload, write_local_config
 

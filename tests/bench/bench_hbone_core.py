@@ -54,8 +54,8 @@ def _pump(
 
 def ours(tunnels: int) -> float:
     """CPU seconds for ``tunnels`` tunnels through our core (both sides)."""
-    from meshctl.core.hbone.connection import HboneConnection
-    from meshctl.core.hbone.events import (
+    from meshctl.core.wire.hbone.connection import HboneConnection
+    from meshctl.core.wire.hbone.events import (
         DataReceived,
         StreamEnded,
         TunnelOpened,

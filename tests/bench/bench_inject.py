@@ -37,8 +37,8 @@ import h2.connection
 import h2.events
 import yaml
 
-from meshctl.core.inject.documents import dump, inject_text, load
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject.documents import dump, inject_text, load
+from meshctl.core.k8s.inject.settings import InjectSettings
 from tests.bench.smoke import figures_produced
 from tests.harness.inject_webhook import WebhookProcess, start_webhook, stop_webhook
 from tests.harness.kube import free_port

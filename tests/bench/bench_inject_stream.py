@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from meshctl.core.inject import documents
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject import documents
+from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.output import YamlWriter, render_objects
 from tests.bench.bench_inject import deployment
 from tests.bench.smoke import figures_produced

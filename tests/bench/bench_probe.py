@@ -27,8 +27,8 @@ from pathlib import Path
 
 from meshctl_plugins.dataplane.app_probes import AppProbes
 
-from meshctl.core.appprobes import parse_probers
-from meshctl.core.identity import SpiffeId
+from meshctl.core.k8s.appprobes import parse_probers
+from meshctl.core.pki.identity import SpiffeId
 from tests.bench.smoke import figures_produced
 from tests.harness.netns import Netns, node_with_pods
 from tests.netns.ztunnel_harness import Ca, Sidecar, workload, write_local_config

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from tests.bench.bench_help import measure
 from tests.bench.smoke import figures_produced
 from tests.harness.netns import node_with_pods

@@ -180,11 +180,17 @@ def test_ambient_manifest_adds_the_node_agents_mounts_capabilities_and_rbac():
     spec = items["DaemonSet"]["spec"]["template"]["spec"]
     assert spec["hostNetwork"] is True
     paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert {"/var/run/netns", "/var/run/ztunnel"} <= paths
+    assert {"/var/run/netns", "/var/run/ztunnel", "/run/xtables.lock"} <= paths
+    assert spec["terminationGracePeriodSeconds"] == 30  # the release on uninstall needs time
     container = spec["containers"][0]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/run/xtables.lock" in mounts  # the node's lock, under a read-only root
     env = {e["name"]: e for e in container["env"]}
     assert env["AMBIENT_ENABLED"]["value"] == "true"
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert env["MESHCTL_CNI_NETNS_DIR"]["value"] == "/var/run/netns"
     assert set(container["securityContext"]["capabilities"]["add"]) == {
         "NET_ADMIN",
         "NET_RAW",
@@ -195,6 +201,7 @@ def test_ambient_manifest_adds_the_node_agents_mounts_capabilities_and_rbac():
         "pods": {"get", "list", "watch", "patch"},
         "namespaces": {"get", "list", "watch"},
         "events": {"create", "patch"},
+        "daemonsets": {"get"},  # its own, on exit: uninstall or upgrade?
     }
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.core.cni import spec
+from meshctl.core.k8s.cni import spec
 from tests.harness.cli import run_meshctl
 from tests.harness.cni import PREV_RESULT, exec_plugin, install_launcher, network_config
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.core.cni import spec
+from meshctl.core.k8s.cni import spec
 from tests.harness.cni import exec_plugin, install_launcher, network_config
 
 PLUGIN_MAIN = "meshctl_plugins.cni_plugin.main"

@@ -19,8 +19,8 @@ from cryptography import x509
 from meshctl_plugins.ztunnel.caclient import CaClient
 
 from meshctl import rpc
-from meshctl.core import certs
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import certs
+from meshctl.core.pki.identity import SpiffeId
 from tests.harness.cli import run_meshctl as meshctl
 
 TOKENS = (

@@ -234,6 +234,7 @@ NOT_THAT_SETTING = {
     ("ztunnel", "manifest", "--xds-address"): "what the DaemonSet is given, not this process",
     ("ztunnel", "manifest", "--workers"): "what the DaemonSet is given, not this process",
     ("cni", "manifest", "--ambient"): "what the DaemonSet runs, not this process",
+    ("cni", "manifest", "--netns-dir"): "the host path the DaemonSet mounts",
     ("controlplane", "manifest", "--namespace"): "where the manifest installs",
     ("controlplane", "manifest", "--revision"): "what the Deployment is given",
 }

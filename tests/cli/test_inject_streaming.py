@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from meshctl.cli import main
-from meshctl.core.inject.documents import inject_documents, load
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject.documents import inject_documents, load
+from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.output import render_objects
 from tests.bench.bench_inject import deployment
 from tests.harness.measured import meshctl

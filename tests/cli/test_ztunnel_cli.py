@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from meshctl.core import certs
-from meshctl.core.identity import SpiffeId, peer_identity
+from meshctl.core.pki import certs
+from meshctl.core.pki.identity import SpiffeId, peer_identity
 from tests.harness.cacerts import write_istio_cacerts
 from tests.harness.cli import run_meshctl as meshctl
 

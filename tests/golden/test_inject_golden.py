@@ -19,10 +19,10 @@ import jsonpatch
 import pytest
 
 from meshctl.cli import main
-from meshctl.core.inject import admission, kinds
-from meshctl.core.inject.annotations import UNDO
-from meshctl.core.inject.documents import load
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject import admission, kinds
+from meshctl.core.k8s.inject.annotations import UNDO
+from meshctl.core.k8s.inject.documents import load
+from meshctl.core.k8s.inject.settings import InjectSettings
 from tests.harness.golden import assert_golden
 
 DATA = Path(__file__).resolve().parents[1] / "testdata" / "inject"

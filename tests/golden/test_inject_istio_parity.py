@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 
-from meshctl.core.inject import kinds
-from meshctl.core.inject.annotations import quantity
-from meshctl.core.inject.documents import inject_documents, load
-from meshctl.core.inject.errors import InjectError
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject import kinds
+from meshctl.core.k8s.inject.annotations import quantity
+from meshctl.core.k8s.inject.documents import inject_documents, load
+from meshctl.core.k8s.inject.errors import InjectError
+from meshctl.core.k8s.inject.settings import InjectSettings
 from tests.harness.istio import fetch_istio_module, istio_module_dir
 
 DATA = "pkg/kube/inject/testdata/inject"

@@ -1,7 +1,8 @@
 """Goldens of the manifests meshctl prints with default settings, and the one image they all run.
 
 ``MESHCTL_REFRESH_GOLDEN=1`` rewrites the goldens. The image every printed object names is
-``meshctl.core.image.default_image()`` unless overridden (``--image``, ``MESHCTL_INJECT_IMAGE``).
+``meshctl.core.k8s.image.default_image()`` unless overridden (``--image``,
+``MESHCTL_INJECT_IMAGE``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import yaml
 
 from meshctl import __version__
 from meshctl.cli import main
-from meshctl.core.image import default_image
+from meshctl.core.k8s.image import default_image
 from tests.harness.golden import assert_golden
 
 DATA = Path(__file__).resolve().parent / "manifests"

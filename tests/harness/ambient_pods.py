@@ -13,7 +13,7 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from meshctl.core import ambient
+from meshctl.core.k8s import ambient
 
 from . import workloads as wl
 
@@ -57,19 +57,31 @@ def talk_mtls_through_node_proxy(api: Any, namespace: str, image: str, system_ns
     while not talked():
         assert time.monotonic() < deadline, "the client never reached the server"
         time.sleep(1)
+    client_id = f"spiffe://cluster.local/ns/{namespace}/sa/client"
+    server_id = f"spiffe://cluster.local/ns/{namespace}/sa/server"
+    assert mtls_opened(api, system_ns, client_id, server_id) > 0, node_proxy_metrics(
+        api, system_ns
+    )[-3000:]
+
+
+def node_proxy_metrics(api: Any, system_ns: str) -> str:
     proxies = wl.pods(api, system_ns, NODE_PROXY_SELECTOR)
     assert proxies, "no node proxy pod"
     ip = proxies[0].status.pod_ip
     with urllib.request.urlopen(f"http://{ip}:15020/stats/prometheus", timeout=10) as answer:
-        text = answer.read().decode()
-    client_id = f"spiffe://cluster.local/ns/{namespace}/sa/client"
-    server_id = f"spiffe://cluster.local/ns/{namespace}/sa/server"
-    opened = [
-        line
-        for line in text.splitlines()
-        if line.startswith("istio_tcp_connections_opened_total")
-        and f'source_principal="{client_id}"' in line
-        and f'destination_principal="{server_id}"' in line
-        and 'connection_security_policy="mutual_tls"' in line
-    ]
-    assert opened, text[-3000:]
+        return str(answer.read().decode())
+
+
+def mtls_opened(api: Any, system_ns: str, client_id: str, server_id: str) -> float:
+    """Connections the node proxy opened with mutual TLS from ``client_id`` to ``server_id``
+    (both reporters summed)."""
+    total = 0.0
+    for line in node_proxy_metrics(api, system_ns).splitlines():
+        if (
+            line.startswith("istio_tcp_connections_opened_total")
+            and f'source_principal="{client_id}"' in line
+            and f'destination_principal="{server_id}"' in line
+            and 'connection_security_policy="mutual_tls"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total

@@ -47,7 +47,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from meshctl.core import certs
+from meshctl.core.pki import certs
 from tests.harness import netns as netns_mod
 from tests.harness.netns import Netns, NetnsFactory
 

@@ -821,11 +821,20 @@ class TestNode:
             nodehost.cleanup(state)
 
     def stop(self) -> None:
-        """Stops every component and restores the host; releases the machine lock."""
+        """Stops every component and restores the host (checked: anything left of the run's
+        rules, tables, links or files fails the stop); releases the machine lock."""
         try:
             if self._start is not None:
                 self._start.stop()
+            state = nodehost.read_state()
             self._cleanup()
+            if state is not None:
+                left = nodehost.leftovers(nodehost.HostSnapshot.from_json(state["before"]))
+                if left:
+                    raise AssertionError(
+                        "the test node left these on the host after its cleanup:\n"
+                        + "\n".join(left)
+                    )
         finally:
             self._start = None
             self._cluster = None

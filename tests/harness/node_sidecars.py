@@ -22,8 +22,8 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from meshctl.core.inject.render import CERTS_PATH
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject.render import CERTS_PATH
+from meshctl.core.k8s.inject.settings import InjectSettings
 from tests.harness.cli import run_meshctl
 from tests.harness.inject_webhook import WebhookProcess, start_webhook, stop_webhook
 from tests.harness.kube import mutating_webhook_configuration

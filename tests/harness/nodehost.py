@@ -45,6 +45,7 @@ HOST_PATHS = (
     "/var/log/containers",
     "/var/log/pods",
     "/run/meshctl-cni",  # the CNI DaemonSet's run dir (/var/run links here)
+    "/run/ztunnel",  # the ambient agent's ZDS socket dir (its hostPath makes it)
     "/run/nri",
     "/opt/containerd",
 )
@@ -105,7 +106,9 @@ def nft_tables() -> set[tuple[str, str]]:
 
 
 def iptables_chains() -> dict[str, list[str]]:
-    """Per iptables tool: its chains as 'table/chain' (both backends, IPv4 and IPv6)."""
+    """Per iptables tool: its chains as 'table/chain', and every rule naming a MESH_ chain as
+    'table/-A ...' (the node agent's probe SNAT goes into the node's tables; a run must leave
+    none behind), for both backends, IPv4 and IPv6."""
     chains: dict[str, list[str]] = {}
     for tool in IPTABLES_TOOLS:
         proc = _run([f"{tool}-save"], check=False)
@@ -115,6 +118,8 @@ def iptables_chains() -> dict[str, list[str]]:
                 table = line[1:]
             elif line.startswith(":"):
                 found.append(f"{table}/{line[1:].split()[0]}")
+            elif line.startswith("-A ") and "MESH_" in line:
+                found.append(f"{table}/{line}")
         chains[tool] = sorted(found)
     return chains
 
@@ -412,7 +417,8 @@ def remove_links(bridge: str) -> None:
 
 
 def remove_new_iptables_chains(before: Mapping[str, list[str]]) -> None:
-    """KUBE-* chains that appeared since the start, and every rule that jumps to them."""
+    """KUBE-* and MESH_* chains that appeared since the start, every rule that jumps to them,
+    and every new rule naming a MESH_ chain (in chains that existed before, too)."""
     for tool in IPTABLES_TOOLS:
         save = _run([f"{tool}-save"], check=False).stdout
         existed = set(before.get(tool, []))
@@ -422,14 +428,15 @@ def remove_new_iptables_chains(before: Mapping[str, list[str]]) -> None:
                 table = line[1:]
             elif line.startswith(":"):
                 chain = line[1:].split()[0]
-                if chain.startswith("KUBE-") and f"{table}/{chain}" not in existed:
+                if chain.startswith(("KUBE-", "MESH_")) and f"{table}/{chain}" not in existed:
                     new.append((table, chain))
             elif line.startswith("-A "):
                 jumps.append((table, line))
         names = {c for _, c in new}
         for table, rule in jumps:
             words = rule.split()
-            if words[1] in names or any(w in names for w in words[2:]):
+            ours = "MESH_" in rule and f"{table}/{rule}" not in existed
+            if ours or words[1] in names or any(w in names for w in words[2:]):
                 _run([tool, "-t", table, "-D", *words[1:]], check=False)
         for table, chain in new:
             _run([tool, "-t", table, "-F", chain], check=False)
@@ -483,6 +490,28 @@ def remove_new_paths(before: Mapping[str, list[str] | None]) -> None:
             continue
         for name in now - set(existed):
             remove(Path(path) / name)
+
+
+def leftovers(before: HostSnapshot) -> list[str]:
+    """What a run left on the host that the cleanup should have removed: rules and chains,
+    nft tables, links and entries under the host paths (sysctls and cgroups are the kernel's
+    and kubelet's to settle); one line each, empty when the host is as before."""
+    after = HostSnapshot.take()
+    found = [
+        d for d in before.differences(after) if d.startswith(("nft_tables: added", "links: added"))
+    ]
+    # Only what appeared: our agent may rightly have removed stale rules of an older run.
+    for tool, now in after.iptables.items():
+        found += [
+            f"{tool}: {item}" for item in sorted(set(now) - set(before.iptables.get(tool, [])))
+        ]
+    for path, entries in after.paths.items():
+        had = before.paths.get(path)
+        if entries is not None and had is None:
+            found.append(f"{path} was created")
+        elif entries is not None:
+            found += [f"{path}/{name}" for name in sorted(set(entries) - set(had or []))]
+    return found
 
 
 def cleanup(state: Mapping[str, Any]) -> None:

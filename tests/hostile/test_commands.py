@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.core.cni import spec
+from meshctl.core.k8s.cni import spec
 from tests.harness.cni import PREV_RESULT, install_launcher
 from tests.harness.measured import MESHCTL, Measured, run_measured
 from tests.hostile.corpus import NAMES, write_corpus

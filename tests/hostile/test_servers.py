@@ -24,7 +24,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from tests.bench.bench_inject import review_body
 from tests.cli import test_controlplane_ca as ca_tests
 from tests.harness.inject_webhook import WebhookProcess, start_webhook

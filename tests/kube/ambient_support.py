@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import secrets
 import signal
 import subprocess
@@ -26,8 +27,8 @@ import pytest
 from kubernetes import client as k8s
 from meshctl_plugins.cni.manifest import objects
 
-from meshctl.core import ambient
-from meshctl.core.cni import netconf
+from meshctl.core.k8s import ambient
+from meshctl.core.k8s.cni import netconf
 from tests.harness.cni import mesh_rules
 from tests.harness.kube import (
     SA_ISSUER,
@@ -115,7 +116,7 @@ class AmbientKubeNode:
     def agent_log(self) -> Path:
         return self.dir / "agent.log"
 
-    def start_agent(self, *, wait: bool = True) -> None:
+    def start_agent(self, *, wait: bool = True, env: dict[str, str] | None = None) -> None:
         argv = [
             sys.executable, "-m", "meshctl", "--log-level", "info",
             "--kubeconfig", str(self.kubeconfig),
@@ -128,7 +129,12 @@ class AmbientKubeNode:
             "--readiness-address", f"127.0.0.1:{AGENT_PORT}", "--poll-interval", "0.2",
         ]  # fmt: skip
         self._agent_log = self.agent_log.open("ab")
-        self.agent = self.ns.popen(argv, stdout=self._agent_log, stderr=subprocess.STDOUT)
+        self.agent = self.ns.popen(
+            argv,
+            stdout=self._agent_log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
         if wait:
             self.wait_agent_ready()
 

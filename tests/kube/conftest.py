@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshctl.core import ambient
+from meshctl.core.k8s import ambient
 from tests.harness.kube import (
     KubeCluster,
     create_namespace,

@@ -15,7 +15,7 @@ import secrets
 import pytest
 from kubernetes import client as k8s
 
-from meshctl.core import ambient
+from meshctl.core.k8s import ambient
 from tests.harness.cni import mesh_rules
 from tests.harness.kube import create_namespace, delete_namespace
 from tests.harness.wait import eventually

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from meshctl.core import ambient
+from meshctl.core.k8s import ambient
 from meshctl.proto import zds_pb2
 from tests.harness import netns as netns_mod
 from tests.harness.cni import mesh_rules

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from meshctl.core.inject.interception import capture_args
-from meshctl.core.inject.pipeline import inject_pod
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject.interception import capture_args
+from meshctl.core.k8s.inject.pipeline import inject_pod
+from meshctl.core.k8s.inject.settings import InjectSettings
 from tests.harness.cli import run_meshctl
 from tests.harness.cni import mesh_rules
 from tests.harness.kube import (

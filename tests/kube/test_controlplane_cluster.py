@@ -25,7 +25,7 @@ from cryptography.x509.oid import NameOID
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from meshctl.core.inject.webhook_config import WebhookTarget, webhook_configuration
+from meshctl.core.k8s.inject.webhook_config import WebhookTarget, webhook_configuration
 from tests.harness import controlplane as cp
 from tests.harness import xds_client as tc
 from tests.harness.kube import (

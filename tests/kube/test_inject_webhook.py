@@ -23,7 +23,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from meshctl.core.inject import kinds
+from meshctl.core.k8s.inject import kinds
 from tests.harness.inject_webhook import (
     TEST_IMAGE,
     WebhookProcess,

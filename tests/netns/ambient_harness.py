@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshctl.core import certs
+from meshctl.core.pki import certs
 from tests.harness.netns import Node, Pod, node_with_pods
 from tests.netns.zds_peer import AgentPeer
 from tests.netns.ztunnel_harness import (

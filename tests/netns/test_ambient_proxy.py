@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from meshctl.proto import zds_pb2
 from tests.harness.wait import eventually
 from tests.netns.ambient_harness import APP_PORT, SVC_PORT, ambient_node

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.core.identity import SpiffeId
-from meshctl.core.inject.pipeline import inject_pod
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject.pipeline import inject_pod
+from meshctl.core.k8s.inject.settings import InjectSettings
+from meshctl.core.pki.identity import SpiffeId
 from tests.harness.netns import Pod, node_with_pods
 from tests.netns.ztunnel_harness import (
     Ca,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from meshctl.core.cni import spec
+from meshctl.core.k8s.cni import spec
 from tests.harness.cni import exec_plugin, install_launcher, mesh_rules, network_config
 from tests.harness.kube import free_port
 

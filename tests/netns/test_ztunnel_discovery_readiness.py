@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from tests.netns.ztunnel_harness import TD, Ca, Sidecar, http_get
 
 pytestmark = pytest.mark.netns

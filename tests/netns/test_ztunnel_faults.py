@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from tests.harness.wait import eventually
 from tests.netns.ztunnel_harness import TD, echo_roundtrip, metric_sum
 from tests.netns.ztunnel_topology import APP_PORT, two_pod_mesh

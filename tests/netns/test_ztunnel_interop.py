@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from h2.errors import ErrorCodes
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from tests.netns.ztunnel_harness import echo_roundtrip, metric_sum
 from tests.netns.ztunnel_topology import APP_PORT, SVC_PORT, two_pod_mesh
 

@@ -67,8 +67,11 @@ def test_ipv6_client_reaches_server_over_hbone_by_pod_ip_and_by_service_vip(tmp_
         while m.car_a.log_text(None).count("connection complete") < 4 and time.monotonic() < end:
             time.sleep(0.05)
         a_log, b_log = m.car_a.log_text(None), m.car_b.log_text(None)
-        assert a_log.count(f"dst.hbone_addr=[{m.b_ip6}]:15008") == 3
-        assert a_log.count(f"dst.addr=[{m.b_ip6}]:{APP_PORT}") == 3  # the VIP's target port too
+        # As ztunnel logs both sides: dst.addr the TCP connection's, dst.hbone_addr the CONNECT
+        # authority (the VIP's target port too).
+        hop = f"dst.addr=[{m.b_ip6}]:15008 dst.hbone_addr=[{m.b_ip6}]:{APP_PORT} "
+        assert a_log.count(hop) == 3
+        assert b_log.count(hop) == 3
         assert b_log.count(f"src.addr=[{m.a_ip6}]:") == 3
         # Server-first: what we sent after the server's half-close arrived intact.
         assert hashlib.sha256(reply).hexdigest() in m.echo6.received

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from tests.harness.netns import node_with_pods
 from tests.harness.wait import eventually
 from tests.netns.ztunnel_harness import TD, Ca, Sidecar

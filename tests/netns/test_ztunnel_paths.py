@@ -115,7 +115,12 @@ def test_config_dump_and_metrics_show_an_open_connection_with_both_identities(tm
         assert [(f["direction"], f["src"]["identity"], f["dst"]["identity"]) for f in a_flows] == [
             ("outbound", client, server)
         ]
-        assert a_flows[0]["hboneAddr"] == f"{m.b.ip}:15008"
+        # Both sides as ztunnel logs them: the TCP connection's address, the CONNECT authority.
+        for flow in (a_flows[0], b_flows[0]):
+            assert (flow["dst"]["addr"], flow["hboneAddr"]) == (
+                f"{m.b.ip}:15008",
+                f"{m.b.ip}:{APP_PORT}",
+            )
         assert [(f["direction"], f["src"]["identity"], f["dst"]["identity"]) for f in b_flows] == [
             ("inbound", client, server)
         ]

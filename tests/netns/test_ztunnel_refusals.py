@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from h2.errors import ErrorCodes
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from tests.netns.ztunnel_harness import (
     TD,
     Ca,

@@ -1,6 +1,6 @@
 """Independent ZDS peers, written here from Istio's zds.proto and its socket rules alone.
 
-Neither peer imports meshctl's ZDS code (``meshctl.core.zds``, ``meshctl.net.zds``): only the
+Neither peer imports meshctl's ZDS code (``meshctl.core.wire.zds``, ``meshctl.net.zds``): only the
 generated protobuf classes (the schema itself) and the standard library, blocking sockets, so a
 shared mistake cannot hide. ``AgentPeer`` plays istio-cni's node agent (the server: it accepts
 the node proxy, reads its hello, sends adds with a netns descriptor, keeps, deletes and the

@@ -35,8 +35,8 @@ import h2.events
 import pytest
 import yaml
 
-from meshctl.core import certs
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import certs
+from meshctl.core.pki.identity import SpiffeId
 from tests.harness.netns import Netns
 
 TD = "cluster.local"

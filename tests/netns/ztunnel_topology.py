@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
 from tests.harness.netns import Node, Pod, node_with_pods
 from tests.netns.ztunnel_harness import (
     TD,

@@ -21,10 +21,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from meshctl.core import certs
-from meshctl.core.cni.spec import DEFAULT_RUN_DIR
-from meshctl.core.inject.interception import capture_args
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.cni.spec import DEFAULT_RUN_DIR
+from meshctl.core.k8s.inject.interception import capture_args
+from meshctl.core.k8s.inject.settings import InjectSettings
+from meshctl.core.pki import certs
 from tests.harness import nodehost
 from tests.harness import workloads as wl
 from tests.harness.cli import run_meshctl

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from meshctl.core.cni.spec import PLUGIN_TYPE
+from meshctl.core.k8s.cni.spec import PLUGIN_TYPE
 from tests.harness import nodehost
 from tests.harness import workloads as wl
 from tests.harness.ambient_pods import NODE_PROXY_SELECTOR, talk_mtls_through_node_proxy

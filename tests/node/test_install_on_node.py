@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from meshctl.core.cni.spec import PLUGIN_TYPE
+from meshctl.core.k8s.cni.spec import PLUGIN_TYPE
 from tests.harness import workloads as wl
 from tests.harness.mesh_install import (
     OURS,

@@ -20,7 +20,7 @@ import pytest
 from cryptography import x509
 from kubernetes import client as k8s
 
-from meshctl.core.inject.render import CERTS_PATH
+from meshctl.core.k8s.inject.render import CERTS_PATH
 from tests.harness import node_sidecars as mesh
 from tests.harness import nodehost
 from tests.harness import workloads as wl

@@ -6,7 +6,7 @@ import ipaddress
 
 from hypothesis import strategies as st
 
-from meshctl.core.workloads import (
+from meshctl.core.mesh.records import (
     Action,
     Policy,
     Protocol,

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshctl.core.addresses import ip
-from meshctl.core.hbone.headers import parse_authority
+from meshctl.core.mesh.addresses import ip
+from meshctl.core.wire.hbone.headers import parse_authority
 
 
 @given(st.ip_addresses())

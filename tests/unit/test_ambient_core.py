@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from meshctl.core import ambient
 from meshctl.core.capture import hostprobe
 from meshctl.core.capture.parse import parse
 from meshctl.core.capture.render import render
 from meshctl.core.capture.rules import Family
 from meshctl.core.capture.settings import settings_from_args
+from meshctl.core.k8s import ambient
 
 AMBIENT = {ambient.DATAPLANE_MODE: ambient.MODE_AMBIENT}
 NONE = {ambient.DATAPLANE_MODE: ambient.MODE_NONE}
@@ -120,3 +120,59 @@ def test_host_probe_scope_ignores_everything_else_in_the_nodes_tables():
     )
     mine = hostprobe.scoped(node.ours())
     assert mine == hostprobe.build(["10.1.0.5"], Family.IPV4)
+
+
+AGENT_DS = {"kind": "DaemonSet", "name": "meshctl-cni-node", "uid": "ds-1", "controller": True}
+
+
+def _agent_pod(*owners: dict) -> dict:
+    return {"metadata": {"name": "agent-x", "ownerReferences": list(owners)}}
+
+
+def _daemonset(uid: str = "ds-1", *, deleting: bool = False) -> dict:
+    meta = {"name": "meshctl-cni-node", "uid": uid}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-06T00:00:00Z"
+    return {"metadata": meta}
+
+
+@pytest.mark.parametrize(
+    ("own", "daemonset", "mode", "release", "why"),
+    [
+        (_agent_pod(AGENT_DS), None, "auto", True, "is gone"),
+        (_agent_pod(AGENT_DS), _daemonset(deleting=True), "auto", True, "being deleted"),
+        (_agent_pod(AGENT_DS), _daemonset(), "auto", False, "upgrade or a restart"),
+        (_agent_pod(AGENT_DS), _daemonset("ds-2"), "auto", False, "reinstall"),
+        (_agent_pod(), None, "auto", False, "no DaemonSet owner"),
+        (None, None, "auto", False, "cannot be ruled out"),
+        (None, None, "always", True, "told to release"),
+        (_agent_pod(AGENT_DS), None, "never", False, "told to keep"),
+    ],
+)
+def test_a_stopping_agent_releases_its_pods_only_when_its_daemonset_goes(
+    own, daemonset, mode, release, why
+):
+    plan = ambient.exit_plan(own, daemonset, mode=mode)
+    assert plan.release is release
+    assert why in plan.reason
+
+
+def _placed(name: str, node: str, redirection: str | None, phase: str = "Running") -> dict:
+    annotations = {ambient.REDIRECTION: redirection} if redirection else {}
+    return {
+        "metadata": {"name": name, "namespace": "shop", "annotations": annotations},
+        "spec": {"nodeName": node},
+        "status": {"phase": phase},
+    }
+
+
+def test_pods_left_redirected_are_those_annotated_on_nodes_without_an_agent():
+    pods = [
+        _placed("a", "n1", "enabled"),
+        _placed("b", "n2", "enabled"),
+        _placed("c", "n2", "pending"),
+        _placed("d", "n2", None),
+        _placed("e", "n2", "enabled", phase="Succeeded"),
+    ]
+    assert ambient.left_captured(pods, ["n1"]) == ["shop/b (node n2)", "shop/c (node n2)"]
+    assert ambient.left_captured(pods, ["n1", "n2"]) == []

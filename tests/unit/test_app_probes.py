@@ -24,9 +24,9 @@ import grpc
 import pytest
 from meshctl_plugins.dataplane.app_probes import AppProbes
 
-from meshctl.core import certs
-from meshctl.core.appprobes import parse_probers
-from meshctl.core.identity import SpiffeId
+from meshctl.core.k8s.appprobes import parse_probers
+from meshctl.core.pki import certs
+from meshctl.core.pki.identity import SpiffeId
 from meshctl.proto import health_pb2
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from meshctl.core.authz import ConnectionFacts, evaluate
-from meshctl.core.identity import SpiffeId
-from meshctl.core.workloads import parse_local_config
+from meshctl.core.mesh.authz import ConnectionFacts, evaluate
+from meshctl.core.mesh.localconfig import parse_local_config
+from meshctl.core.pki.identity import SpiffeId
 
 ALICE = SpiffeId("cluster.local", "default", "alice")
 BOB = SpiffeId("cluster.local", "prod", "bob")

@@ -14,8 +14,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshctl.core import ca
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import ca
+from meshctl.core.pki.identity import SpiffeId
 
 NOW = datetime(2026, 5, 1, 12, 0, tzinfo=UTC)
 ID = SpiffeId("cluster.local", "shop", "cart")

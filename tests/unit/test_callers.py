@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshctl.core import callers
-from meshctl.core.callers import Caller, CallerError, TokenVerdict
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import callers
+from meshctl.core.pki.callers import Caller, CallerError, TokenVerdict
+from meshctl.core.pki.identity import SpiffeId
 
 NODE_ACCOUNTS = frozenset({"meshctl-system/meshctl-ztunnel"})
 

@@ -9,8 +9,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from meshctl.core import certs
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import certs
+from meshctl.core.pki.identity import SpiffeId
 from tests.harness.cacerts import write_istio_cacerts
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)

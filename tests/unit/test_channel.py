@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshctl.core import channel
+from meshctl.core.wire import channel
 
 MESSAGES = [
     channel.Hello(pid=42),

@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshctl.core.authz import ConnectionFacts, evaluate
-from meshctl.core.cluster.index import ClusterIndex, Resource
-from meshctl.core.cluster.objects import ObjectError
-from meshctl.core.cluster.pods import build_workload, read_pod
-from meshctl.core.cluster.policies import read_policy
-from meshctl.core.cluster.services import build_service, ports_for_pod, read_service
-from meshctl.core.cluster.settings import ClusterSettings
-from meshctl.core.identity import SpiffeId
-from meshctl.core.workloads import Action, Kind, Protocol, Scope
+from meshctl.core.k8s.cluster.index import ClusterIndex, Resource
+from meshctl.core.k8s.cluster.objects import ObjectError
+from meshctl.core.k8s.cluster.pods import build_workload, read_pod
+from meshctl.core.k8s.cluster.policies import read_policy
+from meshctl.core.k8s.cluster.services import build_service, ports_for_pod, read_service
+from meshctl.core.k8s.cluster.settings import ClusterSettings
+from meshctl.core.mesh.authz import ConnectionFacts, evaluate
+from meshctl.core.mesh.records import Action, Kind, Protocol, Scope
+from meshctl.core.pki.identity import SpiffeId
 
 SETTINGS = ClusterSettings(cluster_id="c1", trust_domain="td.local", root_namespace="mesh-root")
 

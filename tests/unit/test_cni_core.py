@@ -13,12 +13,12 @@ from hypothesis import strategies as st
 from meshctl.core.capture import render
 from meshctl.core.capture.plan import plan
 from meshctl.core.capture.settings import settings_from_args
-from meshctl.core.cni import spec
-from meshctl.core.cni.pod import decide
-from meshctl.core.inject.errors import InvalidAnnotationError
-from meshctl.core.inject.interception import capture_args
-from meshctl.core.inject.pipeline import inject_pod
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.cni import spec
+from meshctl.core.k8s.cni.pod import decide
+from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.core.k8s.inject.interception import capture_args
+from meshctl.core.k8s.inject.pipeline import inject_pod
+from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.errors import ConfigError
 from tests.harness.cli import run_meshctl
 

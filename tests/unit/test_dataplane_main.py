@@ -9,7 +9,7 @@ from meshctl_plugins.dataplane.main import tune_malloc
 
 
 def test_the_data_plane_loads_no_general_http2_stack():
-    # HBONE's framing is meshctl.core.hbone's own: h2 and hyperframe stay out of the data plane
+    # HBONE's framing is meshctl.core.wire.hbone's own: h2 and hyperframe stay out of the data plane
     # (their per-frame objects were most of its CPU per connection, and ~4 MB of its memory).
     code = (
         "import sys, meshctl_plugins.dataplane.runtime, meshctl_plugins.dataplane.main; "

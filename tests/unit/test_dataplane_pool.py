@@ -9,8 +9,8 @@ import pytest
 import uvloop
 from meshctl_plugins.dataplane.pool import DialError, Pool
 
-from meshctl.core.hbone import TunnelSettings
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki.identity import SpiffeId
+from meshctl.core.wire.hbone import TunnelSettings
 
 KEY = (
     SpiffeId("cluster.local", "a", "a"),

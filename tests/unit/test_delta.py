@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshctl.core.delta import DeltaProtocolError, DeltaStream, Request
+from meshctl.core.xds.delta import DeltaProtocolError, DeltaStream, Request
 
 T = "type.googleapis.com/istio.workload.Address"
 

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import grpc
 import pytest
-from meshctl_plugins.controlplane.discovery import DiscoveryServer
 from meshctl_plugins.controlplane.metrics import Metrics
+from meshctl_plugins.controlplane.xds_server import DiscoveryServer
 
 from meshctl import rpc
-from meshctl.core.callers import Caller, CallerError
-from meshctl.core.identity import SpiffeId
-from meshctl.core.workloads import Action, Kind, Policy, Protocol, Scope, Update, Workload
+from meshctl.core.mesh.records import Action, Kind, Policy, Protocol, Scope, Workload
+from meshctl.core.mesh.store import Update
+from meshctl.core.pki.callers import Caller, CallerError
+from meshctl.core.pki.identity import SpiffeId
 from meshctl.proto import xds_pb2_grpc
 from tests.harness import xds_client as tc
 from tests.harness.kube import CertificateAuthority

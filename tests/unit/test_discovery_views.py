@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 
-from meshctl.core.discovery import (
+from meshctl.core.mesh.records import Action, Kind, Policy, Scope, Service, Workload
+from meshctl.core.mesh.store import Store, Update
+from meshctl.core.xds.resources import (
     ADDRESS_TYPE,
     AUTHORIZATION_TYPE,
     AddressCatalog,
@@ -14,7 +16,6 @@ from meshctl.core.discovery import (
     policy_view,
     touches,
 )
-from meshctl.core.workloads import Action, Kind, Policy, Scope, Service, Store, Update, Workload
 
 
 def wl(name, ns, ip, node, policies=()):

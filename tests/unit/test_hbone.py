@@ -13,7 +13,7 @@ from hyperframe.frame import Frame
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshctl.core.hbone import (
+from meshctl.core.wire.hbone import (
     ConnectionClosed,
     DataReceived,
     HboneConnection,
@@ -27,12 +27,13 @@ from meshctl.core.hbone import (
     TunnelStateError,
     Writable,
 )
-from meshctl.core.hbone.headers import (
+from meshctl.core.wire.hbone.headers import (
     format_authority,
     format_forwarded,
     parse_authority,
     parse_baggage,
     parse_forwarded_for,
+    parse_forwarded_host,
 )
 
 
@@ -382,6 +383,33 @@ def test_forwarded_for_round_trips(ip, port):
 
 def test_forwarded_quotes_v6_in_brackets():
     assert format_forwarded("fd00::1", 80, host="a.svc") == 'for="[fd00::1]:80";host=a.svc'
+
+
+@given(
+    ips,
+    st.integers(1, 65535),
+    st.from_regex(r"[a-z0-9]([a-z0-9.-]{0,60}[a-z0-9])?", fullmatch=True),
+)
+def test_forwarded_host_round_trips_beside_the_client_address(ip, port, host):
+    value = format_forwarded(ip, port, host=host)
+    assert parse_forwarded_host(value) == host
+    assert parse_forwarded_for(value) == (ip, port)
+
+
+@pytest.mark.parametrize(
+    ("value", "host"),
+    [
+        ('for="10.0.0.1:5000"', None),  # ztunnel's form for a connection to a pod, not a Service
+        ('for="10.0.0.1:5000";host=echo.prod.svc.cluster.local', "echo.prod.svc.cluster.local"),
+        ('Host="echo.prod.svc.cluster.local" ; for=x', "echo.prod.svc.cluster.local"),
+        ("for=a;host=first.svc, for=b;host=second.svc", "first.svc"),  # the first hop only
+        ('for="10.0.0.1:5000";host=', None),
+        ('for="10.0.0.1:5000";host=""', None),
+        ("for=a;hostname=x.svc", None),
+    ],
+)
+def test_forwarded_host_is_the_first_elements_host_parameter(value, host):
+    assert parse_forwarded_host(value) == host
 
 
 def test_baggage_parses_members_and_drops_properties():

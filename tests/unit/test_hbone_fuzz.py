@@ -30,7 +30,7 @@ from hyperframe.frame import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshctl.core.hbone import (
+from meshctl.core.wire.hbone import (
     ConnectionClosed,
     DataReceived,
     HboneConnection,

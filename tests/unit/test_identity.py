@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshctl.core.identity import (
+from meshctl.core.pki.identity import (
     IdentityError,
     SpiffeId,
     check_validity,

@@ -9,9 +9,9 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from meshctl.core.inject import admission
-from meshctl.core.inject.admission import Request, handle, path_env
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject import admission
+from meshctl.core.k8s.inject.admission import Request, handle, path_env
+from meshctl.core.k8s.inject.settings import InjectSettings
 
 SETTINGS = InjectSettings(image="registry.example/meshctl:test")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from meshctl.core.inject import annotations as ann
-from meshctl.core.inject.errors import InvalidAnnotationError
-from meshctl.core.inject.interception import (
+from meshctl.core.k8s.inject import annotations as ann
+from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.core.k8s.inject.interception import (
     Interception,
     capture_args,
     cni_annotations,

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from meshctl.core.inject import annotations as ann
-from meshctl.core.inject import kinds
-from meshctl.core.inject.documents import dump, inject_text, load
-from meshctl.core.inject.errors import InjectError, InvalidAnnotationError, ManifestError
-from meshctl.core.inject.pipeline import inject_pod, is_injected, uninject_pod
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject import annotations as ann
+from meshctl.core.k8s.inject import kinds
+from meshctl.core.k8s.inject.documents import dump, inject_text, load
+from meshctl.core.k8s.inject.errors import InjectError, InvalidAnnotationError, ManifestError
+from meshctl.core.k8s.inject.pipeline import inject_pod, is_injected, uninject_pod
+from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.errors import ConfigError
 
 SETTINGS = InjectSettings(image="registry.example/meshctl:test")

@@ -20,10 +20,10 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from meshctl.core.inject import admission
-from meshctl.core.inject import annotations as ann
-from meshctl.core.inject.pipeline import inject_pod, uninject_pod
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s.inject import admission
+from meshctl.core.k8s.inject import annotations as ann
+from meshctl.core.k8s.inject.pipeline import inject_pod, uninject_pod
+from meshctl.core.k8s.inject.settings import InjectSettings
 
 NAMES = st.text(string.ascii_lowercase + string.digits, min_size=1, max_size=8).map(
     lambda s: "c" + s

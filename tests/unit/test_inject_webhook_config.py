@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from meshctl.core.inject.webhook_config import WebhookTarget, webhook_configuration
+from meshctl.core.k8s.inject.webhook_config import WebhookTarget, webhook_configuration
 from meshctl.errors import ConfigError
 
 CA = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"

@@ -6,9 +6,17 @@ from __future__ import annotations
 import yaml
 
 from meshctl import components
-from meshctl.core.checks import Check, Outcome, Ran, Result, exit_code, report_json, report_text
-from meshctl.core.install import drift, ownership
-from meshctl.core.install import manifest as mf
+from meshctl.core.k8s.install import drift, ownership
+from meshctl.core.k8s.install import manifest as mf
+from meshctl.core.k8s.install.checks import (
+    Check,
+    Outcome,
+    Ran,
+    Result,
+    exit_code,
+    report_json,
+    report_text,
+)
 
 SEED_003 = {
     "apiVersion": "admissionregistration.k8s.io/v1",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshctl.core.install import values as v
-from meshctl.core.install.components import Component, Registry
+from meshctl.core.k8s.install import values as v
+from meshctl.core.k8s.install.components import Component, Registry
 from meshctl.errors import ConfigError
 
 

@@ -11,9 +11,9 @@ import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
-from meshctl_plugins.cni.inventory import InventoryFile
+from meshctl_plugins.cni.podfile import InventoryFile
 
-from meshctl.core import ambient, inventory
+from meshctl.core.k8s import ambient, podlist
 from meshctl.errors import UserError
 
 LIST = """
@@ -42,12 +42,12 @@ items:
 
 
 def test_a_list_gives_namespaces_and_pods_with_stable_uids():
-    inv = inventory.parse(LIST, "inv.yaml")
+    inv = podlist.parse(LIST, "inv.yaml")
     assert sorted(inv.namespaces) == ["legacy", "shop"]
     cart = inv.pod("shop", "cart")
     assert cart is not None
-    assert cart["metadata"]["uid"] == inventory.derived_uid("shop", "cart")
-    assert inventory.parse(LIST, "again").pod("shop", "cart") == cart  # every reader agrees
+    assert cart["metadata"]["uid"] == podlist.derived_uid("shop", "cart")
+    assert podlist.parse(LIST, "again").pod("shop", "cart") == cart  # every reader agrees
     assert inv.pod("legacy", "old")["metadata"]["uid"] == "1234"  # type: ignore[index]
     assert sorted(p["metadata"]["name"] for p in inv.pods_on("laptop").values()) == ["cart", "old"]
     # The same decision the watch's objects get.
@@ -60,10 +60,10 @@ def test_a_list_gives_namespaces_and_pods_with_stable_uids():
 def test_plain_documents_and_a_missing_namespace_default():
     text = "kind: Pod\napiVersion: v1\nmetadata: {name: a}\n---\n---\n"
     text += "kind: Namespace\nmetadata: {name: default}\n"
-    inv = inventory.parse(text, "f")
+    inv = podlist.parse(text, "f")
     assert inv.pod("default", "a") is not None
     assert inv.namespace("default") is not None
-    assert inventory.parse("", "f") == inventory.Inventory()
+    assert podlist.parse("", "f") == podlist.Inventory()
 
 
 @pytest.mark.parametrize(
@@ -100,16 +100,16 @@ def test_plain_documents_and_a_missing_namespace_default():
     ],
 )
 def test_a_bad_inventory_names_the_item_and_the_problem(text, message):
-    with pytest.raises(inventory.InventoryError) as caught:
-        inventory.parse(text, "f")
+    with pytest.raises(podlist.InventoryError) as caught:
+        podlist.parse(text, "f")
     assert message in str(caught.value)
     assert "\n" not in str(caught.value)
 
 
 @given(st.text(max_size=200))
 def test_any_text_parses_or_is_refused_with_an_inventory_error(text):
-    with contextlib.suppress(inventory.InventoryError):
-        inventory.parse(text, "f")
+    with contextlib.suppress(podlist.InventoryError):
+        podlist.parse(text, "f")
 
 
 def test_an_unreadable_or_bad_file_at_start_is_a_one_line_user_error(tmp_path: Path):

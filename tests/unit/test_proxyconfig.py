@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from meshctl.core import proxyconfig
-from meshctl.core.inject.errors import InvalidAnnotationError
-from meshctl.core.inject.pipeline import inject_pod, uninject_pod
-from meshctl.core.inject.settings import InjectSettings
+from meshctl.core.k8s import proxyconfig
+from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.core.k8s.inject.pipeline import inject_pod, uninject_pod
+from meshctl.core.k8s.inject.settings import InjectSettings
 
 SETTINGS = InjectSettings(image="registry.example/meshctl:test")
 

@@ -7,8 +7,10 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshctl.core.records import render, update_from_plain, update_to_plain
-from meshctl.core.workloads import Kind, Store, Update, parse_local_config, parse_record, record_key
+from meshctl.core.mesh.localconfig import parse_local_config, parse_record
+from meshctl.core.mesh.records import Kind, record_key
+from meshctl.core.mesh.render import render, update_from_plain, update_to_plain
+from meshctl.core.mesh.store import Store, Update
 from tests.unit.record_strategies import policies, services, workloads
 
 KINDS = {"Workload": Kind.WORKLOAD, "Service": Kind.SERVICE, "Policy": Kind.POLICY}

@@ -15,7 +15,7 @@ import sys
 import textwrap
 
 from meshctl import process
-from meshctl.core import channel
+from meshctl.core.wire import channel
 
 # A data plane that says hello, reads its config and stays until killed.
 CHILD = textwrap.dedent(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from meshctl.core import wire
+from meshctl.core.wire import pcap
 
 
 def _frame(src: str, dst: str, sport: int, dport: int, seq: int, payload: bytes) -> bytes:
@@ -29,15 +29,15 @@ def test_records_are_counted_once_across_segments_and_retransmissions():
         _frame("10.0.0.2", "10.0.0.3", 40000, 15008, 1000, a),  # retransmitted
         b"\x00" * 20,  # not IP: skipped
     ]
-    flows = wire.streams(wire.segments(frames))
+    flows = pcap.streams(pcap.segments(frames))
     assert flows == {(("10.0.0.2", 40000), ("10.0.0.3", 15008)): stream}
-    records = wire.tls_records(stream)
+    records = pcap.tls_records(stream)
     assert records.counts == {"handshake": 1, "application_data": 2}
     assert records.whole
     assert records.total == 3
 
 
 def test_plaintext_is_not_tls_and_a_cut_record_is_not_counted():
-    assert not wire.tls_records(b"GET / HTTP/1.1\r\n\r\n").whole
-    cut = wire.tls_records(_record(23, b"x" * 10) + _record(23, b"y" * 50)[:20])
+    assert not pcap.tls_records(b"GET / HTTP/1.1\r\n\r\n").whole
+    cut = pcap.tls_records(_record(23, b"x" * 10) + _record(23, b"y" * 50)[:20])
     assert (cut.counts, cut.whole) == ({"application_data": 1}, True)

@@ -9,15 +9,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshctl.core.workloads import (
-    Action,
-    LocalConfigError,
-    NoHealthyEndpointError,
-    Protocol,
-    Scope,
-    local_config_warnings,
-    parse_local_config,
-)
+from meshctl.core.mesh.localconfig import local_config_warnings, parse_local_config
+from meshctl.core.mesh.records import Action, LocalConfigError, Protocol, Scope
+from meshctl.core.mesh.store import NoHealthyEndpointError
 
 DOC = yaml.safe_load(
     (Path(__file__).parent.parent / "testdata/ztunnel/local-config.yaml").read_text()
@@ -206,7 +200,7 @@ def test_fields_ztunnel_defaults_to_empty_are_named_with_both_readings():
 
 
 def _w(uid, ip, **kw):
-    from meshctl.core.workloads import Workload
+    from meshctl.core.mesh.records import Workload
 
     return Workload(uid=uid, name=uid, namespace="ns", workload_ips=(ip_address(ip),), **kw)
 
@@ -218,7 +212,8 @@ def ip_address(text):
 
 
 def test_apply_returns_a_new_snapshot_and_leaves_the_old_one_alone():
-    from meshctl.core.workloads import Kind, Update
+    from meshctl.core.mesh.records import Kind
+    from meshctl.core.mesh.store import Update
 
     before = store()
     after = before.apply(
@@ -232,7 +227,8 @@ def test_apply_returns_a_new_snapshot_and_leaves_the_old_one_alone():
 
 
 def test_a_changed_ip_moves_the_index_and_the_version():
-    from meshctl.core.workloads import Kind, Store, Update
+    from meshctl.core.mesh.records import Kind
+    from meshctl.core.mesh.store import Store, Update
 
     s1 = Store().apply([Update(kind=Kind.WORKLOAD, key="a", record=_w("a", "10.1.0.1"))])
     s2 = s1.apply([Update(kind=Kind.WORKLOAD, key="a", record=_w("a", "10.1.0.2"))])
@@ -248,7 +244,8 @@ def test_a_changed_ip_moves_the_index_and_the_version():
 
 
 def test_two_workloads_briefly_sharing_an_ip_hand_over_the_lookup():
-    from meshctl.core.workloads import Kind, Store, Update
+    from meshctl.core.mesh.records import Kind
+    from meshctl.core.mesh.store import Store, Update
 
     old, new = _w("old", "10.1.0.9"), _w("new", "10.1.0.9")
     s = Store().apply(
@@ -263,7 +260,8 @@ def test_two_workloads_briefly_sharing_an_ip_hand_over_the_lookup():
 
 
 def test_host_network_workloads_are_not_found_by_ip():
-    from meshctl.core.workloads import Kind, Store, Update
+    from meshctl.core.mesh.records import Kind
+    from meshctl.core.mesh.store import Store, Update
 
     w = _w("h", "192.168.1.1", extra={"networkMode": "HostNetwork"})
     s = Store().apply([Update(kind=Kind.WORKLOAD, key="h", record=w)])
@@ -272,7 +270,8 @@ def test_host_network_workloads_are_not_found_by_ip():
 
 
 def test_endpoints_follow_workload_updates():
-    from meshctl.core.workloads import Kind, Update
+    from meshctl.core.mesh.records import Kind
+    from meshctl.core.mesh.store import Update
 
     s = store()
     echo = s.service_by_vip("10.96.0.10")
@@ -285,7 +284,8 @@ def test_endpoints_follow_workload_updates():
 
 
 def test_an_update_whose_record_has_another_key_is_refused():
-    from meshctl.core.workloads import Kind, Store, Update
+    from meshctl.core.mesh.records import Kind
+    from meshctl.core.mesh.store import Store, Update
 
     with pytest.raises(ValueError, match="carries"):
         Store().apply([Update(kind=Kind.WORKLOAD, key="x", record=_w("y", "10.1.0.1"))])

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshctl import xds
-from meshctl.core.discovery import ADDRESS_TYPE, AUTHORIZATION_TYPE
-from meshctl.core.workloads import Workload
+from meshctl.core.mesh.records import Workload
+from meshctl.core.xds.resources import ADDRESS_TYPE, AUTHORIZATION_TYPE
 from meshctl.proto import workload_pb2 as wl_pb
 from meshctl.proto import xds_pb2
 from tests.unit.record_strategies import policies, services, workloads

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from meshctl.core import zds
+from meshctl.core.wire import zds
 from meshctl.net import zds as wire
 
 INFO = zds.WorkloadInfo("web", "shop", "web-sa")

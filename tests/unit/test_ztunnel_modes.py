@@ -14,8 +14,9 @@ from meshctl_plugins.ztunnel.supervisor import modes
 from meshctl_plugins.ztunnel.supervisor.main import Handover
 
 from meshctl import config
-from meshctl.core import certs, channel
-from meshctl.core.identity import SpiffeId
+from meshctl.core.pki import certs
+from meshctl.core.pki.identity import SpiffeId
+from meshctl.core.wire import channel
 from meshctl.errors import UserError
 from tests.harness.cacerts import write_istio_cacerts
 

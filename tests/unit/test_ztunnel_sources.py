@@ -40,8 +40,8 @@ def test_a_workload_without_services_is_refused_as_ztunnel_refuses_it(tmp_path):
 def test_certificates_signed_by_an_istio_rsa_intermediate_are_accepted(tmp_path):
     from datetime import UTC, datetime, timedelta
 
-    from meshctl.core import certs
-    from meshctl.core.identity import SpiffeId
+    from meshctl.core.pki import certs
+    from meshctl.core.pki.identity import SpiffeId
     from tests.harness.cacerts import write_istio_cacerts
 
     folder = write_istio_cacerts(tmp_path / "cacerts")

@@ -20,7 +20,7 @@ import os
 
 from meshctl import logs
 from meshctl.config import LOG_FORMATS, LOG_LEVELS
-from meshctl.core import channel
+from meshctl.core.wire import channel
 from meshctl.errors import UserError
 
 from ..settings import ZtunnelSettings

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meshctl import logs
-from meshctl.core import channel
-from meshctl.core.identity import IdentityError, SpiffeId, is_trust_domain, parse_workload_ref
+from meshctl.core.pki.identity import IdentityError, SpiffeId, is_trust_domain, parse_workload_ref
+from meshctl.core.wire import channel
 from meshctl.errors import UserError
 from meshctl.process import Feed, PodFeed
 

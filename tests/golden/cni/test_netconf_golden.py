@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from meshctl_plugins.cni.installer import Installer, InstallSettings
 
-from meshctl.core.cni import netconf
+from meshctl.core.k8s.cni import netconf
 from tests.harness.golden import assert_golden, orphans
 
 DATA = Path(__file__).parent / "testdata"

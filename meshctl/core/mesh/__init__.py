@@ -1,0 +1,1 @@
+"""The mesh model: records, the store, the local config, L4 authorization."""

@@ -1,0 +1,1 @@
+"""The mesh's PKI: the CA's rules, certificates, callers, SPIFFE identities."""

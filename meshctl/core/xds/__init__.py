@@ -1,0 +1,1 @@
+"""xDS as values: Delta xDS streams and the resources each proxy may see."""

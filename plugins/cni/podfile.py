@@ -1,0 +1,122 @@
+"""The node agent's Pods and Namespaces from ``--local-inventory`` instead of the API's watches.
+
+Owns following the file: read at start (an unusable file is a ``UserError`` naming the path and
+what is wrong), then re-read whenever it changes (size, mtime or inode: an editor's rename
+counts), each difference delivered as the watch would deliver it (ADDED, MODIFIED, DELETED, and
+one SYNCED per kind after the first read), so the agent's one reconciler serves both sources.
+Invariants: only pods of this node (``spec.nodeName``), as the watch's field selector; a bad edit
+after start is logged once and ignored (the pods enrolled from the last good file stay as they
+are); an object unchanged is not delivered again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from meshctl import inputs
+from meshctl.core.k8s import podlist
+from meshctl.errors import UserError
+from meshctl.kube.watch import WatchEvent
+from meshctl.structured import InputError
+
+log = logging.getLogger(__name__)
+
+Stamp = tuple[int, int, int]
+OnEvent = Callable[[str, WatchEvent], None]  # (kind: "pods" | "namespaces", event)
+HINT = (
+    "a Kubernetes v1 List (kubectl get -o yaml) of v1 Namespace and Pod objects; "
+    "pods of this node have spec.nodeName set to --node-name"
+)
+
+
+class InventoryFile:
+    """The file's current view, and the changes since the last read."""
+
+    def __init__(self, path: Path, *, node_name: str, interval: float = 0.25) -> None:
+        self.path = path
+        self._node = node_name
+        self._interval = interval
+        self._stamp: Stamp | None = None
+        self._problem = ""
+        self.current = self._read(strict=True) or podlist.Inventory()
+
+    def _read(self, *, strict: bool) -> podlist.Inventory | None:
+        """The file's inventory when it changed since the last read, else None."""
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            if stamp == self._stamp:
+                return None
+            limits = inputs.limits()
+            data = inputs.read_bytes(self.path, str(self.path), limits)
+            parsed = podlist.parse(data, str(self.path), limits)
+        except OSError as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            if strict:
+                raise UserError(
+                    f"cannot read the local inventory {self.path}: {reason}", hint=HINT
+                ) from exc
+            self._warn(f"local inventory {self.path} unreadable ({reason})")
+            return None
+        except (podlist.InventoryError, InputError) as exc:  # bad content, or too large
+            if strict:
+                raise UserError(str(exc), hint=HINT) from exc
+            self._stamp = stamp  # the same bad content is not parsed (or reported) again
+            self._warn(f"local inventory refused: {exc}")
+            return None
+        self._stamp, self._problem = stamp, ""
+        return parsed
+
+    def _warn(self, problem: str) -> None:
+        if problem != self._problem:
+            log.warning("%s; keeping the pods and namespaces read before", problem)
+            self._problem = problem
+
+    def events(
+        self, old: podlist.Inventory, new: podlist.Inventory
+    ) -> list[tuple[str, WatchEvent]]:
+        """What a watch would have said between ``old`` and ``new`` (namespaces first, so a
+        pod's decision sees its namespace's labels)."""
+        out: list[tuple[str, WatchEvent]] = []
+        pairs = (
+            ("namespaces", dict(old.namespaces), dict(new.namespaces)),
+            ("pods", old.pods_on(self._node), new.pods_on(self._node)),
+        )
+        for kind, before, after in pairs:
+            out += _diff(kind, before, after)
+        return out
+
+    async def follow(self, on_event: OnEvent) -> None:
+        """Deliver the first read and SYNCED, then every change, until cancelled."""
+        for kind, event in self.events(podlist.Inventory(), self.current):
+            on_event(kind, event)
+        for kind in ("namespaces", "pods"):
+            on_event(kind, WatchEvent("SYNCED", {}))
+        while True:
+            await asyncio.sleep(self._interval)
+            fresh = self._read(strict=False)
+            if fresh is None:
+                continue
+            changes = self.events(self.current, fresh)
+            self.current = fresh
+            if changes:
+                log.info("local inventory %s changed: %d objects", self.path, len(changes))
+            for kind, event in changes:
+                on_event(kind, event)
+
+
+def _diff(
+    kind: str, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+) -> list[tuple[str, WatchEvent]]:
+    out: list[tuple[str, WatchEvent]] = []
+    for key, obj in after.items():
+        if key not in before:
+            out.append((kind, WatchEvent("ADDED", obj)))
+        elif before[key] != obj:
+            out.append((kind, WatchEvent("MODIFIED", obj)))
+    out += [(kind, WatchEvent("DELETED", obj)) for key, obj in before.items() if key not in after]
+    return out

@@ -1,0 +1,348 @@
+"""Workload discovery for the proxies: Istio's Delta ADS served from the control plane's store.
+
+Owns ``envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources`` (types
+``istio.workload.Address`` and ``istio.security.Authorization``): each stream is authenticated
+like a CA call, gets a scope (a node proxy: its node's workloads; any other caller: its own pod),
+and a ``core.delta.DeltaStream`` decides what it is sent. ``apply`` takes store updates from the
+sources and pushes to every stream only the names they changed. Invariants: one task per stream
+writes, so responses leave in the order they were decided; a slow stream does not hold up the
+others or the sources (its pending changes merge until it can take them); a stream's failure or
+a client's reset ends that stream only; every resource is encoded once per version however many
+streams get it; StreamAggregatedResources (state of the world) is refused as UNIMPLEMENTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from meshctl import rpc  # first: it quiets grpc's C core logging before grpc loads
+
+# isort: split
+import grpc
+import grpc.aio
+from google.protobuf import any_pb2
+
+from meshctl import xds
+from meshctl.core.mesh.store import Store, Update
+from meshctl.core.pki.callers import Caller, CallerError
+from meshctl.core.xds import delta
+from meshctl.core.xds.resources import (
+    ADDRESS_TYPE,
+    AUTHORIZATION_TYPE,
+    AddressCatalog,
+    PolicyCatalog,
+    ProxyScope,
+    changed_names,
+    policy_view,
+    touches,
+)
+from meshctl.proto import xds_pb2, xds_pb2_grpc
+
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+_BODY_CACHE = 20_000  # encoded resources kept (by key and version)
+
+
+class Callers(Protocol):
+    """Caller authentication as the CA does it (``authn.Authenticator``)."""
+
+    async def authenticate(self, metadata: Iterable[tuple[str, str | bytes]]) -> Caller: ...
+
+    def is_node_proxy(self, caller: Caller) -> bool: ...
+
+    async def node_of(self, caller: Caller) -> str: ...
+
+
+async def scope_for(caller: Caller, callers: Callers, *, cluster_id: str) -> ProxyScope:
+    """Whose policies a caller enforces: a node proxy's node (its pod's, from the API), else
+    its own pod; a token bound to no pod gets the global policies only."""
+    if callers.is_node_proxy(caller):
+        return ProxyScope(node=await callers.node_of(caller))
+    if caller.pod_name:
+        uid = f"{cluster_id}//Pod/{caller.namespace}/{caller.pod_name}"
+        return ProxyScope(workloads=frozenset({uid}))
+    return ProxyScope()
+
+
+def _who(caller: Caller) -> str:
+    return caller.account + (f" (pod {caller.pod_name})" if caller.pod_name else "")
+
+
+def _short(type_url: str) -> str:
+    return type_url.rsplit(".", 1)[-1]
+
+
+@dataclass(slots=True, eq=False)  # identity: streams live in a set
+class _Stream:
+    caller: Caller
+    scope: ProxyScope
+    state: delta.DeltaStream = field(default_factory=delta.DeltaStream)
+    inbox: list[delta.Request] = field(default_factory=list)
+    # type URL -> names changed since the stream last took its changes (None: check all).
+    changed: dict[str, set[str] | None] = field(default_factory=dict)
+    since: float = 0.0  # when the oldest untaken change happened
+    view: frozenset[str] = frozenset()
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
+    """The servicer; register with ``rpc.Server.add(add_..._to_server, server)``."""
+
+    def __init__(
+        self,
+        *,
+        callers: Callers,
+        cluster_id: str = "Kubernetes",
+        metrics: Metrics | None = None,
+        synced: bool = True,
+    ) -> None:
+        self._callers = callers
+        self._cluster_id = cluster_id
+        self.metrics = metrics
+        self.store = Store()
+        self._streams: set[_Stream] = set()
+        self._bodies: OrderedDict[tuple[str, str, str], any_pb2.Any] = OrderedDict()
+        self._views: dict[ProxyScope, frozenset[str]] = {}  # for the current store generation
+        # Streams are answered once the store is whole (the source sets it after its first
+        # lists), so no proxy ever takes a half-built store for the mesh.
+        self.synced = asyncio.Event()
+        if synced:
+            self.synced.set()
+        self.closing = False  # draining: every stream ends so its proxy reconnects elsewhere
+
+    # -- the store side --------------------------------------------------------------------------
+
+    def apply(self, updates: list[Update]) -> None:
+        """Take store updates from a source and let every stream know what they changed."""
+        if not updates:
+            return
+        old = self.store
+        self.store = old.apply(updates)
+        self._views.clear()
+        changed = changed_names(old, self.store, updates)
+        now = time.monotonic()
+        for stream in self._streams:
+            _merge(stream, ADDRESS_TYPE, changed[ADDRESS_TYPE])
+            names = set(changed[AUTHORIZATION_TYPE])
+            if touches(stream.scope, old, self.store, updates):
+                view = self._view(stream.scope)
+                names |= view ^ stream.view
+                stream.view = view
+            _merge(stream, AUTHORIZATION_TYPE, names)
+            if not stream.since:
+                stream.since = now
+            stream.wake.set()
+
+    def close_streams(self) -> None:
+        """End every stream with UNAVAILABLE (and refuse new ones): called on drain, once the
+        server sent its GOAWAY and stopped accepting, so proxies reconnect to another replica
+        at once instead of when the drain deadline cancels their calls."""
+        self.closing = True
+        for stream in self._streams:
+            stream.wake.set()
+
+    @property
+    def connected(self) -> int:
+        return len(self._streams)
+
+    def _view(self, scope: ProxyScope) -> frozenset[str]:
+        view = self._views.get(scope)
+        if view is None:
+            view = self._views[scope] = policy_view(self.store, scope)
+        return view
+
+    def _catalog(self, stream: _Stream, type_url: str) -> delta.Catalog:
+        if type_url == ADDRESS_TYPE:
+            return AddressCatalog(self.store)
+        if type_url == AUTHORIZATION_TYPE:
+            return PolicyCatalog(self.store, stream.view)
+        return _Empty()
+
+    def _body(self, type_url: str, key: str, version: str) -> any_pb2.Any:
+        cache_key = (type_url, key, version)
+        body = self._bodies.get(cache_key)
+        if body is None:
+            record = (
+                AddressCatalog(self.store).record(key)
+                if type_url == ADDRESS_TYPE
+                else self.store.policy_by_key(key)
+            )
+            if record is None:  # decided on this very store: cannot happen
+                raise LookupError(f"{type_url} {key} vanished")
+            body = self._bodies[cache_key] = xds.pack(type_url, record)
+            if len(self._bodies) > _BODY_CACHE:
+                self._bodies.popitem(last=False)
+        return body
+
+    # -- the gRPC side ---------------------------------------------------------------------------
+
+    # Both methods write with ``context.write`` instead of yielding (grpc.aio allows either):
+    # the generated stub types them as iterators, hence the ignores.
+    async def StreamAggregatedResources(  # type: ignore[override]  # noqa: N802 (gRPC name)
+        self,
+        request_iterator: AsyncIterator[xds_pb2.DiscoveryRequest],
+        context: grpc.aio.ServicerContext[xds_pb2.DiscoveryRequest, xds_pb2.DiscoveryResponse],
+    ) -> None:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "state-of-the-world ADS is not served; use DeltaAggregatedResources (as ztunnel does)",
+        )
+
+    async def DeltaAggregatedResources(  # type: ignore[override]  # noqa: N802 (gRPC name)
+        self,
+        request_iterator: AsyncIterator[xds_pb2.DeltaDiscoveryRequest],
+        context: grpc.aio.ServicerContext[
+            xds_pb2.DeltaDiscoveryRequest, xds_pb2.DeltaDiscoveryResponse
+        ],
+    ) -> None:
+        try:
+            caller = await self._callers.authenticate(rpc.call_metadata(context))
+            scope = await scope_for(caller, self._callers, cluster_id=self._cluster_id)
+        except CallerError as exc:
+            log.info("discovery refused (%s) for %s: %s", exc.status, rpc.peer(context), exc)
+            await rpc.abort(context, exc.status, exc.message)
+        await self.synced.wait()
+        if self.closing:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, _DRAINING)
+        stream = _Stream(caller=caller, scope=scope, view=self._view(scope))
+        self._streams.add(stream)
+        if self.metrics:
+            self.metrics.connected_proxies.set(len(self._streams))
+        log.info("discovery: %s connected (%d streams)", _who(caller), len(self._streams))
+        reader = asyncio.ensure_future(self._read(stream, request_iterator))
+        try:
+            await self._write(stream, context, reader)
+        except _Abort as exc:
+            log.warning("discovery: %s: %s", _who(caller), exc)
+            await context.abort(exc.code, str(exc))
+        finally:
+            reader.cancel()
+            self._streams.discard(stream)
+            if self.metrics:
+                self.metrics.connected_proxies.set(len(self._streams))
+            log.info("discovery: %s disconnected (%d streams)", _who(caller), len(self._streams))
+
+    async def _read(
+        self, stream: _Stream, requests: AsyncIterator[xds_pb2.DeltaDiscoveryRequest]
+    ) -> None:
+        async for message in requests:
+            stream.inbox.append(xds.request_from_proto(message))
+            stream.wake.set()
+
+    async def _write(
+        self,
+        stream: _Stream,
+        context: grpc.aio.ServicerContext[
+            xds_pb2.DeltaDiscoveryRequest, xds_pb2.DeltaDiscoveryResponse
+        ],
+        reader: asyncio.Future[None],
+    ) -> None:
+        while True:
+            waking = asyncio.ensure_future(stream.wake.wait())
+            waiting: set[asyncio.Future[Any]] = {waking, reader}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            waking.cancel()
+            stream.wake.clear()
+            if self.closing:
+                raise _Abort(grpc.StatusCode.UNAVAILABLE, _DRAINING)
+            for response in self._decide(stream):
+                await self._send(stream, context, response)
+            if reader.done() and not stream.inbox:
+                error = None if reader.cancelled() else reader.exception()
+                if error is not None and not isinstance(error, asyncio.CancelledError):
+                    log.debug("discovery: %s: stream read failed: %s", _who(stream.caller), error)
+                return  # the client closed its side, or reset the stream
+
+    def _decide(self, stream: _Stream) -> Iterable[tuple[delta.Response, float]]:
+        """Requests first (in order), then the changes merged since the last call."""
+        while stream.inbox:
+            request = stream.inbox.pop(0)
+            try:
+                outcome = stream.state.receive(request, self._catalog(stream, request.type_url))
+            except delta.DeltaProtocolError as exc:
+                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+            self._note(stream, request, outcome)
+            if outcome.response is not None:
+                yield outcome.response, 0.0
+        changed, since = stream.changed, stream.since
+        stream.changed, stream.since = {}, 0.0
+        for type_url, names in changed.items():
+            response = stream.state.refresh(type_url, self._catalog(stream, type_url), names)
+            if response is not None:
+                yield response, since
+
+    def _note(self, stream: _Stream, request: delta.Request, outcome: delta.Outcome) -> None:
+        if outcome.nacked or (request.error is not None and request.nonce):
+            names = ", ".join(f"{r.name}@{r.version}" for r in outcome.nacked) or "?"
+            log.warning(
+                "discovery: %s refused %s (%s): %s; not resending those versions",
+                _who(stream.caller),
+                _short(request.type_url),
+                names,
+                outcome.error,
+            )
+            if self.metrics:
+                self.metrics.xds_rejects.labels(_short(request.type_url)).inc()
+        elif outcome.unknown_nonce:
+            log.debug(
+                "discovery: %s acknowledged unknown nonce %s", _who(stream.caller), request.nonce
+            )
+
+    async def _send(
+        self,
+        stream: _Stream,
+        context: grpc.aio.ServicerContext[
+            xds_pb2.DeltaDiscoveryRequest, xds_pb2.DeltaDiscoveryResponse
+        ],
+        decided: tuple[delta.Response, float],
+    ) -> None:
+        response, since = decided
+        bodies = {
+            r.key: self._body(response.type_url, r.key, r.version) for r in response.resources
+        }
+        message = xds.response_to_proto(response, bodies, system_version=str(self.store.generation))
+        await context.write(message)
+        if self.metrics:
+            kind = _short(response.type_url)
+            self.metrics.pushes.labels(kind).inc()
+            if since:
+                self.metrics.xds_push_time.labels(kind).observe(time.monotonic() - since)
+
+
+_DRAINING = "the control plane is shutting down: reconnect (to another replica)"
+
+
+class _Abort(Exception):  # noqa: N818
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _merge(stream: _Stream, type_url: str, names: set[str]) -> None:
+    if not names:
+        return
+    current = stream.changed.get(type_url, set())
+    if current is not None:
+        current |= names
+        stream.changed[type_url] = current
+
+
+class _Empty:
+    """The catalog of a type this server does not serve: nothing exists."""
+
+    def resolve(self, name: str) -> tuple[str, str] | None:
+        return None
+
+    def view(self) -> Iterable[str]:
+        return ()
+
+    def in_view(self, key: str) -> bool:
+        return False
