@@ -19,10 +19,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from meshctl import inputs
 from meshctl.core.k8s import podlist
 from meshctl.errors import UserError
 from meshctl.kube.resources import NAMESPACES, PODS, Resource
 from meshctl.kube.watch import WatchEvent
+from meshctl.structured import InputError
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +54,10 @@ class InventoryFile:
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if stamp == self._stamp:
                 return None
-            text = self.path.read_text()
-            parsed = podlist.parse(text, str(self.path))
-        except (OSError, UnicodeDecodeError) as exc:
+            limits = inputs.limits()
+            data = inputs.read_bytes(self.path, str(self.path), limits)
+            parsed = podlist.parse(data, str(self.path), limits)
+        except OSError as exc:
             reason = getattr(exc, "strerror", None) or str(exc)
             if strict:
                 raise UserError(
@@ -62,7 +65,7 @@ class InventoryFile:
                 ) from exc
             self._warn(f"local inventory {self.path} unreadable ({reason})")
             return None
-        except podlist.InventoryError as exc:
+        except (podlist.InventoryError, InputError) as exc:  # bad content, or too large
             if strict:
                 raise UserError(str(exc), hint=HINT) from exc
             self._stamp = stamp  # the same bad content is not parsed (or reported) again

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from meshctl.core.xds.resources import AUTHORIZATION_TYPE, TYPES
 from meshctl.errors import ConfigError
 from meshctl.process import Feed
 from meshctl.proto import xds_pb2, xds_pb2_grpc
+from meshctl.structured import InputError, load_json
 
 from .settings import ZtunnelSettings
 
@@ -378,10 +378,10 @@ def build_config(settings: ZtunnelSettings, env: Mapping[str, str] | None = None
     meta_json: dict[str, Any] = {}
     for key, text in config.env_with_prefix("ISTIO_METAJSON_", env).items():
         try:
-            meta_json[key] = json.loads(text)
-        except ValueError as exc:
+            meta_json[key] = load_json(text, f"ISTIO_METAJSON_{key}")
+        except InputError as exc:
             raise ConfigError(
-                f"ISTIO_METAJSON_{key} is not JSON: {exc}", hint="fix its value"
+                f"ISTIO_METAJSON_{key} is not JSON: {exc.problem}", hint="fix its value"
             ) from exc
     headers = tuple(
         (name.lower().replace("_", "-"), value)

@@ -69,7 +69,7 @@ def test_plain_documents_and_a_missing_namespace_default():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("items: [\n", "f:2: "),
+        ("items: [\n", "f: invalid YAML at line 2, column 1: "),
         ("kind: List\nitems: {a: 1}\n", "f: the List's items must be a list"),
         ("- 1\n", "f: item 1: expected a Namespace or Pod object, got list"),
         ("kind: Service\napiVersion: v1\nmetadata: {name: s}\n", "f: item 1: kind 'Service'"),
