@@ -52,7 +52,8 @@ def read_certs(cert_dir: Path, identity: SpiffeId, generation: int) -> channel.C
         ) from exc
     except InputError as exc:  # not text (binary, not UTF-8), or over the size limit
         raise UserError(
-            f"workload certificate in {cert_dir} is unusable: {exc.message}",
+            f"workload certificate in {cert_dir} is unusable: a file there is not PEM text "
+            f"({exc.message})",
             hint=f"mint one for {identity} with 'meshctl ztunnel certs'",
         ) from exc
     try:

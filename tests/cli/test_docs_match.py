@@ -78,6 +78,8 @@ FOREIGN = {
     "the data plane's and supervisor's hidden argv": {"--channel-fd", "--handover-fd"},
     "benchmarks and scripts (tests/bench, packaging, build.sh, pytest)": {
         "--smoke",
+        "--gateway-api",
+        "--profile",
         "--runs",
         "--baseline",
         "--binary",

@@ -68,7 +68,7 @@ def test_a_bad_document_late_in_the_stream_writes_nothing(
     for extra in ([], ["-O", str(target)]):
         code = main(["inject", "-f", str(source), "--image", IMAGE, *extra])
         out, err = capsys.readouterr()
-        assert (code, out) == (1, "")
+        assert (code, out) == (2, "")  # the user's file is unusable: exit 2
         assert "(document 51)" in err
         assert "the object has no kind" in err
     assert target.read_text() == "kept\n"

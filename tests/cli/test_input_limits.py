@@ -48,14 +48,14 @@ def assert_clean_refusal(run: Measured, code: int, needle: str) -> None:
 @pytest.mark.parametrize("fmt", ["yaml", "json", "name", "table"])
 def test_inject_refuses_an_alias_bomb_fast_in_every_format(files, fmt: str):
     run = meshctl("inject", "-f", str(files["bomb.yaml"]), "-o", fmt, "--image", "i:1")
-    assert_clean_refusal(run, 1, f"{files['bomb.yaml']}:6: the document holds more than")
+    assert_clean_refusal(run, 2, f"{files['bomb.yaml']}:6: the document holds more than")
     assert run.max_rss_mib < 200, run.describe()
 
 
 @pytest.mark.parametrize("fmt", ["yaml", "json", "name", "table"])
 def test_a_self_referencing_alias_is_an_error_in_every_format(files, fmt: str):
     run = meshctl("inject", "-f", str(files["self.yaml"]), "-o", fmt, "--image", "i:1")
-    assert_clean_refusal(run, 1, f"{files['self.yaml']}:5: alias *m refers to a node")
+    assert_clean_refusal(run, 2, f"{files['self.yaml']}:5: alias *m refers to a node")
 
 
 def test_values_files_refuse_nesting_and_bombs(files):
@@ -120,7 +120,7 @@ def test_a_limit_can_be_raised_by_env_up_to_its_ceiling(tmp_path: Path, capsys):
     deep = tmp_path / "deep.yaml"
     value = "[" * 240 + "x" + "]" * 240
     deep.write_text(f"apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: d}}\ndata: {value}\n")
-    assert main(["inject", "-f", str(deep)]) == 1
+    assert main(["inject", "-f", str(deep)]) == 2  # the user's file: a usage error
     assert "nested deeper than 100 levels" in capsys.readouterr().err
     os.environ["MESHCTL_MAX_INPUT_DEPTH"] = str(DEPTH_CEILING)
     try:
@@ -142,7 +142,7 @@ def refusal(capsys: pytest.CaptureFixture[str], tmp_path: Path, text: str, *extr
     source.write_text(text)
     code = main(["inject", "-f", str(source), *extra])
     out, err = capsys.readouterr()
-    assert (code, out) == (1, ""), err
+    assert (code, out) == (2, ""), err  # the user's file is unusable: exit 2 (docs/cli.md)
     return err
 
 

@@ -81,10 +81,10 @@ def _inventory(place: Place, item: Path) -> list[str]:
 TOKEN_LINES = EMPTY | {"truncated-json", "alias-bomb", "alias-bomb-flow", "wrong-types-json"}
 
 READERS: dict[str, Reader] = {
-    "inject -f FILE": Reader(lambda p, item: ["inject", "-f", str(item)], code=1),
-    "inject -f -": Reader(lambda p, item: ["inject", "-f", "-"], code=1, stdin=True),
+    "inject -f FILE": Reader(lambda p, item: ["inject", "-f", str(item)], code=2),
+    "inject -f -": Reader(lambda p, item: ["inject", "-f", "-"], code=2, stdin=True),
     "inject -f FILE -o json": Reader(
-        lambda p, item: ["inject", "-f", str(item), "-o", "json"], code=1
+        lambda p, item: ["inject", "-f", str(item), "-o", "json"], code=2
     ),
     "manifest generate -f FILE": Reader(
         lambda p, item: ["manifest", "generate", "-f", str(item)], code=2, accepts=EMPTY

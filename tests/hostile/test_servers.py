@@ -221,10 +221,8 @@ def test_the_zds_server_drops_a_hostile_proxy_and_serves_the_next(tmp_path: Path
         ready = asyncio.Event()
         ready.set()
         path = tmp_path / "ztunnel.sock"
-        server = zdsserver.ZdsServer(
-            str(path), snapshot=list, on_snapshot=lambda uid, ack: None, ready=ready
-        )
-        server.start()
+        server = zdsserver.ZdsServer(str(path))
+        server.start(snapshot=list, on_snapshot=lambda uid, ack: None, ready=ready)
         loop = asyncio.get_running_loop()
         try:
             for item in ITEMS:
