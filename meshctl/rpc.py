@@ -3,7 +3,9 @@
 Owns grpcio (``grpc.aio``): a server whose TLS certificate can be swapped while it runs
 (``Server``), a client channel to a control plane with its trust roots, alternate server name and
 the per-call ``authorization: Bearer <token>`` / ``clusterid`` headers Istio's proxies send
-(``connect``), and the translation of a failed call into a one-line ``RpcError``. Invariants: every
+(``connect``), and the translation of a failed call into a one-line ``RpcError`` (``unary``,
+``read``: no caller outside this module handles a grpc exception or sentinel; a status travels as
+its name, servers abort with ``abort``). Invariants: every
 listener is TLS-only (a plaintext client fails the handshake); messages above the configured limit
 are refused with RESOURCE_EXHAUSTED by grpcio before any handler runs; a token file is read on every
 call, so a rotated projected token is used as soon as the kubelet writes it; no token, key or PEM is
@@ -15,10 +17,10 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias, TypeVar
 
 # As in meshctl/proto/__init__.py: grpc's C core would log next to our one-line errors (a failed
 # bind, a refused handshake) unless asked to (GRPC_VERBOSITY). Must run before grpc loads.
@@ -31,6 +33,11 @@ from meshctl.errors import MeshctlError
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+# grpc's types, named here so that callers annotate with them without importing grpc.
+Channel: TypeAlias = grpc.aio.Channel
+ServicerContext: TypeAlias = grpc.aio.ServicerContext
+
 # Istio's limits and keepalives (ztunnel: 200 MiB decoded messages, ping every 30 s, 10 s timeout).
 DEFAULT_MAX_MESSAGE = 200 * 1024 * 1024
 KEEPALIVE_MS = 30_000
@@ -38,11 +45,15 @@ KEEPALIVE_TIMEOUT_MS = 10_000
 
 
 class RpcError(MeshctlError):
-    """A gRPC call failed; ``code`` is the gRPC status name (``UNAVAILABLE``, ...)."""
+    """A gRPC call failed; ``code`` is the gRPC status name (``UNAVAILABLE``, ...), ``detail``
+    the peer's (or grpc's) own text."""
 
-    def __init__(self, message: str, *, code: str, hint: str | None = None) -> None:
+    def __init__(
+        self, message: str, *, code: str, hint: str | None = None, detail: str = ""
+    ) -> None:
         super().__init__(message, hint=hint)
         self.code = code
+        self.detail = detail
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,8 +227,29 @@ def translate(exc: grpc.aio.AioRpcError, *, what: str, address: str) -> RpcError
         "DEADLINE_EXCEEDED": f"the control plane at {address} did not answer in time",
     }
     return RpcError(
-        f"{what} at {address} failed: {code}: {detail}", code=code, hint=hints.get(code)
+        f"{what} at {address} failed: {code}: {detail}",
+        code=code,
+        hint=hints.get(code),
+        detail=detail,
     )
+
+
+async def unary(call: Awaitable[T], *, what: str, address: str) -> T:
+    """The answer of a unary call (a generated stub's method, called); ``RpcError`` if it failed."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        raise translate(exc, what=what, address=address) from exc
+
+
+async def read(call: Any, *, what: str, address: str) -> Any | None:
+    """The next message of a streaming call, or None once the peer ended it with OK;
+    ``RpcError`` when it ended with another status."""
+    try:
+        message = await call.read()
+    except grpc.aio.AioRpcError as exc:
+        raise translate(exc, what=what, address=address) from exc
+    return None if message is grpc.aio.EOF else message
 
 
 def call_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[tuple[str, Any], ...]:

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING
 from meshctl.core.mesh.addresses import ip as parse_ip
 from meshctl.core.mesh.authz import ConnectionFacts, evaluate
 from meshctl.core.mesh.inbound_service import inbound_service
+from meshctl.proxy.original_dst import original_dst
+from meshctl.proxy.relay import Accepted
+from meshctl.proxy.telemetry import Flow, Peer
 
-from .metrics import Flow, Peer
-from .orig_dst import original_dst
 from .outbound import splice
-from .relay import Accepted
 
 if TYPE_CHECKING:
     from .local import Local

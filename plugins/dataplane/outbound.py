@@ -17,11 +17,10 @@ from typing import TYPE_CHECKING
 from meshctl.core.mesh.addresses import ip as parse_ip
 from meshctl.core.mesh.store import NoHealthyEndpointError
 from meshctl.core.wire.hbone.headers import format_authority, format_forwarded
-
-from .metrics import Flow, Peer
-from .orig_dst import original_dst
-from .pool import DialError
-from .relay import Accepted, AppStream, Splice, dial
+from meshctl.proxy.original_dst import original_dst
+from meshctl.proxy.pool import DialError
+from meshctl.proxy.relay import Accepted, AppStream, Splice, dial
+from meshctl.proxy.telemetry import Flow, Peer
 
 if TYPE_CHECKING:
     from .local import Local

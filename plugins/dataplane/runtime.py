@@ -29,11 +29,12 @@ from meshctl.core.mesh.store import Store
 from meshctl.core.pki.identity import parse_workload_ref
 from meshctl.core.wire import channel
 from meshctl.core.wire.hbone import TunnelSettings
+from meshctl.proxy import tls
+from meshctl.proxy.telemetry import PUBLISH_INTERVAL, Telemetry
 
-from . import admin, tls
+from . import admin
 from .app_probes import AppProbes
 from .local import PROXY_ROLES, Local
-from .metrics import PUBLISH_INTERVAL, Telemetry
 
 log = logging.getLogger(__name__)
 

@@ -262,7 +262,7 @@ def certs(
     ca_dir = (ca_dir or out.parent / "ca").resolve()
     ca_cert, ca_key = ca_dir / certs_mod.CA_CERT_FILE, ca_dir / certs_mod.CA_KEY_FILE
     if ca_cert.exists() and ca_key.exists():
-        from .identities import read_signing_ca
+        from meshctl.proxy.identities import read_signing_ca
 
         ca = read_signing_ca(ca_dir, trust_domain)
         ca_facts = certs_mod.describe(ca.signer.cert_pem)[0]

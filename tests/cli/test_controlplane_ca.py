@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from meshctl_plugins.ztunnel.caclient import CaClient
 
 from meshctl import rpc
 from meshctl.core.pki import certs
 from meshctl.core.pki.identity import SpiffeId
+from meshctl.proxy.ca_client import CaClient
 from tests.harness.cli import run_meshctl as meshctl
 
 TOKENS = (
