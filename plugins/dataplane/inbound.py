@@ -30,7 +30,7 @@ from meshctl.proxy.telemetry import Flow, Peer
 from meshctl.proxy.tunnel import TunnelProtocol
 
 if TYPE_CHECKING:
-    from .local import Local
+    from .served import Served
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 class Inbound:
     """The :15008 listener."""
 
-    def __init__(self, rt: Local) -> None:
+    def __init__(self, rt: Served) -> None:
         self.rt = rt
         self.tunnels: set[TunnelProtocol] = set()
 

@@ -22,13 +22,13 @@ from meshctl.proxy.telemetry import Flow, Peer
 from .outbound import splice
 
 if TYPE_CHECKING:
-    from .local import Local
+    from .served import Served
 
 
 class InboundPlaintext:
     """The :15006 listener."""
 
-    def __init__(self, rt: Local) -> None:
+    def __init__(self, rt: Served) -> None:
         self.rt = rt
 
     def accepted(self, acc: Accepted) -> None:

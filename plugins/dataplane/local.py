@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from meshctl.net.inpod import InPod
     from meshctl.proxy.telemetry import Telemetry
 
-    from .runtime import Runtime
+    from .served import Process
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Local:
 
     def __init__(
         self,
-        rt: Runtime,
+        rt: Process,
         *,
         uid: str,
         ref: tuple[str, str, str],

@@ -23,7 +23,7 @@ from meshctl.proxy.relay import Accepted, AppStream, Splice, dial
 from meshctl.proxy.telemetry import Flow, Peer
 
 if TYPE_CHECKING:
-    from .local import Local
+    from .served import Served
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 class Outbound:
     """The :15001 listener's routing."""
 
-    def __init__(self, rt: Local) -> None:
+    def __init__(self, rt: Served) -> None:
         self.rt = rt
 
     def accepted(self, acc: Accepted) -> None:
@@ -154,7 +154,7 @@ class _OutboundStream(AppStream):
 
 
 async def splice(
-    rt: Local, acc: Accepted, flow: Flow, addr: tuple[str, int], *, inbound: bool = False
+    rt: Served, acc: Accepted, flow: Flow, addr: tuple[str, int], *, inbound: bool = False
 ) -> None:
     """Plain TCP to ``addr`` for ``acc`` (passthrough, TCP workloads; ``inbound`` plaintext)."""
     client = Splice(flow.request_bytes, on_done=flow.close)
