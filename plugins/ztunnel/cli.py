@@ -134,7 +134,7 @@ def run(
     level = options.daemon_logging(ctx)  # info unless a level was given: listening, ready
     from .listeners import bind_all
     from .supervisor import modes
-    from .supervisor.main import Handover, become_supervisor
+    from .supervisor.handover import Handover, become_supervisor
 
     file, file_name = config.file_section(ctx.meta, "ztunnel")
     # The pod's ProxyConfig from the injector (Istio's PROXY_CONFIG): below flags and env.

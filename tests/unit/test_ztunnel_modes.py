@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from meshctl_plugins.ztunnel.settings import ZtunnelSettings
 from meshctl_plugins.ztunnel.supervisor import modes
-from meshctl_plugins.ztunnel.supervisor.main import Handover
+from meshctl_plugins.ztunnel.supervisor.handover import Handover
 
 from meshctl import config
 from meshctl.core.pki import certs

@@ -33,14 +33,13 @@ from meshctl.process import Feed, PodFeed
 from meshctl.proxy.file_sources import LocalConfigSource
 
 from ..settings import ZtunnelSettings
+from .handover import Handover
 
 if TYPE_CHECKING:
     from meshctl.process import Supervisor
     from meshctl.proxy.ca_client import CaClient
     from meshctl.proxy.identities import Issuer
     from meshctl.proxy.xds_client import XdsConfig
-
-    from .main import Handover
 
 log = logging.getLogger("meshctl_plugins.ztunnel.cli")  # the messages users know from 'run'
 
