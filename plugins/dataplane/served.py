@@ -1,11 +1,12 @@
 """The seams inside the data plane: what a traffic path sees of the workload it serves, and what
 that workload sees of its process.
 
-Owns two protocols. ``Served`` is what the paths (inbound, inbound plaintext, outbound) read and
-call; ``Local`` implements it, one per served workload. ``Process`` is the process-wide state a
-``Local`` delegates to; ``Runtime`` implements it. Invariant: the paths and ``Local`` depend on
-these protocols, never on the modules that implement them, so the data plane's files import each
-other in one direction only (runtime -> local -> paths -> served).
+Owns two protocols over the process-wide state both share (``Shared``). ``Served`` is what the
+paths (inbound, inbound plaintext, outbound) read and call; ``Local`` implements it, one per
+served workload. ``Process`` is what a ``Local`` delegates to; ``Runtime`` implements it.
+Invariant: the paths and ``Local`` depend on these protocols, never on the modules that implement
+them, so the data plane's files import each other in one direction only (runtime -> local ->
+paths -> served).
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ if TYPE_CHECKING:
     from meshctl.proxy.tls import TlsContexts
 
 
-class Process(Protocol):
-    """The data plane's process-wide state: one store snapshot, telemetry, config, drain."""
+class Shared(Protocol):
+    """The process-wide state both see: one store snapshot, telemetry, config, drain."""
 
     @property
     def store(self) -> Store: ...
@@ -41,29 +42,22 @@ class Process(Protocol):
     def tunnel_settings(self) -> TunnelSettings: ...
     @property
     def draining(self) -> bool: ...
-    @property
-    def ready(self) -> bool: ...
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         """Run ``coro`` as a task the drain cancels."""
         ...
 
 
-class Served(Protocol):
-    """One served workload as the traffic paths see it."""
+class Process(Shared, Protocol):
+    """The data plane's process, as a ``Local`` sees it."""
 
     @property
-    def store(self) -> Store: ...
-    @property
-    def telemetry(self) -> Telemetry: ...
-    @property
-    def config(self) -> channel.ProxyConfig: ...
-    @property
-    def own_ports(self) -> frozenset[int]: ...
-    @property
-    def tunnel_settings(self) -> TunnelSettings: ...
-    @property
-    def draining(self) -> bool: ...
+    def ready(self) -> bool: ...
+
+
+class Served(Shared, Protocol):
+    """One served workload as the traffic paths see it."""
+
     @property
     def me(self) -> Workload | None: ...  # our record in the store, once it is there
     @property
@@ -74,8 +68,6 @@ class Served(Protocol):
     def baggage(self) -> str: ...
     @property
     def pool(self) -> Pool: ...
-
-    def spawn(self, coro: Coroutine[Any, Any, None]) -> None: ...
 
     def upstream_socket(
         self, ip: str, *, inbound: bool = False, source: str | None = None
