@@ -72,7 +72,7 @@ class PluginGroup(typer.core.TyperGroup):
         from meshctl import options  # deferred: the root's own --help does not need it
 
         command = _as_click_command(load(info), info)
-        options.hold_group_options(command)
+        options.prepare_tree(command)
         self._loaded[cmd_name] = command
         return command
 
@@ -166,6 +166,20 @@ def _request_timeout(raw: Any) -> Any:
 _request_timeout.meshctl_parse = values.Duration()  # type: ignore[attr-defined]  # the tree test
 
 
+def _choice(choices: tuple[str, ...]) -> Callable[[Any], Any]:
+    """A parser for one of ``choices``, built like ``_request_timeout``'s: the shared options
+    module is imported only when the flag is given."""
+    parse = values.Choice(choices)
+
+    def parser(raw: Any) -> Any:
+        from meshctl import options
+
+        return options.typed(parse)(raw)
+
+    parser.meshctl_parse = parse  # type: ignore[attr-defined]  # the tree test reads it
+    return parser
+
+
 @app.callback()
 def root(
     ctx: typer.Context,
@@ -176,12 +190,22 @@ def root(
     log_level: Annotated[
         str | None,
         typer.Option(
-            "--log-level", metavar="LEVEL", help="debug|info|warning|error [env MESHCTL_LOG_LEVEL]"
+            "--log-level",
+            metavar="|".join(config.LOG_LEVELS),
+            parser=_choice(config.LOG_LEVELS),
+            help="Log level (default: warning; info for daemons) [env MESHCTL_LOG_LEVEL]",
+            show_default=False,
         ),
     ] = None,
     log_format: Annotated[
         str | None,
-        typer.Option("--log-format", metavar="FORMAT", help="text|json [env MESHCTL_LOG_FORMAT]"),
+        typer.Option(
+            "--log-format",
+            metavar="|".join(config.LOG_FORMATS),
+            parser=_choice(config.LOG_FORMATS),
+            help="Log line format (default: text) [env MESHCTL_LOG_FORMAT]",
+            show_default=False,
+        ),
     ] = None,
     kubeconfig: Annotated[
         str | None,
@@ -314,9 +338,9 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit p
 
 
 def _answer_completion_requests() -> None:
-    """When the shell's completion script asks (``meshctl completion``), typer's shell classes
-    answer it from the same lazily loaded command tree; registering them costs an import, so
-    only completion requests pay it."""
+    """When asked for a shell's script (``_MESHCTL_COMPLETE=source_<shell>``), typer's shell
+    classes print it; registering them costs an import, so only those requests pay it. A
+    <TAB>'s ``complete_<shell>`` is ``meshctl.completion``'s."""
     if os.environ.get(COMPLETE_VAR):
         from typer._completion_classes import completion_init
 

@@ -25,6 +25,7 @@ from meshctl.errors import EXIT_RUNTIME, MeshctlError, format_error
 
 RawMain = Callable[[list[str]], int]
 
+COMPLETE_VAR = "_MESHCTL_COMPLETE"  # set by the completion scripts: a <TAB> asks
 CNI_BINARY_NAME = "meshctl-cni"
 CNI_PLUGIN_COMMAND = "cni-plugin"
 CNI_PLUGIN_TARGET = "meshctl_plugins.cni_plugin.main:main"  # also the cni-plugin entry point
@@ -76,9 +77,15 @@ def raw_plugin(argv: Sequence[str]) -> tuple[RawMain, list[str]] | None:
     return target, list(argv[1:])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one return per way in)
     """Run meshctl with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
+    request = os.environ.get(COMPLETE_VAR, "")
+    if not args and request.startswith("complete_"):
+        # A shell's <TAB>: answered from the cached command tree, without typer or a plugin.
+        from meshctl.completion import answer
+
+        return answer(os.environ, request.removeprefix("complete_"))
     try:
         if argv is None and cni_invocation(sys.argv[0], args, os.environ):
             return int(cni_plugin()(args))

@@ -7,9 +7,17 @@ at the adapter that caught them (``raise UserError(...) from exc``), never deepe
 
 from __future__ import annotations
 
-EXIT_RUNTIME = 1
-EXIT_USAGE = 2
-EXIT_CHECK_FAILED = 3
+import errno
+
+# The exit codes of every command (docs/cli.md has the table; tests/cli/test_exit_codes.py walks
+# the commands): nothing else decides them.
+EXIT_OK = 0
+EXIT_RUNTIME = 1  # the world failed: the cluster, the kernel, a peer, a port in use, a timeout
+EXIT_USAGE = 2  # the command line, an env var, the settings file or an input file is unusable
+EXIT_CHECK_FAILED = 3  # verify, demo --check, iptables check: the check ran and found problems
+EXIT_NOT_EXECUTABLE = 126  # demo exec: the command exists but cannot be run (as a shell says)
+EXIT_NOT_FOUND = 127  # demo exec: no such command
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), daemons included once they have stopped: 128 + 2
 
 
 class MeshctlError(Exception):
@@ -46,6 +54,34 @@ class KubeError(MeshctlError):
 
 class NetError(MeshctlError):
     """The kernel refused a network change (netns, link, iptables) (exit 1)."""
+
+
+class PortInUseError(MeshctlError):
+    """The port is bound already (another process, or another instance of this one): the
+    machine's state, not a mistake in the command line (exit 1)."""
+
+
+def listen_failed(where: str, what: str, code: int | None, detail: str = "") -> MeshctlError:
+    """The one wording of "cannot listen" for every server (sockets, gRPC, hypercorn):
+    ``where`` is ``HOST:PORT``, ``what`` the listener's role, ``code`` the bind's errno."""
+    head = f"cannot listen on {where}" + (f" ({what})" if what else "")
+    if code == errno.EADDRINUSE:
+        return PortInUseError(
+            f"{head}: the port is already in use",
+            hint="stop what is using it (ss -ltnp shows it), or choose another port",
+        )
+    if code == errno.EADDRNOTAVAIL:
+        host = where.rpartition(":")[0].strip("[]")
+        return UserError(
+            f"{head}: {host} is not an address of this host",
+            hint="give one of this host's addresses, or 0.0.0.0 (or ::) for all of them",
+        )
+    if code == errno.EACCES:
+        return UserError(
+            f"{head}: permission denied",
+            hint="ports below 1024 need root or CAP_NET_BIND_SERVICE; choose another port",
+        )
+    return MeshctlError(f"{head}: {detail or 'bind failed'}")
 
 
 class CheckFailedError(MeshctlError):

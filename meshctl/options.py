@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from typer import _click as click
 from typer._click.core import ParameterSource
 from typer._click.exceptions import BadParameter, UsageError
 from typer._click.globals import get_current_context
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from meshctl import logs, values
 from meshctl.config import GlobalSettings
@@ -84,11 +85,13 @@ def duration(
     *names: str,
     help: str,  # noqa: A002
     positive: bool = False,
+    minimum: float = 0.0,
     maximum: float | None = None,
+    whole: bool = False,
     env: str | Sequence[str] | None = None,
     **kw: Any,
 ) -> Any:
-    parse = values.Duration(positive=positive, maximum=maximum)
+    parse = values.Duration(positive=positive, minimum=minimum, maximum=maximum, whole=whole)
     return option(*names, help=help, parse=parse, env=env, **kw)
 
 
@@ -256,17 +259,37 @@ RecursiveOption = Annotated[
 DryRunOption = Annotated[
     bool, typer.Option("--dry-run", help="Print what would change; change nothing.")
 ]
-# For commands that talk to an API server: kubectl's --dry-run=none|client|server.
+# For commands that talk to an API server: kubectl's --dry-run=none|client|server; given
+# without a value it is client (as kubectl took it), which needs ``DryRunCommand``.
 DRY_RUN_MODES = ("none", "client", "server")
 DryRunModeOption = Annotated[
     str,
     option(
         "--dry-run",
         parse=values.Choice(DRY_RUN_MODES),
-        help="client: print what would be sent; server: let the API server validate it "
-        "without persisting; none: apply.",
+        help="client (also --dry-run alone): print what would be sent; server: the API server "
+        "checks and defaults every object and persists nothing; none: do it.",
     ),
 ]
+
+
+class DryRunCommand(TyperCommand):
+    """A command whose ``--dry-run`` may come without a value (kubectl's old spelling): then
+    it is ``--dry-run=client``; ``--dry-run server`` and ``--dry-run=server`` both take the mode.
+    (typer's click has no optional option values.)"""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        out: list[str] = []
+        for index, word in enumerate(args):
+            if word == "--":
+                out += args[index:]
+                break
+            following = args[index + 1] if index + 1 < len(args) else None
+            bare = word == "--dry-run" and following not in DRY_RUN_MODES
+            out.append("--dry-run=client" if bare else word)
+        return super().parse_args(ctx, out)
+
+
 ColorOption = Annotated[
     str,
     option(
@@ -309,7 +332,7 @@ def read_sources(filenames: Iterable[str], *, recursive: bool = False) -> list[S
                 if p.suffix in MANIFEST_SUFFIXES and p.is_file()
             )
             if not files:
-                raise MeshctlError(
+                raise UserError(
                     f"{name}: no {'/'.join(MANIFEST_SUFFIXES)} files in this directory",
                     hint="name the files with -f, or add -R for subdirectories",
                 )
@@ -330,7 +353,8 @@ def _read(path: Path) -> str:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise MeshctlError(
+        # Input the user named that cannot be used is a usage error (2), like a bad flag.
+        raise UserError(
             f"cannot read {path}: {exc.strerror or exc}",
             hint="check the path given with -f (use -f - to read stdin)",
         ) from exc
@@ -342,9 +366,49 @@ def _decode(data: bytes, name: str) -> str:
         # utf-8-sig: a byte-order mark some editors write is not part of the text.
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise MeshctlError(
+        raise UserError(
             f"{name} is not UTF-8 text (byte {exc.start} cannot be decoded)",
             hint="save the manifest as UTF-8",
+        ) from exc
+
+
+# --- writing -O ----------------------------------------------------------------------------
+
+
+def write_output(text: str, output: Path | None) -> None:
+    """``text`` to stdout, or atomically to ``output`` (``-O``: a reader never sees half a
+    file, and on an error before this nothing is written at all)."""
+    if output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    import tempfile  # deferred: only -O pays for it (every plugin's --help loads this module)
+
+    target = output.expanduser()
+    try:
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise MeshctlError(
+            f"cannot write {output}: {exc.strerror or exc}",
+            hint="check that the directory exists and is writable",
+        ) from exc
+    staged = Path(temp)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        # mkstemp makes the file 0600; keep the mode of the file replaced, else 0644 less umask.
+        try:
+            mode = target.stat().st_mode & 0o777
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        staged.chmod(mode)
+        staged.replace(target)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        raise MeshctlError(
+            f"cannot write {output}: {exc.strerror or exc}", hint="check the path and free space"
         ) from exc
 
 
@@ -358,6 +422,33 @@ def daemon_logging(ctx: typer.Context) -> str:
     level = "debug" if settings.debug else (settings.log_level or logs.DAEMON_LEVEL)
     logs.configure(level, settings.log_format)
     return level
+
+
+# --- the tree of a plugin, once loaded ----------------------------------------------------
+
+
+def prepare_tree(command: click.Command) -> None:
+    """What the root does to every plugin's command tree when it loads it: group options
+    handed down or refused (``hold_group_options``), duration defaults shown as durations."""
+    hold_group_options(command)
+    show_durations(command)
+
+
+def show_durations(command: click.Command) -> None:
+    """A duration option's default is shown as a duration (``[default: 24h]``, not
+    ``86400.0``): the default becomes its text, which click runs through the option's parser
+    like any typed value, so the command still receives seconds."""
+    for param in command.params:
+        parse = getattr(getattr(param.type, "func", None), "meshctl_parse", None)
+        default = param.default
+        if (
+            isinstance(parse, values.Duration)
+            and isinstance(default, int | float)
+            and not isinstance(default, bool)
+        ):
+            param.default = values.format_duration(float(default))
+    for child in getattr(command, "commands", {}).values():
+        show_durations(child)
 
 
 # --- options given on a group -------------------------------------------------------------

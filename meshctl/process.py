@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import Any
 
 from meshctl import logs
 from meshctl.core.wire import channel
+from meshctl.shutdown import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +173,8 @@ class Supervisor:
         self._stop.set()
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+        signals = StopSignals(self._stop.set)
+        signals.install()
         poller = asyncio.ensure_future(self._poll())
         feeding = asyncio.ensure_future(self._feed.run())
         feeding.add_done_callback(_feed_ended)
@@ -188,12 +187,11 @@ class Supervisor:
                 log.info("data plane drained on request (/quitquitquit); exiting")
             self._stop.set()  # slots stop restarting; the drain below ends the rest
             await self._drain()
-            return 0
+            return signals.exit_code()
         finally:
             for task in (stop, quit_, poller, feeding, *slots, *self._gathering):
                 task.cancel()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+            signals.remove()
             for child in list(self._children.values()):
                 self._kill(child)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 import grpc
 import grpc.aio
 
-from meshctl.errors import MeshctlError
+from meshctl.errors import MeshctlError, listen_failed
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +47,40 @@ KEEPALIVE_TIMEOUT_MS = 10_000
 
 class RpcError(MeshctlError):
     """A gRPC call failed; ``code`` is the gRPC status name (``UNAVAILABLE``, ...), ``detail``
-    the peer's (or grpc's) own text."""
+    the peer's (or grpc's) own text. ``lasting``: retrying cannot help until a certificate or a
+    setting changes (say it once)."""
 
     def __init__(
-        self, message: str, *, code: str, hint: str | None = None, detail: str = ""
+        self,
+        message: str,
+        *,
+        code: str,
+        hint: str | None = None,
+        lasting: bool = False,
+        detail: str = "",
     ) -> None:
         super().__init__(message, hint=hint)
         self.code = code
+        self.lasting = lasting
         self.detail = detail
+
+
+# grpc's own words when the server's certificate does not name the host dialled.
+_HOSTNAME_CHECK = "Hostname Verification Check failed"
+
+
+def hostname_mismatch(detail: str, address: str, server_name: str | None) -> tuple[str, str] | None:
+    """(reason, hint) when ``detail`` says the server's certificate does not name the host we
+    dialled (``server_name`` or the host of ``address``): a failure no retry can fix."""
+    if _HOSTNAME_CHECK not in detail:
+        return None
+    host = server_name or address.rpartition(":")[0].strip("[]")
+    reason = f"the server's TLS certificate does not name {host!r} (hostname verification)"
+    hint = (
+        f"start the server with --serving-names {host} (controlplane ca/run), or dial a name "
+        "its certificate has (ALT_CA_HOSTNAME / ALT_XDS_HOSTNAME)"
+    )
+    return reason, hint
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +93,23 @@ class KeyPair:
 
 def _server_config(pair: KeyPair) -> Any:
     return grpc.ssl_server_certificate_configuration([(pair.key_pem, pair.cert_chain_pem)])
+
+
+def _bind_errno(address: str) -> int | None:
+    """Why grpcio could not bind ``host:port`` (it says only that it failed): the errno of the
+    same bind tried with a plain socket, closed at once."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 -- grpcio's own reading of ":PORT"
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, int(port)))
+        except OSError as exc:
+            return exc.errno
+        except ValueError:
+            return None
+    return None
 
 
 class Server:
@@ -119,11 +163,7 @@ class Server:
         except RuntimeError:  # grpcio's only signal for a failed bind
             port = 0
         if port == 0:
-            raise RpcError(
-                f"cannot listen on {address}",
-                code="UNAVAILABLE",
-                hint="choose a free port, or an address of this host",
-            )
+            raise listen_failed(address, "gRPC", _bind_errno(address))
         return port
 
     async def start(self) -> None:
@@ -216,10 +256,22 @@ def connect(
     return grpc.aio.secure_channel(address, credentials, options=options)
 
 
-def translate(exc: grpc.aio.AioRpcError, *, what: str, address: str) -> RpcError:
+def translate(
+    exc: grpc.aio.AioRpcError, *, what: str, address: str, server_name: str | None = None
+) -> RpcError:
     """One line for a failed call: what was asked, where, the status and the peer's message."""
     code = exc.code().name
     detail = exc.details() or ""
+    mismatch = hostname_mismatch(detail, address, server_name)
+    if mismatch is not None:
+        reason, hint = mismatch
+        return RpcError(
+            f"{what} at {address} failed: {reason}",
+            code=code,
+            hint=hint,
+            lasting=True,
+            detail=detail,
+        )
     hints = {
         "UNAVAILABLE": f"is the control plane running and reachable at {address}?",
         "UNAUTHENTICATED": "check the service-account token (audience istio-ca) and its path",
@@ -234,21 +286,24 @@ def translate(exc: grpc.aio.AioRpcError, *, what: str, address: str) -> RpcError
     )
 
 
-async def unary(call: Awaitable[T], *, what: str, address: str) -> T:
-    """The answer of a unary call (a generated stub's method, called); ``RpcError`` if it failed."""
+async def unary(
+    call: Awaitable[T], *, what: str, address: str, server_name: str | None = None
+) -> T:
+    """The answer of a unary call (a generated stub's method, called); ``RpcError`` if it failed
+    (``translate``'s, with the same arguments)."""
     try:
         return await call
     except grpc.aio.AioRpcError as exc:
-        raise translate(exc, what=what, address=address) from exc
+        raise translate(exc, what=what, address=address, server_name=server_name) from exc
 
 
-async def read(call: Any, *, what: str, address: str) -> Any | None:
+async def read(call: Any, *, what: str, address: str, server_name: str | None = None) -> Any | None:
     """The next message of a streaming call, or None once the peer ended it with OK;
     ``RpcError`` when it ended with another status."""
     try:
         message = await call.read()
     except grpc.aio.AioRpcError as exc:
-        raise translate(exc, what=what, address=address) from exc
+        raise translate(exc, what=what, address=address, server_name=server_name) from exc
     return None if message is grpc.aio.EOF else message
 
 

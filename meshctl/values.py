@@ -88,13 +88,19 @@ class Duration:
     """A length of time in seconds, written as Go writes durations (``1m30s``, ``250ms``) or as
     a bare number of seconds; ``positive`` excludes zero, ``maximum`` caps it."""
 
-    __slots__ = ("maximum", "minimum", "positive")
+    __slots__ = ("maximum", "minimum", "positive", "whole")
     metavar = "DURATION"
 
     def __init__(
-        self, *, minimum: float = 0.0, maximum: float | None = None, positive: bool = False
+        self,
+        *,
+        minimum: float = 0.0,
+        maximum: float | None = None,
+        positive: bool = False,
+        whole: bool = False,
     ) -> None:
-        self.minimum, self.maximum, self.positive = minimum, maximum, positive
+        """``whole``: whole seconds only (an API field in seconds, e.g. ``timeoutSeconds``)."""
+        self.minimum, self.maximum, self.positive, self.whole = minimum, maximum, positive, whole
 
     def __call__(self, raw: Any) -> float:
         if isinstance(raw, int | float) and not isinstance(raw, bool):
@@ -108,6 +114,8 @@ class Duration:
             or (self.maximum is not None and value > self.maximum)
         ):
             raise ValueError(f"{format_duration(value)} is out of range ({self.range()})")
+        if self.whole and value != int(value):
+            raise ValueError(f"{format_duration(value)} is not a whole number of seconds")
         return value
 
     def range(self) -> str:
@@ -203,30 +211,117 @@ class Choice:
         return text
 
 
-class ListenAddress:
-    """Where a server listens: ``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (every address);
-    ``empty_ok`` lets ``''`` mean "do not listen". Returned normalised, host as given."""
+_PORT_RANGE = "port 1-65535"
 
-    __slots__ = ("empty_ok",)
+
+def _split_host_port(text: str, example: str, form: str = "HOST:PORT") -> tuple[str, str]:
+    """``HOST:PORT`` / ``[V6]:PORT`` / ``:PORT`` -> (host without brackets, port text)."""
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"{text!r} is not {form} (e.g. {example}; {_PORT_RANGE})")
+    if host.startswith("[") and host.endswith("]"):
+        inner = host[1:-1]
+        try:
+            ipaddress.IPv6Address(inner)
+        except ValueError:
+            raise ValueError(f"{text!r}: {inner!r} is not an IPv6 address") from None
+        return inner, port
+    if ":" in host:
+        raise ValueError(f"{text!r}: write an IPv6 address in brackets, e.g. [::1]:{port}")
+    return host, port
+
+
+def _port_of(text: str, port: str, *, zero_ok: bool) -> int:
+    low = 0 if zero_ok else 1
+    shown = f"{low}-65535" + ("; 0: any free port" if zero_ok else "")
+    try:
+        number = int(port, 10)
+    except ValueError:
+        raise ValueError(f"{text!r}: {port!r} is not a port ({shown})") from None
+    if not low <= number <= 65535:
+        raise ValueError(f"{text!r}: port {number} is out of range ({shown})")
+    return number
+
+
+class ListenAddress:
+    """Where a server listens: ``HOST:PORT``, ``[V6]:PORT`` or ``:PORT`` (every address), the
+    host an IP address; ``empty_ok`` lets ``''`` mean "do not listen", ``zero_ok`` lets port 0
+    mean "any free port". Returned normalised (``host:port``, v6 in brackets)."""
+
+    __slots__ = ("empty_ok", "zero_ok")
     metavar = "HOST:PORT"
 
-    def __init__(self, *, empty_ok: bool = False) -> None:
-        self.empty_ok = empty_ok
+    def __init__(self, *, empty_ok: bool = False, zero_ok: bool = False) -> None:
+        self.empty_ok, self.zero_ok = empty_ok, zero_ok
 
     def __call__(self, raw: Any) -> str:
         text = _text(raw)
         if not text and self.empty_ok:
             return ""
-        host, sep, port = text.rpartition(":")
-        if not sep:
-            raise ValueError(f"{text!r} is not HOST:PORT (e.g. 0.0.0.0:8000, :8000, [::]:8000)")
-        PORT(port)
-        if host.startswith("[") and host.endswith("]"):
-            ADDRESS(host)
-        elif ":" in host:
-            raise ValueError(f"{text!r}: write an IPv6 address in brackets, e.g. [::1]:{port}")
-        return f"{host}:{int(port)}"
+        host, port = _split_host_port(text, "0.0.0.0:8000, :8000, [::]:8000")
+        number = _port_of(text, port, zero_ok=self.zero_ok)
+        if host:
+            try:
+                host = str(ipaddress.ip_address(host))
+            except ValueError:
+                raise ValueError(
+                    f"{text!r}: {host!r} is not an IP address (listen on one of this host's "
+                    "addresses, or 0.0.0.0 / :: for all of them)"
+                ) from None
+        return f"[{host}]:{number}" if ":" in host else f"{host}:{number}"
+
+
+class Endpoint:
+    """One peer of a connection: ``IP:PORT`` (``[V6]:PORT``), both required; returned
+    normalised."""
+
+    __slots__ = ()
+    metavar = "IP:PORT"
+
+    def __call__(self, raw: Any) -> str:
+        text = _text(raw)
+        host, port = _split_host_port(text, "10.96.0.10:80, [fd00::1]:80", "IP:PORT")
+        number = _port_of(text, port, zero_ok=False)
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(f"{text!r}: {host!r} is not an IP address") from None
+        return f"[{address}]:{number}" if address.version == 6 else f"{address}:{number}"
+
+
+# RFC 1123 host names (a DNS name, dots between labels of letters, digits and hyphens).
+_HOST_NAME = re.compile(
+    r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
+)
+
+
+class DialAddress:
+    """Where a client connects: ``HOST:PORT`` with a DNS name or an IP address (v6 in brackets);
+    ``https://HOST:PORT`` as ztunnel writes ``CA_ADDRESS``/``XDS_ADDRESS`` is read as the same.
+    Returned as ``host:port`` (what gRPC dials)."""
+
+    __slots__ = ()
+    metavar = "HOST:PORT"
+
+    def __call__(self, raw: Any) -> str:
+        text = _text(raw)
+        if text.startswith("http://"):
+            raise ValueError(f"{text!r}: plaintext (http://) is not supported; TLS only (https://)")
+        body = text.removeprefix("https://").rstrip("/")
+        example = "meshctl-controlplane.meshctl-system.svc:15012, 127.0.0.1:15012"
+        host, port = _split_host_port(body, example)
+        number = _port_of(text, port, zero_ok=False)
+        if not host:
+            raise ValueError(f"{text!r} names no host (e.g. {example})")
+        if ":" in host:
+            return f"[{ipaddress.IPv6Address(host)}]:{number}"
+        if not _HOST_NAME.match(host):
+            raise ValueError(f"{text!r}: {host!r} is neither a host name nor an IP address")
+        return f"{host}:{number}"
 
 
 ADDRESS = Address()
 CIDR = Cidr()
+DIAL_ADDRESS = DialAddress()
+ENDPOINT = Endpoint()

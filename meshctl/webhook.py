@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import ipaddress
 import logging
 import os
@@ -39,7 +38,7 @@ from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallabl
 
 from meshctl.core.k8s.inject.admission import MAX_BODY_BYTES, Answer, Request, handle
 from meshctl.core.k8s.inject.settings import InjectSettings
-from meshctl.errors import MeshctlError
+from meshctl.errors import MeshctlError, UserError, listen_failed
 
 log = logging.getLogger(__name__)
 
@@ -119,14 +118,6 @@ class Pair:
     key_pem: bytes
 
 
-_IN_USE_HINT = "choose a free port, or stop what is using it"
-# What to do about a bind error other than a port in use (the address, not the port, is wrong).
-_BIND_HINTS = {
-    errno.EADDRNOTAVAIL: "listen on one of this host's addresses, or 0.0.0.0 (:: for IPv6)",
-    errno.EACCES: "ports below 1024 need root or CAP_NET_BIND_SERVICE; choose another port",
-}
-
-
 class BoundConfig(Config):
     """hypercorn's configuration over a socket we bound ourselves (``fd://``): a port in use
     is a one-line error when the configuration is made, not a failure inside a server task."""
@@ -143,12 +134,7 @@ class BoundConfig(Config):
             sock.listen(self.backlog)
         except OSError as exc:
             sock.close()
-            raise MeshctlError(
-                f"cannot listen on {shown}: {exc.strerror or exc}",
-                hint=_BIND_HINTS.get(
-                    exc.errno or 0, "choose a free port, or stop what is using it"
-                ),
-            ) from exc
+            raise listen_failed(shown, "", exc.errno, exc.strerror or str(exc)) from exc
         self.use(sock)
 
     def use(self, sock: socket.socket) -> None:
@@ -262,12 +248,32 @@ def check_tls_files(cert: Path, key: Path) -> None:
             )
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     try:
-        context.load_cert_chain(str(cert), str(key))
-    except (OSError, ssl.SSLError) as exc:
-        raise MeshctlError(
-            f"cannot load the TLS certificate {cert} with key {key}: {exc.strerror or exc}",
-            hint="both must be PEM files, and the key must belong to the certificate",
+        # A password callback, so an encrypted key is an error here, never a terminal prompt.
+        context.load_cert_chain(str(cert), str(key), password=lambda: b"")
+    except ssl.SSLError as exc:
+        raise _unusable_pair(cert, key) from exc
+    except OSError as exc:
+        raise UserError(
+            f"cannot read the TLS certificate {cert} or key {key}: {exc.strerror or exc}",
+            hint="both must be readable PEM files",
         ) from exc
+
+
+def _unusable_pair(cert: Path, key: Path) -> UserError:
+    """Which file is wrong and why, in words (OpenSSL says ``PEM lib (_ssl.c:3926)``)."""
+    from meshctl.core.pki.certs import pair_problem
+
+    hint = "--tls-cert: the PEM certificate (chain), --tls-key: its PEM private key"
+    try:
+        found = pair_problem(cert.read_bytes(), key.read_bytes())
+    except OSError as exc:
+        return UserError(f"cannot read {cert} or {key}: {exc.strerror or exc}", hint=hint)
+    where, reason = found or ("pair", "OpenSSL cannot use them together")
+    if where == "cert":
+        return UserError(f"TLS certificate file {cert} {reason}", hint=hint)
+    if where == "key":
+        return UserError(f"TLS key file {key} {reason}", hint=hint)
+    return UserError(f"TLS key file {key} and certificate {cert}: {reason}", hint=hint)
 
 
 async def serve(app: ASGIFramework, config: Config, stop: asyncio.Event) -> None:

@@ -88,10 +88,48 @@ def _send(
             preload_content=preload,
         )
     except (urllib3.exceptions.HTTPError, OSError) as exc:
-        raise ApiUnreachableError(
-            f"{what} {path}: API server ({kube.source}) unreachable: {type(exc).__name__}",
-            hint="is the cluster running and the kubeconfig's server address right?",
-        ) from exc
+        where = f"{what} {path}: API server {kube.server} ({kube.source})"
+        raise unreachable(where, exc, read) from exc
+
+
+def unreachable(where: str, exc: BaseException, timeout: float) -> ApiUnreachableError:
+    """One line for a request that got no answer, in words (``connection refused``, ``did not
+    answer within 30s``, ``TLS failed``), never urllib3's class names; ``where`` names the
+    request or the server. ``version --server`` and ``verify`` say the same through this."""
+    from meshctl.values import format_duration
+
+    reason = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason else exc
+    errors = urllib3.exceptions
+    # NewConnectionError (refused, no route) subclasses ConnectTimeoutError in urllib3 2.
+    if isinstance(reason, errors.TimeoutError | TimeoutError) and not isinstance(
+        reason, errors.NewConnectionError
+    ):
+        return ApiUnreachableError(
+            f"{where} did not answer within {format_duration(timeout)}",
+            hint="is the cluster up and reachable from here? if it is only slow, "
+            "raise --request-timeout",
+        )
+    if isinstance(reason, errors.SSLError):
+        return ApiUnreachableError(
+            f"{where}: TLS failed ({_cause(reason)})",
+            hint="check the kubeconfig's certificate-authority and server address",
+        )
+    return ApiUnreachableError(
+        f"{where} unreachable: {_cause(reason)}",
+        hint="is the cluster running and the kubeconfig's server address right?",
+    )
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost OS reason (``connection refused``) rather than urllib3's wrapper text."""
+    inner: BaseException | None = exc
+    while inner is not None:
+        if isinstance(inner, OSError) and inner.strerror:
+            return inner.strerror.lower()
+        inner = inner.__cause__ or inner.__context__
+    text = str(exc)
+    # urllib3 prefixes its own text with the connection object's repr: keep what follows.
+    return text.rsplit(": ", 1)[-1] if ": " in text else (text or "no answer")
 
 
 def request(

@@ -180,14 +180,20 @@ def delete(
     namespace: str | None = None,
     *,
     propagation: Literal["Foreground", "Background", "Orphan"] | None = None,
+    dry_run: bool = False,
 ) -> bool:
     """Delete the object; False when it was already gone. ``Foreground`` keeps the object (with
     a deletion timestamp) until the garbage collector removed its dependents (a DaemonSet's
-    pods), so waiting for it to be gone waits for them too."""
+    pods), so waiting for it to be gone waits for them too. A dry run goes through admission
+    and deletes nothing."""
     body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
     try:
         api.request(
-            kube, "DELETE", resource.path(namespace, name), body=body if propagation else None
+            kube,
+            "DELETE",
+            resource.path(namespace, name),
+            body=body if propagation else None,
+            query=[("dryRun", "All")] if dry_run else [],
         )
     except ApiStatusError as exc:
         if exc.status == 404:

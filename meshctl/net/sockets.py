@@ -18,7 +18,7 @@ import socket
 import struct
 from collections.abc import Iterator
 
-from meshctl.errors import MeshctlError, UserError
+from meshctl.errors import PortInUseError, listen_failed
 
 SO_ORIGINAL_DST = 80  # same value for SOL_IP and SOL_IPV6 (IP6T_SO_ORIGINAL_DST)
 SOL_IPV6 = 41  # SOL_IPV6 exists on Linux but is missing from typeshed's stubs
@@ -88,26 +88,11 @@ def listener(
         sock.listen(backlog)
     except OSError as exc:
         sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise PortInUseError(
-                f"cannot listen on {where} ({what}): the port is already in use", hint=in_use_hint
-            ) from exc
-        if exc.errno == errno.EADDRNOTAVAIL:
-            raise UserError(
-                f"cannot listen on {where} ({what}): {host} is not an address of this host",
-                hint="give one of this host's addresses, or 0.0.0.0 (or ::) for all of them",
-            ) from exc
-        if exc.errno == errno.EACCES:
-            raise UserError(
-                f"cannot listen on {where} ({what}): permission denied",
-                hint="ports below 1024 need root or CAP_NET_BIND_SERVICE; choose another port",
-            ) from exc
-        raise MeshctlError(f"cannot listen on {where} ({what}): {exc.strerror or exc}") from exc
+        error = listen_failed(where, what, exc.errno, exc.strerror or str(exc))
+        if isinstance(error, PortInUseError):
+            error.hint = in_use_hint
+        raise error from exc
     return sock
-
-
-class PortInUseError(UserError):
-    """The port is bound already (another process, or another instance of this one)."""
 
 
 def _libc() -> ctypes.CDLL:

@@ -82,6 +82,7 @@ class CaClient:
                 stub.CreateCertificate(request, timeout=self._timeout),
                 what="CreateCertificate",
                 address=self.address,
+                server_name=self._server_name,
             )
         except rpc.RpcError as exc:
             if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
@@ -131,6 +132,7 @@ class CaFeed(Feed):
         self.status = channel.CertSource(source="ca", ca_address=client.address, renewing=True)
         self._pending: list[channel.Message] = []
         self.issued = 0  # certificates accepted so far (tests and logs)
+        self._told = ""  # the lasting failure logged already (logged once, not every retry)
 
     def current(self) -> list[channel.Message]:
         out: list[channel.Message] = [self.status]
@@ -200,6 +202,7 @@ class CaFeed(Feed):
         )
         served = certs_mod.accept_issued(chain, roots, self.identity, key_pem, self._clock())
         self._key, self._served = key_pem, served
+        self._told = ""
         self.issued += 1
         leaf = certs_mod.describe(served.encode())[0]
         now = self._clock()
@@ -252,6 +255,14 @@ class CaFeed(Feed):
             next_refresh=was.next_refresh,
         )
         self._pending.append(self.status)
+        if isinstance(exc, rpc.RpcError) and exc.lasting:
+            # No retry fixes this (a certificate or a setting must change): say it once, with
+            # what to do; the status above keeps it visible in /config_dump.
+            if message != self._told:
+                log.error("%s; %s", message, exc.hint)
+            self._told = message
+            return
+        self._told = ""
         expires = certs_mod.describe(self._served.encode())[0].not_after if self._served else None
         if expires is None:
             log.warning("no workload certificate yet: %s", message)

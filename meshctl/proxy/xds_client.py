@@ -205,7 +205,8 @@ class XdsClient:
             await self._stream(channel, stop)
         except rpc.RpcError as exc:
             code, detail = exc.code, exc.detail
-            self._fail(f"{code}: {detail}")
+            mismatch = rpc.hostname_mismatch(detail, self.config.address, self.config.server_name)
+            self._fail(f"{code}: {detail}" if mismatch is None else "; ".join(mismatch))
             cheap = code in _CHEAP_ENDS or (
                 code == "UNAVAILABLE"
                 and any(s in detail.lower() for s in _CHEAP_UNAVAILABLE)

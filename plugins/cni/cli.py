@@ -220,6 +220,7 @@ def manifest_cmd(
         str, typer.Option("--cni-conf-dir", metavar="DIR", help="Host path.")
     ] = "/etc/cni/net.d",
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
     ambient: Annotated[
         bool, typer.Option("--ambient", help="With the ambient node agent (istio-cni's).")
     ] = False,
@@ -243,4 +244,4 @@ def manifest_cmd(
         ambient=ambient,
         netns_dir=netns_dir,
     )
-    typer.echo(render_objects(items, output), nl=False)
+    options.write_output(render_objects(items, output), output_file)

@@ -26,7 +26,6 @@ import collections
 import contextlib
 import json
 import logging
-import signal
 import socket
 import time
 from dataclasses import dataclass, field
@@ -35,8 +34,9 @@ from typing import TYPE_CHECKING
 
 from meshctl import logs
 from meshctl.core.k8s.cni.spec import LOG_SOCKET_NAME, PLUGIN_EVENT_SOCKET_NAME
-from meshctl.errors import MeshctlError
+from meshctl.errors import MeshctlError, PortInUseError, listen_failed
 from meshctl.net.sockets import address_text
+from meshctl.shutdown import StopSignals
 
 from .installer import Installer, InstallSettings, Status
 from .pluginserver import PluginServer
@@ -140,10 +140,10 @@ async def run(
     """Serve until SIGTERM/SIGINT, then clean up; returns the exit code."""
     installer = installer or Installer(settings)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    signals = StopSignals(stop.set)
+    signals.install()
     state = _State(Status(False, "starting"), agent=agent)
+    stopping = contextlib.AsyncExitStack()  # the agent's way out, before the node's cleanup
     async with contextlib.AsyncExitStack() as stack:
         addresses = []
         if settings.readiness_address:
@@ -166,16 +166,19 @@ async def run(
             addresses.append(f"unix:{events.path} (the plugin's pod events)")
             agent_stop, release = asyncio.Event(), asyncio.Event()
             serving = asyncio.ensure_future(agent.run(agent_stop, release=release))
-            stack.push_async_callback(_finish, serving, release)  # unwound last: LIFO
-            stack.push_async_callback(_stop_agent, agent, agent_stop, release)
+            # On the way out, before the plugin leaves the node's config: decide and release.
+            stopping.push_async_callback(_finish, serving, release)  # unwound last: LIFO
+            stopping.push_async_callback(_stop_agent, agent, agent_stop, release)
         logs.listening(log, WHAT, addresses or ["nothing (readiness off, no log socket)"])
         try:
             await _watch(installer, settings, state, stop)
         finally:
             state.running = False
+            await stopping.aclose()
             done = installer.cleanup()
             log.info("cleaned up: %s", ", ".join(done) or "nothing to remove")
-    return 0
+    signals.remove()
+    return signals.exit_code()
 
 
 async def _watch(
@@ -262,10 +265,11 @@ async def _readiness_server(address: str, state: _State) -> asyncio.Server:
     try:
         return await asyncio.start_server(handle, host or None, int(port))
     except OSError as exc:
-        raise MeshctlError(
-            f"cannot listen on {address} for readiness: {exc.strerror}",
-            hint="pick a free port with --readiness-address",
-        ) from exc
+        # asyncio's own errno (its text names the address again): the words every daemon uses.
+        error = listen_failed(address, "readiness", exc.errno, exc.strerror or str(exc))
+        if isinstance(error, PortInUseError):
+            error.hint = "stop what is using it, or pick a free port with --readiness-address"
+        raise error from exc
 
 
 async def _close_server(server: asyncio.Server) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from meshctl.core.k8s.ambient import AGENT_ENV
 from meshctl.core.k8s.cni.spec import DEFAULT_RUN_DIR
 from meshctl.core.k8s.image import default_image
+from meshctl.core.k8s.install.manifest import namespace_object
 from meshctl.core.k8s.podspec import node_security_context
 
 NAME = "meshctl-cni-node"
@@ -148,11 +149,7 @@ def objects(
         },
     }
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": {"app.kubernetes.io/part-of": "meshctl"}},
-        },
+        namespace_object(namespace),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

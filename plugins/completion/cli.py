@@ -12,6 +12,8 @@ from typing import Annotated, Literal, get_args
 
 import typer
 
+from meshctl import options
+
 Shell = Literal["bash", "zsh", "fish", "powershell"]
 SHELLS = get_args(Shell)
 PROG_NAME = "meshctl"
@@ -25,6 +27,7 @@ def completion(
     shell: Annotated[
         Shell, typer.Argument(metavar="SHELL", help="The shell to complete in.", show_default=False)
     ],
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the completion script for SHELL; load it once per shell session, or install it:
 
@@ -38,4 +41,4 @@ def completion(
     from typer._completion_shared import get_completion_script  # typer's scripts, pinned minor
 
     script = get_completion_script(prog_name=PROG_NAME, complete_var=COMPLETE_VAR, shell=shell)
-    typer.echo(script)
+    options.write_output(script + "\n", output_file)

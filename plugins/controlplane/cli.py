@@ -17,7 +17,7 @@ import typer
 from meshctl import config, options, values
 from meshctl.output import OutputFormat, render_objects
 
-from .settings import ControlPlaneSettings
+from .settings import MAX_REPLICAS, ControlPlaneSettings
 
 SECTION = "controlplane"
 
@@ -197,6 +197,7 @@ def ca_cmd(
     """Run only the CA, without Kubernetes: Istio's CreateCertificate on 15012, callers
     authenticated by a static token file (a laptop, a VM, 'meshctl demo')."""
     flags = {k: v for k, v in locals().items() if k not in ("ctx", "ca_dir", "tokens")}
+    options.daemon_logging(ctx)  # info unless a level was given: the listening and ready lines
     import asyncio
 
     from .standalone import serve
@@ -225,22 +226,27 @@ def manifest_cmd(
         options.option(
             "--replicas",
             help="Replicas of the Deployment (one leads).",
-            parse=values.Integer(1, 100, what="a replica count"),
+            parse=values.Integer(1, MAX_REPLICAS, what="a replica count"),
         ),
     ] = 2,
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the control plane's objects (RBAC, Service, Deployment, webhook configuration)."""
     from meshctl.core.k8s.image import default_image
+    from meshctl.core.k8s.install.manifest import namespace_object
 
     from .manifest import ManifestSettings, objects
 
-    items = objects(
-        ManifestSettings(
-            namespace=namespace,
-            image=image or default_image(),
-            revision=revision,
-            replicas=replicas,
-        )
-    )
-    typer.echo(render_objects(items, output), nl=False)
+    items = [
+        namespace_object(namespace),
+        *objects(
+            ManifestSettings(
+                namespace=namespace,
+                image=image or default_image(),
+                revision=revision,
+                replicas=replicas,
+            )
+        ),
+    ]
+    options.write_output(render_objects(items, output), output_file)

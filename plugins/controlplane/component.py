@@ -28,6 +28,7 @@ from meshctl.errors import KubeError
 from . import crds
 from .manifest import ManifestSettings, objects
 from .roots import ROOT_CONFIGMAP, ROOT_KEY
+from .settings import MAX_REPLICAS
 
 CATEGORY = "meshctl-controlplane"
 ALL_PROFILES = ("default", "ambient", "minimal", "demo")
@@ -277,7 +278,11 @@ controlplane = Component(
     revisioned=True,
     schema={
         "replicas": Field(
-            kind="int", default=2, minimum=1, help="control plane replicas (spread over nodes)"
+            kind="int",
+            default=2,
+            minimum=1,
+            maximum=MAX_REPLICAS,
+            help="control plane replicas (spread over nodes)",
         ),
         "cpu": Field(kind="string", default="100m", help="CPU request of each replica"),
         "memory": Field(kind="string", default="128Mi", help="memory request of each replica"),

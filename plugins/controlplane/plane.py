@@ -23,7 +23,6 @@ import contextlib
 import gc
 import logging
 import secrets
-import signal
 import socket
 import time
 from collections.abc import Coroutine, Sequence
@@ -37,6 +36,7 @@ from meshctl.core.k8s.inject.webhook_config import configuration_name
 from meshctl.core.pki import ca
 from meshctl.kube.client import Kube
 from meshctl.proto import citadel_pb2_grpc
+from meshctl.shutdown import StopSignals
 
 from .authn import Authenticator
 from .authority import AuthorityStore
@@ -191,9 +191,8 @@ class ControlPlane:
     # -- life ----------------------------------------------------------------------------------
 
     async def run(self) -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stop.set)
+        signals = StopSignals(self._stop.set)
+        signals.install()
         status_stop = asyncio.Event()
         tasks: set[asyncio.Task[Any]] = set()
         try:
@@ -204,15 +203,14 @@ class ControlPlane:
                 host, port = address(getattr(self.settings, name), name)
                 config = webhook.plain_config(host, port)  # bound now: a port in use fails here
                 tasks.add(asyncio.ensure_future(webhook.serve(app, config, status_stop)))
-            return await self._serve(tasks)
+            return signals.exit_code(await self._serve(tasks))
         finally:
             status_stop.set()
             if tasks:
                 await asyncio.wait(tasks, timeout=2.0)
             for task in tasks:
                 task.cancel()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(sig)
+            signals.remove()
 
     async def _serve(self, status_tasks: set[asyncio.Task[Any]]) -> int:
         loading = asyncio.ensure_future(self.authorities.run())

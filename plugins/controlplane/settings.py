@@ -8,15 +8,29 @@ import re
 from dataclasses import dataclass
 from datetime import timedelta
 
+from meshctl import values
 from meshctl.config import setting
 from meshctl.core.pki import ca, callers
 from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import ConfigError
 
+# Replicas beyond this are a typo, not a plan (install values and `manifest --replicas`).
+MAX_REPLICAS = 100
 SERVICE = "meshctl-controlplane"  # the Service (and the name in the serving certificate)
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1123 label
 _DNS_NAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# Port 0 (any free port) is for tests that run several control planes side by side.
+_LISTEN = values.ListenAddress(zero_ok=True)
+_LISTEN_HINT = "e.g. :15012 or 0.0.0.0:15012 ([::]:15012 for IPv6)"
+
+
+def _listen(default: str, env: str) -> str:
+    """A listen address setting, checked while the command line (or env, or file) is read."""
+    result: str = setting(default, env=env, parse=_LISTEN, hint=_LISTEN_HINT)
+    return result
+
+
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -58,10 +72,10 @@ class ControlPlaneSettings:
     revision: str = setting("default", env="REVISION")
     cluster_id: str = setting("Kubernetes", env="CLUSTER_ID")
     pod_name: str = setting("", env="POD_NAME")  # this replica's name in the leader lease
-    grpc_address: str = setting(":15012", env="MESHCTL_GRPC_ADDRESS")
-    webhook_address: str = setting(":15017", env="MESHCTL_WEBHOOK_ADDRESS")
-    metrics_address: str = setting(":15014", env="MESHCTL_MONITORING_ADDRESS")
-    readiness_address: str = setting(":8080", env="MESHCTL_READINESS_ADDRESS")
+    grpc_address: str = _listen(":15012", "MESHCTL_GRPC_ADDRESS")
+    webhook_address: str = _listen(":15017", "MESHCTL_WEBHOOK_ADDRESS")
+    metrics_address: str = _listen(":15014", "MESHCTL_MONITORING_ADDRESS")
+    readiness_address: str = _listen(":8080", "MESHCTL_READINESS_ADDRESS")
     trusted_node_accounts: tuple[str, ...] = setting(
         callers.DEFAULT_NODE_ACCOUNTS, env="CA_TRUSTED_NODE_ACCOUNTS"
     )
@@ -184,6 +198,11 @@ class ControlPlaneSettings:
                 hint="the defaults are 15s, 10s and 2s",
             )
         return lease, renew, retry
+
+
+def is_dns_name(text: str) -> bool:
+    """Whether ``text`` may be a DNS name in a serving certificate (lower case, RFC 1123)."""
+    return bool(_DNS_NAME.match(text))
 
 
 def _is_ip(text: str) -> bool:

@@ -22,22 +22,24 @@ import csv
 import hashlib
 import hmac
 import io
+import ipaddress
 import logging
-import signal
+import socket
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from meshctl import rpc
+from meshctl import logs, rpc
 from meshctl.core.pki import ca, callers
 from meshctl.core.pki.callers import Caller, CallerError, TokenVerdict
 from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import UserError
 from meshctl.proto import citadel_pb2_grpc
+from meshctl.shutdown import StopSignals
 
 from .ca import CertificateService
 from .metrics import Metrics
-from .settings import ControlPlaneSettings, address, duration
+from .settings import ControlPlaneSettings, address, duration, is_dns_name
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +59,25 @@ def parse_token_file(text: str, source: str) -> dict[bytes, str]:
             )
         users[hashlib.sha256(row[0].strip().encode()).digest()] = row[1].strip()
     return users
+
+
+WHAT = "CA"  # how the listening and ready lines name this daemon
+_EVERY_ADDRESS = ("0.0.0.0", "::")  # noqa: S104 -- what a listener on every address binds
+
+
+def listen_names(host: str) -> tuple[list[str], list[str]]:
+    """DNS names and IPs a client may dial to reach a listener on ``host``: that address (and
+    localhost for a loopback one), or for every address (``0.0.0.0``, ``::``) localhost, this
+    host's name and its addresses."""
+    if host not in _EVERY_ADDRESS:
+        return (["localhost"] if ipaddress.ip_address(host).is_loopback else []), [host]
+    from meshctl.net.addresses import local_addresses
+
+    names = ["localhost"]
+    hostname = socket.gethostname().lower()
+    if is_dns_name(hostname):
+        names.append(hostname)
+    return names, local_addresses(v6=host == "::")
 
 
 def load_or_mint_authority(folder: Path, *, trust_domain: str, key_type: str) -> ca.Authority:
@@ -162,13 +183,21 @@ class StaticTokens:
 
 async def serve(settings: ControlPlaneSettings, ca_dir: Path, tokens: Path) -> int:
     """Serve ``CreateCertificate`` on ``settings.grpc_address`` until SIGTERM/SIGINT."""
-    authority = load_or_mint_authority(
-        ca_dir, trust_domain=settings.trust_domain, key_type=settings.self_signed_ca_key
-    )
+    # The token file first: a bad one is refused before a root is minted into --ca-dir.
     authn = StaticTokens(
         tokens, trust_domain=settings.trust_domain, node_accounts=settings.node_accounts
     )
+    authority = load_or_mint_authority(
+        ca_dir, trust_domain=settings.trust_domain, key_type=settings.self_signed_ca_key
+    )
+    host, port = address(settings.grpc_address, "grpc-address")
     dns, ips = settings.serving_dns_and_ips()
+    # The names a client on this machine (or one that reaches it by its addresses) dials, so
+    # 'ztunnel run --ca-address 127.0.0.1:15012' verifies without --serving-names.
+    # (In a thread: pyroute2's netlink socket runs an event loop of its own.)
+    own_dns, own_ips = await asyncio.to_thread(listen_names, host)
+    dns = list(dict.fromkeys([*dns, *own_dns]))
+    ips = list(dict.fromkeys([*ips, *own_ips]))
     now = datetime.now(UTC)
     ttl = duration(settings.serving_cert_ttl, "serving cert TTL")
     leaf, key = ca.issue_serving(authority, dns_names=dns, ip_addresses=ips, ttl=ttl, now=now)
@@ -184,10 +213,15 @@ async def serve(settings: ControlPlaneSettings, ca_dir: Path, tokens: Path) -> i
         max_ttl=settings.max_ttl,
     )
     server.add(citadel_pb2_grpc.add_IstioCertificateServiceServicer_to_server, service)
-    host, port = address(settings.grpc_address, "grpc-address")
-    server.listen(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    server.listen(where)
     await server.start()
-    log.info("CA (no Kubernetes: callers from %s) on %s", tokens, settings.grpc_address)
+    logs.listening(log, WHAT, [f"gRPC (CA) {where}"])
+    logs.ready(
+        log,
+        WHAT,
+        f"callers from {tokens}; serving certificate for {', '.join([*dns, *ips])}",
+    )
     if settings.node_accounts:
         log.info(
             "node proxies %s may impersonate any identity of %s (no node inventory)",
@@ -195,9 +229,9 @@ async def serve(settings: ControlPlaneSettings, ca_dir: Path, tokens: Path) -> i
             settings.trust_domain,
         )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    signals = StopSignals(stop.set)
+    signals.install()
     await stop.wait()
     await server.stop(duration(settings.drain_deadline, "drain deadline").total_seconds())
-    return 0
+    signals.remove()
+    return signals.exit_code()

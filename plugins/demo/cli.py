@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from meshctl import options
-from meshctl.errors import CheckFailedError, MeshctlError, UserError
+from meshctl.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    CheckFailedError,
+    MeshctlError,
+    UserError,
+)
 
 if TYPE_CHECKING:
     from .scenario import Demo
@@ -72,7 +79,7 @@ def _need_root() -> None:
 
 
 def _clean_previous(folder: Path, say: Callable[[str], None]) -> None:
-    from .state import Record, alive, teardown
+    from .state import Record, alive, still_up, teardown
 
     old = Record.load(folder)
     if old is None:
@@ -81,6 +88,12 @@ def _clean_previous(folder: Path, say: Callable[[str], None]) -> None:
         raise UserError(
             f"a demo is already running (pid {old.pid}, state in {folder})",
             hint="stop it with Ctrl-C or 'meshctl demo down'",
+        )
+    if still_up(old):
+        raise UserError(
+            f"a demo left running with --keep is up (run {old.run_id}, state in {folder})",
+            hint="use it ('meshctl demo exec client -- ...'), or remove it with "
+            "'meshctl demo down' first",
         )
     errors = teardown(old)
     if errors:
@@ -104,7 +117,6 @@ def demo(
         options.choice(
             "--mode",
             choices=("ambient", "sidecar"),
-            metavar="MODE",
             help="ambient: one node proxy, pods enrolled by the node agent; sidecar: a proxy "
             "per pod.",
         ),
@@ -130,13 +142,16 @@ def demo(
         args = ["--mode", mode, "--state-dir", str(state_dir or default_dir())]
         raise typer.Exit(rootless.reexec([*args, *(["--check"] if check else [])]))
     if rootless.inside():
+        rootless.become_init()  # PID 1 stays behind and reaps; this process runs the demo
         rootless.private_run()
     from .scenario import Demo
 
     folder = state_dir or default_dir()
 
+    out = _Lines()
+
     def say(line: str) -> None:
-        typer.echo(line)
+        out.write(line)
 
     _clean_previous(folder, say)
     shutil.rmtree(folder / LOGS, ignore_errors=True)  # this run's logs only
@@ -145,18 +160,50 @@ def demo(
     run = Demo(record=record, say=say, mode=mode)
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     kept = False
+    stopped: str | None = None
     try:
         with contextlib.ExitStack() as screen:
             if sys.stdout.isatty() and not check:
                 screen.enter_context(_live(run))
             kept = _run(run, check=check, keep=keep)
+        if kept:
+            record.kept = True
+            record.save()
     except _Stopped as stop:
+        stopped = str(stop)
         say(f"{stop}: removing the demo")
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         if not kept:
             _teardown(record)
+    if stopped is not None:
+        logs = folder / LOGS
+        if logs.is_dir() and any(logs.iterdir()):
+            sys.stderr.write(f"removed the demo; its logs stay in {logs}\n")
+        # Ctrl-C is an interruption (130, as a shell reports it); SIGTERM asked it to stop.
+        raise typer.Exit(EXIT_INTERRUPTED if stopped == "SIGINT" else 0)
+
+
+class _Lines:
+    """The run's lines on stdout; once the reader is gone (``demo --check | head -1``) the
+    rest are dropped and the run goes on, so its teardown and exit code are the same."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def write(self, line: str) -> None:
+        if self.closed:
+            return
+        try:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:
+            self.closed = True
+            # Nothing more reaches the reader; the interpreter's last flush must not fail either.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
 
 
 @contextlib.contextmanager
@@ -268,6 +315,13 @@ def exec_cmd(
         try:
             os.execvp(command[0], command)  # noqa: S606 -- the user's own command, on purpose
         except OSError as exc:
-            raise UserError(
-                f"cannot run {command[0]!r}: {exc.strerror}", hint="is it installed?"
+            # The command's own exit code once it runs; a shell's (and kubectl exec's) when it
+            # cannot: 127 not found, 126 found but not runnable.
+            missing = isinstance(exc, FileNotFoundError)
+            raise MeshctlError(
+                f"cannot run {command[0]!r} in pod {pod.value}: {exc.strerror}",
+                hint="is it installed on this machine (the pod shares its files)?"
+                if missing
+                else "is it an executable file?",
+                exit_code=EXIT_NOT_FOUND if missing else EXIT_NOT_EXECUTABLE,
             ) from exc

@@ -207,16 +207,21 @@ def proxy_command(
     mode_args: Sequence[str], ca: tuple[str, Path, Path], cert_dir: Path, workloads: Path
 ) -> list[str]:
     """``meshctl ztunnel run MODE_ARGS`` with its certificates from the CA (``ca``: address,
-    root, token) and its workloads from the local config. ``cert_dir`` is made and stays
-    empty: files there would win over the CA."""
+    root, token) and its workloads from the local config. ``cert_dir`` (``<state>/certs/NAME``)
+    is made and stays empty: files there would win over the CA. The proxy's run directory is
+    ``<state>/run/NAME``, so what a proxy killed by a step or by teardown leaves goes with the
+    state directory."""
     address, root, token = ca
     cert_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = cert_dir.parent.parent / "run" / cert_dir.name
     return self_command(
         "ztunnel",
         "run",
         *mode_args,
         "--cert-dir",
         str(cert_dir),
+        "--run-dir",
+        str(run_dir),
         "--ca-address",
         address,
         "--ca-root",

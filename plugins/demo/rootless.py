@@ -14,7 +14,9 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
+import signal
 import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -89,6 +91,37 @@ def reexec(args: Sequence[str]) -> int:
     """Run ``meshctl demo ARGS`` inside the new namespaces and return its exit code."""
     argv = ["unshare", *_UNSHARE, "--", *self_command("demo", *args)]
     return subprocess.run(argv, env={**os.environ, INSIDE_ENV: "1"}, check=False).returncode
+
+
+def become_init() -> None:
+    """Inside, the demo is PID 1 of its PID namespace, where every orphan (a killed proxy's
+    workers) lands and stays a zombie unless PID 1 reaps it. So PID 1 forks: the child returns
+    and runs the demo; PID 1 only reaps, passes SIGTERM/SIGHUP on, and exits with the demo's
+    code (Ctrl-C reaches the demo from the terminal itself: the same process group)."""
+    if os.getpid() != 1:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        return
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda signum, _frame: os.kill(child, signum))
+    os._exit(reap_until(child))
+
+
+def reap_until(child: int) -> int:
+    """Reap every process that ends until ``child`` does; its exit code (128 + N for a
+    signal, as a shell reports it)."""
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return 1  # no child left at all: the demo is gone without a status
+        if pid == child:
+            code = os.waitstatus_to_exitcode(status)
+            return 128 - code if code < 0 else code
 
 
 def private_run() -> None:

@@ -67,6 +67,7 @@ class Record:
     network: dict[str, Any] = field(default_factory=dict)
     cni_dir: str = ""
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # netns -> {name, result, ...}
+    kept: bool = False  # left running by --keep: its command has ended, the mesh has not
 
     def netns_name(self, role: str) -> str:
         return f"md{self.run_id}-{role}"
@@ -80,6 +81,7 @@ class Record:
             "network": self.network,
             "cni_dir": self.cni_dir,
             "pods": self.pods,
+            "kept": self.kept,
         }
         tmp = self.folder / f"{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(data, indent=1))
@@ -101,7 +103,13 @@ class Record:
             network=dict(data.get("network", {})),
             cni_dir=str(data.get("cni_dir", "")),
             pods=dict(data.get("pods", {})),
+            kept=bool(data.get("kept", False)),
         )
+
+
+def still_up(record: Record) -> bool:
+    """Whether a run left running with ``--keep`` is still there (its node namespace is)."""
+    return record.kept and bool(record.node) and Path(f"{netns.RUN_DIR}/{record.node}").exists()
 
 
 def alive(pid: int) -> bool:

@@ -20,6 +20,7 @@ from meshctl.core.k8s.install.components import Component, Values
 from meshctl.core.k8s.install.values import Field
 
 NAME = "meshctl-ingressgateway"
+MAX_GATEWAY_REPLICAS = 100
 # (name, service port, target port): the seed's demo gateway ports.
 PORTS = (
     ("http2", 80, 8080),
@@ -103,7 +104,9 @@ gateway = Component(
     phase=30,
     revisioned=True,
     schema={
-        "replicas": Field(kind="int", default=1, minimum=1, help="gateway replicas"),
+        "replicas": Field(
+            kind="int", default=1, minimum=1, maximum=MAX_GATEWAY_REPLICAS, help="gateway replicas"
+        ),
         "serviceType": Field(
             kind="string",
             default="LoadBalancer",

@@ -10,9 +10,7 @@ empty success. The injection options given on ``meshctl inject`` itself reach ``
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,7 +25,7 @@ from meshctl.core.k8s.inject.webhook_config import (
     WebhookTarget,
     webhook_configuration,
 )
-from meshctl.errors import MeshctlError
+from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render_objects
 from meshctl.terminal import Progress, colour_enabled
 
@@ -151,7 +149,7 @@ def inject(
             results.extend(objects)
         if not results:
             names = ", ".join(s.name for s in sources)
-            raise MeshctlError(
+            raise UserError(
                 f"nothing to inject: no Kubernetes object was read from {names}",
                 hint="pass a manifest with objects, e.g. kubectl get deploy web -o yaml | "
                 "meshctl inject -f -",
@@ -169,47 +167,13 @@ def inject(
                 if output_file is None
                 else color == "always",
             )
-    _write(text, output_file)
+    options.write_output(text, output_file)
 
 
 def _render(objects: list[Any], fmt: OutputFormat, tick: documents.Tick | None) -> str:
     if fmt is OutputFormat.YAML:
         return documents.dump(objects, tick)
     return render_objects(objects, fmt)
-
-
-def _write(text: str, output: Path | None) -> None:
-    """Writes ``text`` to stdout, or atomically to ``output`` (a reader never sees half)."""
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-        return
-    target = output.expanduser()
-    try:
-        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise MeshctlError(
-            f"cannot write {output}: {exc.strerror or exc}",
-            hint="check that the directory exists and is writable",
-        ) from exc
-    staged = Path(temp)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        # mkstemp makes the file 0600; keep the mode of the file replaced, else 0644 less umask.
-        try:
-            mode = target.stat().st_mode & 0o777
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        staged.chmod(mode)
-        staged.replace(target)
-    except OSError as exc:
-        staged.unlink(missing_ok=True)
-        raise MeshctlError(
-            f"cannot write {output}: {exc.strerror or exc}", hint="check the path and free space"
-        ) from exc
 
 
 @app.command("webhook")
@@ -223,14 +187,22 @@ def webhook(
     address: Annotated[
         str, options.address("--address", help="Address to listen on (:: for IPv6).")
     ] = "0.0.0.0",  # noqa: S104 -- in a pod the API server reaches the webhook on the pod IP
-    drain_seconds: Annotated[
+    drain_deadline: Annotated[
         float,
         options.duration(
-            "--drain-seconds",
+            "--drain-deadline",
             maximum=3600,
-            help="On SIGTERM, let requests finish this long (seconds, or e.g. 5s).",
+            help="On SIGTERM, let requests finish this long.",
         ),
     ] = 5.0,
+    # The name this option had before it was spelled as the other daemons spell it; kept so
+    # that manifests written then keep working, and out of the help.
+    drain_seconds: Annotated[
+        float | None,
+        options.duration(
+            "--drain-seconds", maximum=3600, hidden=True, help="Old name of --drain-deadline."
+        ),
+    ] = None,
     reload_interval: Annotated[
         float,
         options.duration(
@@ -262,10 +234,12 @@ def webhook(
         port=port,
         tls_cert=tls_cert,
         tls_key=tls_key,
-        graceful_seconds=drain_seconds,
+        graceful_seconds=drain_deadline if drain_seconds is None else drain_seconds,
         reload_seconds=reload_interval,
     )
-    serve(settings, serve_options)
+    code = serve(settings, serve_options)
+    if code:
+        raise typer.Exit(code)
 
 
 @app.command("webhook-config")
@@ -296,16 +270,18 @@ def webhook_config(
         ),
     ] = "Never",
     timeout: Annotated[
-        int,
-        options.count(
+        float,
+        options.duration(
             "--timeout",
             minimum=1,
             maximum=30,
-            metavar="SECONDS",
-            help="API server's call timeout (the API allows 1-30).",
+            whole=True,
+            help="API server's call timeout, whole seconds (the API allows 1s-30s; a bare "
+            "number is seconds).",
         ),
-    ] = 10,
+    ] = 10.0,
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the MutatingWebhookConfiguration that sends new pods to the webhook."""
     if (url is None) == (service is None):
@@ -324,6 +300,6 @@ def webhook_config(
         target=target,
         revision=settings.revision,
         reinvocation_policy=reinvocation_policy,
-        timeout_seconds=timeout,
+        timeout_seconds=int(timeout),
     )
-    typer.echo(render_objects([configuration], output), nl=False)
+    options.write_output(render_objects([configuration], output), output_file)

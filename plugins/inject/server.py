@@ -16,7 +16,6 @@ import asyncio
 import gc
 import logging
 import os
-import signal
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from meshctl import logs, webhook
 from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.errors import MeshctlError
 from meshctl.net.sockets import listener
+from meshctl.shutdown import StopSignals
 
 log = logging.getLogger(__name__)
 WHAT = "injection webhook"  # how the listening and ready lines name this daemon
@@ -116,20 +116,19 @@ async def _reload_certificates(config: webhook.TlsConfig, options: ServeOptions)
         log.info("serving certificate reloaded from %s", options.tls_cert)
 
 
-def serve(settings: InjectSettings, options: ServeOptions) -> None:
+def serve(settings: InjectSettings, options: ServeOptions) -> int:
     """Serves until SIGTERM or SIGINT, then drains for at most ``options.graceful_seconds``;
     a rotated certificate is picked up within ``options.reload_seconds``. Logs one line once
     listening and one once serving (at info, the daemons' default level)."""
     config = config_for(options)
     logs.listening(log, WHAT, [f"https://{config.where}/inject"])
-    asyncio.run(_serve(webhook.WebhookApp(settings), config, options))
+    return asyncio.run(_serve(webhook.WebhookApp(settings), config, options))
 
 
-async def _serve(app: webhook.WebhookApp, config: webhook.TlsConfig, options: ServeOptions) -> None:
+async def _serve(app: webhook.WebhookApp, config: webhook.TlsConfig, options: ServeOptions) -> int:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    signals = StopSignals(stop.set)
+    signals.install()
     # Everything imported so far lives as long as the process: keep it out of the collector's
     # full passes, which otherwise show up as the slowest requests (the p99 tail).
     gc.freeze()
@@ -138,4 +137,6 @@ async def _serve(app: webhook.WebhookApp, config: webhook.TlsConfig, options: Se
         await webhook.serve(app, config, stop)
     finally:
         reloading.cancel()
+        signals.remove()
     log.info("%s stopped", WHAT)
+    return signals.exit_code()

@@ -210,6 +210,43 @@ class Installer:
                     )
                 time.sleep(0.2)
 
+    def dry_run(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """``--dry-run=server``: every object as the API server would persist it (defaulted,
+        admitted; nothing persisted), in manifest order; an object the server cannot check yet
+        (its namespace or its CRD comes with this install) is kept as rendered and named in the
+        second list with why."""
+        answers: list[dict[str, Any]] = []
+        unchecked: list[str] = []
+        namespaces: dict[str, bool] = {}
+        for item in self.rendered:
+            if not self.inventory.mapper.served(item.api_version, item.kind):
+                unchecked.append(f"{item.key} (its CRD is installed with it)")
+                answers.append(item.object)
+                continue
+            resource = self.inventory.resource(item.object)
+            namespace = self.inventory.namespace_of(item.object)
+            if namespace and not namespaces.setdefault(namespace, self._exists(namespace)):
+                unchecked.append(f"{item.key} (namespace {namespace} is created with it)")
+                answers.append(item.object)
+                continue
+            answer = objects.apply(
+                self.kube,
+                resource,
+                item.object,
+                namespace,
+                field_manager=mf.FIELD_MANAGER,
+                force=True,
+                dry_run=True,
+            )
+            # As kubectl shows objects: without managedFields (its --show-managed-fields).
+            answer.get("metadata", {}).pop("managedFields", None)
+            answers.append(answer)
+        return answers, unchecked
+
+    def _exists(self, namespace: str) -> bool:
+        found = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+        return self.inventory.get(found) is not None
+
     # -- prune -----------------------------------------------------------------------------
 
     def prune(self) -> list[mf.Key]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,6 +22,9 @@ from meshctl.core.k8s.install.components import PROFILE_HELP, Registry, Values
 from meshctl.errors import CheckFailedError, MeshctlError, UserError
 from meshctl.output import OutputFormat, render, render_objects
 from meshctl.values import Duration
+
+if TYPE_CHECKING:
+    from .apply import Installer
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 uninstall_app = typer.Typer(
@@ -39,8 +43,8 @@ ProfileOpt = Annotated[
     typer.Option(
         "--profile",
         "-p",
-        metavar="PROFILE",
-        help="default, ambient, minimal or demo (those the installed components offer).",
+        metavar="|".join(PROFILE_HELP),
+        help="The profile (those the installed components offer; default: default).",
     ),
 ]
 SetOpt = Annotated[
@@ -91,8 +95,10 @@ def resolve(
     return registry, values, mf.render(registry, values)
 
 
-def print_manifest(rendered: Sequence[mf.Rendered], output: OutputFormat) -> None:
-    typer.echo(render_objects(mf.documents(rendered), output), nl=False)
+def print_manifest(
+    rendered: Sequence[mf.Rendered], output: OutputFormat, output_file: Path | None
+) -> None:
+    options.write_output(render_objects(mf.documents(rendered), output), output_file)
 
 
 def _connect(ctx: typer.Context) -> Any:
@@ -118,7 +124,7 @@ def _say(text: str) -> None:
     sys.stderr.flush()
 
 
-@app.command()
+@app.command(cls=options.DryRunCommand)
 def install(
     ctx: typer.Context,
     profile: ProfileOpt = None,
@@ -126,10 +132,9 @@ def install(
     files: FileOpt = None,
     revision: RevisionOpt = None,
     namespace: NamespaceOpt = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the manifest instead of applying it.")
-    ] = False,
+    dry_run: options.DryRunModeOption = "none",
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
     yes: YesOpt = False,
     force: Annotated[
         bool,
@@ -152,8 +157,8 @@ def install(
     """Render the profile with your values, apply it (server-side), prune, wait until ready."""
     timeout = readiness_timeout
     registry, values, rendered = resolve(profile, files, sets, revision, namespace)
-    if dry_run:
-        print_manifest(rendered, output)
+    if dry_run == "client":
+        print_manifest(rendered, output, output_file)
         return
     from meshctl.kube.inventory import Inventory
 
@@ -162,6 +167,11 @@ def install(
     from .wait import wait_ready
 
     kube = _connect(ctx)
+    if dry_run == "server":
+        installer = Installer(Inventory(kube), registry, values, rendered, say=_say)
+        answers = _server_dry_run(installer, force)
+        options.write_output(render_objects(answers, output), output_file)
+        return
     enabled = registry.enabled(values)
     titles = ", ".join(c.title for c in enabled)
     _confirm(
@@ -173,13 +183,7 @@ def install(
     installer = Installer(inventory, registry, values, rendered, say=_say)
     problems = installer.preflight()
     if problems and not force:
-        for problem in problems:
-            _say(f"  {problem.text}")
-        raise MeshctlError(
-            f"{len(problems)} object(s) in the way of the install (listed above)",
-            hint="delete them, or rerun with --force to take them over "
-            "(a copy of each is saved under " + str(config.state_dir() / "backups") + ")",
-        )
+        _refuse(problems)
     if problems:
         installer.take_over(problems)
     applied = installer.apply()
@@ -200,6 +204,52 @@ def install(
     _say(f"✔ meshctl {values.profile} profile installed (revision {values.revision})")
 
 
+def _delete_dry_run(inventory: Any, items: Sequence[dict[str, Any]], *, server: bool) -> None:
+    """``uninstall --dry-run``: what would be deleted, one ``kind.group/name`` a line as
+    ``kubectl delete --dry-run`` says it; ``server``: each delete also goes through the API
+    server's admission (``dryRun=All``), and nothing is deleted either way."""
+    from meshctl.kube import objects
+    from meshctl.output import object_name
+
+    lines = []
+    for obj in items:
+        meta = obj["metadata"]
+        resource = inventory.resource(obj)
+        namespace = meta.get("namespace") if resource.namespaced else None
+        if server:
+            objects.delete(inventory.kube, resource, meta["name"], namespace, dry_run=True)
+        where = f" -n {namespace}" if namespace else ""
+        lines.append(f"{object_name(obj)}{where} deleted ({'server ' if server else ''}dry run)")
+    typer.echo("\n".join(lines))
+
+
+def _refuse(problems: Sequence[Any]) -> None:
+    for problem in problems:
+        _say(f"  {problem.text}")
+    raise MeshctlError(
+        f"{len(problems)} object(s) in the way of the install (listed above)",
+        hint="delete them, or rerun with --force to take them over "
+        "(a copy of each is saved under " + str(config.state_dir() / "backups") + ")",
+    )
+
+
+def _server_dry_run(installer: Installer, force: bool) -> list[dict[str, Any]]:
+    """``--dry-run=server``: what an install would refuse (as it would: exit 1), then every
+    object as the API server would persist it; nothing is written, nothing taken over."""
+    problems = installer.preflight()
+    if problems and not force:
+        _refuse(problems)
+    answers, unchecked = installer.dry_run()
+    if unchecked:
+        shown = "; ".join(unchecked[:5]) + (
+            f"; and {len(unchecked) - 5} more" if len(unchecked) > 5 else ""
+        )
+        _say(
+            f"{len(unchecked)} object(s) not checked by the API server (shown as rendered): {shown}"
+        )
+    return answers
+
+
 @manifest_app.command("generate")
 def generate(
     profile: ProfileOpt = None,
@@ -208,13 +258,17 @@ def generate(
     revision: RevisionOpt = None,
     namespace: NamespaceOpt = None,
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the manifest 'meshctl install' would apply (as 'install --dry-run')."""
-    print_manifest(resolve(profile, files, sets, revision, namespace)[2], output)
+    print_manifest(resolve(profile, files, sets, revision, namespace)[2], output, output_file)
 
 
 @manifest_app.command("profiles")
-def profiles(output: options.OutputOption = OutputFormat.TABLE) -> None:
+def profiles(
+    output: options.OutputOption = OutputFormat.TABLE,
+    output_file: options.OutputFileOption = None,
+) -> None:
     """List the profiles the installed components offer."""
     from meshctl import components
 
@@ -229,10 +283,10 @@ def profiles(output: options.OutputOption = OutputFormat.TABLE) -> None:
         }
         for name in registry.profiles()
     ]
-    typer.echo(render(rows, output, names=[str(r["profile"]) for r in rows]), nl=False)
+    options.write_output(render(rows, output, names=[str(r["profile"]) for r in rows]), output_file)
 
 
-@uninstall_app.command()
+@uninstall_app.command(cls=options.DryRunCommand)
 def uninstall(
     ctx: typer.Context,
     revision: RevisionOpt = None,
@@ -255,6 +309,7 @@ def uninstall(
             show_default=False,
         ),
     ] = 300.0,
+    dry_run: options.DryRunModeOption = "none",
 ) -> None:
     """Remove an install revision (default: 'default'), or with --purge all of meshctl."""
     if purge and revision is not None:
@@ -279,6 +334,9 @@ def uninstall(
     )
     if not items:
         _say(f"nothing of {what} is installed in {kube.source}")
+        return
+    if dry_run != "none":
+        _delete_dry_run(inventory, items, server=dry_run == "server")
         return
     _confirm(f"This removes {what}: {len(items)} objects from {kube.source}. Proceed?", yes)
     for stage in remove.stages(items):

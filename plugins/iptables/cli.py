@@ -267,20 +267,22 @@ def render_cmd(
     cleanup: Annotated[
         bool, typer.Option("--cleanup", help="Print the derived cleanup set instead.")
     ] = False,
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the iptables-restore input for these settings (no kernel involved)."""
     built = plan(_settings(ctx, capture))
     families = _families(built, family)
+    text = ""
     for fam in families:
         ruleset = built.ruleset(fam)
         body = rendering.cleanup(ruleset) if cleanup else rendering.render(ruleset)
         if len(families) > 1 or family != "all":
-            typer.echo(_family_header(fam, "cleanup" if cleanup else "apply"), nl=False)
-        typer.echo(body, nl=False)
+            text += _family_header(fam, "cleanup" if cleanup else "apply")
+        text += body
     if not cleanup and not built.routing.is_empty():
-        typer.echo("# policy routing (meshctl applies it with netlink):")
-        for line in built.routing.lines():
-            typer.echo(f"#   {line}")
+        text += "# policy routing (meshctl applies it with netlink):\n"
+        text += "".join(f"#   {line}\n" for line in built.routing.lines())
+    options.write_output(text, output_file)
 
 
 def _families(built: CapturePlan, choice: str) -> tuple[Family, ...]:
@@ -399,7 +401,8 @@ def trace_cmd(
     ctx: typer.Context,
     capture: dict[str, Any],
     dst: Annotated[
-        str, typer.Option("--dst", metavar="IP:PORT", help="Destination ([v6]:port for IPv6).")
+        str,
+        options.option("--dst", parse=values.ENDPOINT, help="Destination ([v6]:port for IPv6)."),
     ],
     src: Annotated[
         str | None, options.address("--src", help="Source IP (default: assumed).")
@@ -436,6 +439,7 @@ def trace_cmd(
     output: Annotated[OutputFormat, options.output(short=False, why_not_o=WHY_NOT_O)] = (
         OutputFormat.TABLE
     ),
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Evaluate the rules for one connection (no kernel) and show every rule it meets."""
     settings = _settings(ctx, capture)
@@ -450,7 +454,7 @@ def trace_cmd(
     result = trace(built.ruleset(family), conn)
     verdict = f"{result.verdict}/{result.port}" if result.port else result.verdict
     text = format_trace(result, title=settings.describe())
-    typer.echo(render(result.to_dict(), output, table=text, names=[verdict]), nl=False)
+    options.write_output(render(result.to_dict(), output, table=text, names=[verdict]), output_file)
 
 
 def _connection(

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -28,6 +29,7 @@ from meshctl.core.k8s.install.checks import (
     report_text,
     selected,
 )
+from meshctl.core.k8s.install.components import PROFILE_HELP
 from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render
 from meshctl.values import Duration, format_duration
@@ -62,6 +64,7 @@ def verify(
         bool, typer.Option("--pre", help="Before install: can this cluster take the mesh?")
     ] = False,
     output: options.OutputOption = OutputFormat.TABLE,
+    output_file: options.OutputFileOption = None,
     wait: Annotated[
         float | None,
         options.option(
@@ -89,7 +92,10 @@ def verify(
     profile: Annotated[
         str | None,
         typer.Option(
-            "--profile", "-p", metavar="PROFILE", help="With --pre: the profile to install."
+            "--profile",
+            "-p",
+            metavar="|".join(PROFILE_HELP),
+            help="With --pre: the profile to install.",
         ),
     ] = None,
     sets: Annotated[
@@ -108,7 +114,6 @@ def verify(
     from meshctl import components
     from meshctl.core.k8s.install import manifest as mf
     from meshctl.core.k8s.install.context import CheckContext
-    from meshctl.kube.client import connect
     from meshctl.kube.inventory import Inventory
 
     from . import builtin
@@ -123,18 +128,20 @@ def verify(
         raise UserError(f"--workload {workload!r}: expected NAMESPACE/POD", hint="e.g. shop/web-1")
     if workload is not None and pre:
         raise UserError("--workload checks a running pod: not with --pre", hint="drop one of them")
-    kube = connect(options.kube_settings(ctx))  # --kubeconfig, --context, --request-timeout
     registry = components.load()
     flags = {"revision": revision, "namespace": namespace}
     record = None
-    if pre:
+    if pre:  # what the user gave is checked before anything connects (a bad -f is exit 2)
         values = registry.resolve(
             profile=profile,
             files=options.values_sources(files or ()),
             assignments=list(sets or ()),
             flags=flags,
         )
-    else:
+    kube = _reach(ctx, deadline)
+    if isinstance(kube, Ran):  # no cluster: its failed check is the whole report
+        _report([kube], output, output_file)
+    if not pre:
         base = registry.resolve(profile=None, flags=flags)
         record = _record(kube, base.revisioned(mf.RECORD_NAME), base.namespace)
         values = _installed_values(registry, record, flags) if record else base
@@ -165,12 +172,43 @@ def verify(
         time.sleep(RETRY_INTERVAL)
         if not pre:
             record = _record(kube, values.revisioned(mf.RECORD_NAME), values.namespace)
+    _report(ran, output, output_file)
+
+
+def _report(ran: list[Ran], output: OutputFormat, output_file: Path | None) -> None:
     failing = [r for r in ran if r.result.outcome is Outcome.FAIL]
     names = [f"{r.check.category}: {r.check.description}" for r in failing]
-    typer.echo(render(report_json(ran), output, table=report_text(ran), names=names), nl=False)
+    options.write_output(
+        render(report_json(ran), output, table=report_text(ran), names=names), output_file
+    )
     code = exit_code(ran)
     if code:
         raise typer.Exit(code)
+
+
+def _reach(ctx: typer.Context, wait: float) -> Any:
+    """A client of a cluster that answers (``/version``), or, when none does within ``--wait``,
+    the failed "can reach the cluster" check, worded as ``version --server`` words it."""
+    from meshctl.kube.client import connect
+    from meshctl.kube.version import server_version
+
+    from .builtin import REACH
+
+    give_up = time.monotonic() + wait
+    while True:
+        try:
+            kube = connect(options.kube_settings(ctx))  # --kubeconfig, --context, timeout
+            server_version(kube)
+        except MeshctlError as exc:
+            if time.monotonic() + RETRY_INTERVAL > give_up:
+                hint = exc.hint or "check --kubeconfig and --context"
+                return Ran(check=REACH, result=Result.fail(exc.message, hint))
+            sys.stderr.write(
+                f"cannot reach the cluster; retrying (--wait {format_duration(wait)})\n"
+            )
+            time.sleep(RETRY_INTERVAL)
+            continue
+        return kube
 
 
 def _record(kube: Any, name: str, namespace: str) -> dict[str, Any] | None:

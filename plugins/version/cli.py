@@ -19,6 +19,7 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_mar
 def version(
     ctx: typer.Context,
     output: options.OutputOption = OutputFormat.TABLE,
+    output_file: options.OutputFileOption = None,
     server: Annotated[
         bool, typer.Option("--server", help="Also ask the Kubernetes API server for its version.")
     ] = False,
@@ -35,7 +36,7 @@ def version(
             data["server"] = server_version(connect(options.kube_settings(ctx)))
         except MeshctlError as exc:  # the client's half is printed first, as kubectl does
             failure = exc
-    typer.echo(render(data, output, table=_table(data), names=_names(data)), nl=False)
+    options.write_output(render(data, output, table=_table(data), names=_names(data)), output_file)
     if failure is not None:
         raise failure
 

@@ -128,10 +128,20 @@ def run(
     secret_ttl: Annotated[
         float | None, _setting("secret_ttl", "Certificate lifetime to request (24h).")
     ] = None,
+    run_dir: Annotated[
+        str | None,
+        _setting(
+            "run_dir",
+            "This run's files, e.g. the workers' metrics; what a killed run left there is "
+            "removed at start ($TMPDIR/meshctl-ztunnel-UID).",
+            metavar="DIR",
+        ),
+    ] = None,
 ) -> None:
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
     flags = {k: v for k, v in locals().items() if k != "ctx"}  # first: only the options
     level = options.daemon_logging(ctx)  # info unless a level was given: listening, ready
+    from . import rundir
     from .listeners import bind_all
     from .supervisor import modes
     from .supervisor.handover import Handover, become_supervisor
@@ -152,6 +162,7 @@ def run(
     # sources as the supervisor will (quietly: it logs when it builds them again); then this
     # process becomes the lean supervisor (exec: same pid), leaving the CLI's libraries behind.
     checked = None
+    rundir.prepare(modes.run_dir(settings))
     if settings.node_mode:
         modes.node_sources(settings, quiet=True)
     else:
@@ -315,15 +326,17 @@ def manifest_cmd(
     image: options.ImageOption = None,
     ca_address: Annotated[
         str | None,
-        typer.Option(
-            metavar="HOST:PORT",
+        options.option(
+            "--ca-address",
+            parse=values.DIAL_ADDRESS,
             help="Mesh CA (default: meshctl-controlplane.<namespace>.svc:15012).",
         ),
     ] = None,
     xds_address: Annotated[
         str | None,
-        typer.Option(
-            metavar="HOST:PORT",
+        options.option(
+            "--xds-address",
+            parse=values.DIAL_ADDRESS,
             help="Discovery (default: meshctl-controlplane.<namespace>.svc:15012).",
         ),
     ] = None,
@@ -336,17 +349,22 @@ def manifest_cmd(
         ),
     ] = 1,
     output: options.OutputOption = OutputFormat.YAML,
+    output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the DaemonSet that runs the ambient node proxy ('ztunnel run --mode node')."""
     from meshctl.core.k8s.image import default_image
+    from meshctl.core.k8s.install.manifest import namespace_object
 
     from .manifest import objects
 
-    items = objects(
-        namespace=namespace,
-        image=image or default_image(),
-        ca_address=ca_address or "",
-        xds_address=xds_address or "",
-        workers=workers,
-    )
-    typer.echo(render_objects(items, output), nl=False)
+    items = [
+        namespace_object(namespace),
+        *objects(
+            namespace=namespace,
+            image=image or default_image(),
+            ca_address=ca_address or "",
+            xds_address=xds_address or "",
+            workers=workers,
+        ),
+    ]
+    options.write_output(render_objects(items, output), output_file)

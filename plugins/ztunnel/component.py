@@ -14,6 +14,7 @@ from meshctl.core.k8s.install.context import CheckContext, rollout
 from meshctl.core.k8s.install.values import Field
 
 from . import manifest as node_manifest
+from .settings import MAX_WORKERS
 
 
 def _render_node_proxy(values: Values) -> list[dict[str, Any]]:
@@ -49,7 +50,13 @@ node_proxy = Component(
     phase=20,
     revisioned=False,
     schema={
-        "workers": Field(kind="int", default=1, minimum=1, help="data-plane workers per node"),
+        "workers": Field(
+            kind="int",
+            default=1,
+            minimum=1,
+            maximum=MAX_WORKERS,
+            help="data-plane workers per node",
+        ),
     },
     profiles={"ambient": {"enabled": True}},
     render=_render_node_proxy,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import socket
 
-from meshctl.errors import MeshctlError
-from meshctl.net.sockets import PortInUseError, listener
+from meshctl.errors import MeshctlError, PortInUseError
+from meshctl.net.sockets import listener
 
 from .settings import ZtunnelSettings
 

@@ -11,6 +11,7 @@ from meshctl.core.wire.zds import DEFAULT_SOCKET
 from meshctl.errors import ConfigError
 
 _DURATION_HINT = f"write a duration, {values.DURATION_EXAMPLES}"
+_ADDRESS_HINT = "write HOST:PORT, e.g. meshctl-controlplane.meshctl-system.svc:15012"
 MAX_WORKERS = 64
 
 
@@ -65,7 +66,9 @@ class ZtunnelSettings:
     cert_dir: str = setting("/var/run/secrets/workload-spiffe-credentials", env="MESHCTL_CERT_DIR")
     # The mesh CA (ztunnel's CA_ADDRESS, istio-agent's CA_ADDR): certificates from
     # CreateCertificate when set and no certificate files are mounted in cert_dir.
-    ca_address: str | None = setting(None, env=("CA_ADDRESS", "CA_ADDR"))
+    ca_address: str | None = setting(
+        None, env=("CA_ADDRESS", "CA_ADDR"), parse=values.DIAL_ADDRESS, hint=_ADDRESS_HINT
+    )
     ca_root: str = setting("/var/run/secrets/istio/root-cert.pem", env="CA_ROOT_CA")
     ca_server_name: str | None = setting(None, env="ALT_CA_HOSTNAME")
     # A token file (read on every call) or, if no such file exists, the token itself (ztunnel).
@@ -114,9 +117,13 @@ class ZtunnelSettings:
     # Node mode: the node agent's ZDS socket; a development CA for pod certificates when no
     # mesh CA (``ca_address``) is given.
     inpod_uds: str = setting(DEFAULT_SOCKET, env="INPOD_UDS")
+    # Files that live as long as this run (the workers' metrics); "": $TMPDIR/meshctl-ztunnel-UID.
+    run_dir: str = setting("", env="MESHCTL_RUN_DIR")
     ca_dir: str | None = setting(None, env="MESHCTL_CA_DIR")
     # Discovery (ztunnel's names): the control plane, its roots, the token, who we are.
-    xds_address: str | None = setting(None, env="XDS_ADDRESS")
+    xds_address: str | None = setting(
+        None, env="XDS_ADDRESS", parse=values.DIAL_ADDRESS, hint=_ADDRESS_HINT
+    )
     xds_root_ca: str = setting("/var/run/secrets/istio/root-cert.pem", env="XDS_ROOT_CA")
     alt_xds_hostname: str | None = setting(None, env="ALT_XDS_HOSTNAME")
     xds_on_demand: bool = setting(False, env="XDS_ON_DEMAND")

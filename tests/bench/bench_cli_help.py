@@ -1,4 +1,5 @@
-"""Benchmark: start-up of `meshctl --help` and every group's `--help`, beside `python -c pass`.
+"""Benchmark: start-up of `meshctl --help`, every group's `--help` and a shell's <TAB>, beside
+`python -c pass`.
 
 (bench_help.py measures the root help per frozen form; this one every command, against a
 baseline meshctl, for the rule that no help gets slower than today.)
@@ -7,8 +8,9 @@ Run: python -m tests.bench.bench_cli_help [--runs N] [--binary dist/meshctl] [--
 Prints median and p90 CPU time (user + system) of each command measured in the same run.
 ``--baseline`` names another meshctl (e.g. the console script of a venv built from main): each
 command is then timed for both, interleaved run by run, so a busy machine slows both alike.
-Targets: the root help <= 150 ms unfrozen, <= 400 ms frozen; every other command within 10% of
-the baseline. ``--smoke`` (CI): two runs of three commands, asserting only that figures came out.
+Targets: the root help <= 150 ms unfrozen, <= 400 ms frozen; a <TAB> (the shell's completion
+request, answered from the cached command tree) <= 100 ms; every other command within 10% of the
+baseline. ``--smoke`` (CI): two runs of three commands, asserting only that figures came out.
 Not part of the test suite: figures, not a gate.
 """
 
@@ -47,25 +49,51 @@ COMMANDS: tuple[tuple[str, ...], ...] = (
 )
 SMOKE_COMMANDS = COMMANDS[:1] + COMMANDS[2:4]
 
+# What a shell asks on a <TAB> (bash's request; zsh and fish send the same words otherwise): the
+# root's commands, a subcommand's options, and option values, nested plugins included.
+TAB_REQUESTS: tuple[str, ...] = (
+    "meshctl vers",
+    "meshctl ztunnel run --mo",
+    "meshctl ztunnel run --mode ",
+    "meshctl install --profile ",
+    "meshctl inject webhook-c",
+    "meshctl xyz ",
+)
+TAB_TARGET_MS = 100.0
 
-def once(argv: list[str]) -> float | None:
+
+def tab_env(words: str) -> dict[str, str]:
+    """The variables bash's completion function sets for ``words`` (the last one incomplete)."""
+    count = len(words.split()) + (1 if words.endswith(" ") else 0)
+    return {"_MESHCTL_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(count - 1)}
+
+
+def once(argv: list[str], env: dict[str, str] | None = None) -> float | None:
     """CPU milliseconds (user + system) of one run of ``argv``, or None if it failed (a command
     this build lacks). CPU time, not wall time: on a machine shared with other jobs it is what
     start-up costs, while the wall time mostly measures the neighbours."""
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, **env} if env else None,
+    )
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     elapsed = (usage.ru_utime + usage.ru_stime) * 1000
     return elapsed if process.returncode == 0 else None
 
 
-def measure(variants: dict[str, list[str]], runs: int) -> dict[str, list[float]]:
-    """``runs`` timings per variant, interleaved, after one warm-up run of each."""
+def measure(
+    variants: dict[str, list[str]], runs: int, env: dict[str, str] | None = None
+) -> dict[str, list[float]]:
+    """``runs`` timings per variant, interleaved, after one warm-up run of each (for a <TAB>:
+    the run that builds the cached tree)."""
     times: dict[str, list[float]] = {name: [] for name in variants}
-    alive = {name for name, argv in variants.items() if once(argv) is not None}
+    alive = {name for name, argv in variants.items() if once(argv, env) is not None}
     for _ in range(runs):
         for name in sorted(alive):
-            elapsed = once(variants[name])
+            elapsed = once(variants[name], env)
             if elapsed is None:
                 alive.discard(name)
                 times[name] = []
@@ -83,7 +111,7 @@ def row(label: str, words: tuple[str, ...], times: dict[str, list[float]]) -> st
     """One printed line: this build's figures, the baseline's and the change, and a verdict."""
     median, p90 = summary(times["this"])
     line = f"{label:<30} {median:>10.1f} {p90:>8.1f}"
-    target = TARGETS_MS.get(" ".join(words))
+    target = TAB_TARGET_MS if label.startswith("<TAB>") else TARGETS_MS.get(" ".join(words))
     verdict = "" if target is None else ("meets" if median <= target else "MISSES")
     if "baseline" in times:
         if times["baseline"]:
@@ -126,6 +154,17 @@ def main() -> int:
         figures[label] = summary(times["this"])[0] if times["this"] else None
         if times["this"]:
             print(row(label, words, times))
+        else:
+            print(f"{label:<30} {'failed':>10}")
+    for words in TAB_REQUESTS[:2] if args.smoke else TAB_REQUESTS:
+        variants = {"this": [script]}
+        if args.baseline:
+            variants["baseline"] = [args.baseline]
+        times = measure(variants, runs, tab_env(words))
+        label = f"<TAB> {words!r}"
+        figures[label] = summary(times["this"])[0] if times["this"] else None
+        if times["this"]:
+            print(row(label, (), times))
         else:
             print(f"{label:<30} {'failed':>10}")
     if Path(args.binary).is_file():

@@ -159,3 +159,27 @@ def test_the_cni_role_runs_the_function_its_entry_point_names():
     (ep,) = importlib.metadata.entry_points(group="meshctl.plugins", name=entry.CNI_PLUGIN_COMMAND)
     assert ep.value == entry.CNI_PLUGIN_TARGET
     assert entry.cni_plugin() is ep.load()
+
+
+def test_the_installed_distribution_has_a_meshctl_cni_executable_that_is_the_plugin():
+    """README: "the binary as meshctl-cni": pip creates it beside meshctl (a console script)."""
+    import importlib.metadata
+    import os
+    import subprocess
+    import sys
+
+    (script,) = importlib.metadata.entry_points(group="console_scripts", name="meshctl-cni")
+    assert script.value == "meshctl.entry:run"
+    executable = Path(sys.executable).parent / "meshctl-cni"
+    assert os.access(executable, os.X_OK), f"no {executable}: reinstall (pip install -e .)"
+    done = subprocess.run(
+        [str(executable)],
+        input=json.dumps({"cniVersion": "1.0.0", "name": "n", "type": "meshctl-cni"}),
+        env={**os.environ, "CNI_COMMAND": "VERSION"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["supportedVersions"] == list(spec.SUPPORTED_VERSIONS)

@@ -8,6 +8,7 @@ next start), never another's; unknown tokens and a bad token file get their docu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import subprocess
 import sys
@@ -189,3 +190,103 @@ def test_a_bad_token_file_is_refused_with_its_line(tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith(f"Error: {tokens}:2: expected token,user,uid")
     assert "Traceback" not in result.stderr
+    assert not (tmp_path / "ca").exists()  # refused before a root was minted
+
+
+def _start_plain(tmp: Path, address: str, port: int) -> subprocess.Popen[str]:
+    """The CA as docs/controlplane.md's laptop flow starts it: no --serving-names."""
+    tokens = tmp / "tokens.csv"
+    tokens.write_text(TOKENS)
+    argv = [sys.executable, "-m", "meshctl", "controlplane", "ca", "--ca-dir", str(tmp / "ca")]
+    argv += ["--tokens", str(tokens), "--grpc-address", address]
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the CA did not listen")
+
+
+def _ask_at(dial: str, roots: bytes, identity: SpiffeId) -> list[str]:
+    async def call() -> list[str]:
+        client = CaClient(dial, auth=rpc.CallAuth(token="tok-client"))
+        try:
+            csr, _key = certs.new_csr(identity)
+            return await client.create(csr, roots=roots, ttl_seconds=3600)
+        finally:
+            await client.close()
+
+    return asyncio.run(call())
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1", ""])  # one address, and every address
+def test_the_ca_serves_the_names_it_listens_on_so_the_laptop_flow_verifies(tmp_path, listen):
+    port = _free_port()
+    proc = _start_plain(tmp_path, f"{listen}:{port}", port)
+    try:
+        roots = (tmp_path / "ca" / "ca-cert.pem").read_bytes()
+        me = SpiffeId("cluster.local", "default", "client")
+        for dial in (f"127.0.0.1:{port}", f"localhost:{port}"):
+            assert _san(_ask_at(dial, roots, me)) == [str(me)], dial
+    finally:
+        proc.terminate()
+        assert proc.wait(15) == 0
+        _, err = proc.communicate()
+    # Like every daemon at its default level: one line once listening, one once ready.
+    listening = [line for line in err.splitlines() if "CA listening on" in line]
+    ready = [line for line in err.splitlines() if "CA ready" in line]
+    assert len(listening) == 1, err
+    assert f"gRPC (CA) {listen or '0.0.0.0'}:{port}" in listening[0]  # noqa: S104
+    assert len(ready) == 1, err
+    assert " INFO " in ready[0]
+    assert "127.0.0.1" in ready[0]
+    assert "localhost" in ready[0]
+
+
+def test_a_client_that_can_never_verify_the_ca_says_why_once_with_a_hint(tmp_path, caplog):
+    import logging
+
+    from meshctl.proxy.ca_client import CaFeed
+
+    port = _free_port()
+    proc = _start_plain(tmp_path, f"127.0.0.1:{port}", port)
+    token = tmp_path / "token"
+    token.write_text("tok-client")
+    me = SpiffeId("cluster.local", "default", "client")
+
+    async def scenario() -> CaFeed:
+        client = CaClient(
+            f"127.0.0.1:{port}", auth=rpc.CallAuth(token_file=token), server_name="ca.example"
+        )
+        feed = CaFeed(
+            client=client,
+            identity=me,
+            root_file=tmp_path / "ca" / "ca-cert.pem",
+            ttl_seconds=3600,
+            local_config=None,
+        )
+        runner = asyncio.ensure_future(feed.run())
+        await asyncio.sleep(4)  # several retries (0.5 s doubling)
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+        return feed
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="meshctl.proxy.ca_client"):
+            feed = asyncio.run(scenario())
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    told = [r for r in caplog.records if "hostname verification" in r.getMessage()]
+    assert len(told) == 1, [r.getMessage() for r in caplog.records]
+    assert told[0].levelname == "ERROR"
+    text = told[0].getMessage()
+    assert "does not name 'ca.example'" in text
+    assert "--serving-names ca.example" in text  # the hint: what to change
+    assert "Custom verification check" not in text  # grpc's words are replaced, not repeated
+    assert feed.status.last_error.endswith("(hostname verification)")

@@ -39,7 +39,11 @@ class Node:
 
     @property
     def options(self) -> list[TyperOption]:
-        return [p for p in self.command.params if isinstance(p, TyperOption) and p.expose_value]
+        return [
+            p
+            for p in self.command.params
+            if isinstance(p, TyperOption) and p.expose_value and not p.hidden
+        ]
 
 
 def _walk() -> Iterator[Node]:
@@ -169,7 +173,9 @@ def test_short_flags_mean_the_same_everywhere(node):
         for short, meaning in SHORT_MEANINGS.items():
             if short in param.opts:
                 allowed = {meaning} | (
-                    {ISTIO_SHORT_FLAGS[short]} if node.path[:1] == ("iptables",) else set()
+                    {ISTIO_SHORT_FLAGS[short]}
+                    if node.path[:1] == ("iptables",) and short in ISTIO_SHORT_FLAGS
+                    else set()
                 )
                 assert _long(param) in allowed, f"meshctl {node.id}: {short} is {_long(param)}"
 
@@ -354,3 +360,173 @@ def test_help_of_every_command_imports_neither_rich_nor_a_kubernetes_client():
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+# --- HOST:PORT ------------------------------------------------------------------------------
+
+
+def _required_samples(node: Node, tmp_path: Path, skip: TyperOption) -> list[str]:
+    """Values for the command's other required options, so only the one tested can fail."""
+    words: list[str] = []
+    for param in node.options:
+        if param.required and param is not skip:
+            words += _sample(param, tmp_path)
+    return words
+
+
+HOST_PORT_OPTIONS = [
+    (n, p) for n in COMMANDS for p in n.options if _metavar(p, n.ctx) in ("HOST:PORT", "IP:PORT")
+]
+
+
+def test_the_host_port_options_are_the_ones_the_docs_name():
+    found = {(n.id, _long(p)) for n, p in HOST_PORT_OPTIONS}
+    assert {
+        ("ztunnel run", "--ca-address"),
+        ("ztunnel run", "--xds-address"),
+        ("ztunnel manifest", "--ca-address"),
+        ("controlplane run", "--grpc-address"),
+        ("controlplane ca", "--grpc-address"),
+        ("cni install", "--readiness-address"),
+        ("iptables trace", "--dst"),
+    } <= found
+
+
+@pytest.mark.parametrize(
+    ("node", "param"), HOST_PORT_OPTIONS, ids=[f"{n.id} {_long(p)}" for n, p in HOST_PORT_OPTIONS]
+)
+def test_every_host_port_is_checked_while_parsing_with_its_range(node, param, capsys, tmp_path):
+    parse = _parse(param)
+    assert isinstance(parse, values.ListenAddress | values.DialAddress | values.Endpoint), (
+        f"meshctl {node.id} {_long(param)}: HOST:PORT without values.ListenAddress/DialAddress"
+    )
+    for bad, reason in (("127.0.0.1:70000", "port 70000 is out of range"), ("nonsense", "")):
+        args = [*node.path, *_required_samples(node, tmp_path, param), _long(param), bad]
+        code, _, err = run(capsys, *args)
+        assert code == 2, f"meshctl {' '.join(args)}: {err}"
+        assert f"Invalid value for '{_long(param)}'" in err, err
+        assert reason in err, err
+        assert "65535" in err, err  # the allowed range is in the message
+
+
+# --- choices and durations in help ------------------------------------------------------------
+
+
+@by_id(TREE)
+def test_an_option_with_fixed_choices_shows_them_as_its_metavar(node):
+    for param in node.options:
+        parse = _parse(param)
+        choices = parse.choices if isinstance(parse, values.Choice) else tuple(_choices(param))
+        if not choices or param.is_flag:
+            continue
+        assert _metavar(param, node.ctx) == "|".join(choices), (
+            f"meshctl {node.id} {_long(param)}: metavar {_metavar(param, node.ctx)!r}"
+        )
+
+
+def test_the_root_profile_and_mode_options_show_their_choices():
+    shown = {(n.id, _long(p)): _metavar(p, n.ctx) for n in TREE for p in n.options}
+    assert shown[("(root)", "--log-level")] == "debug|info|warning|error"
+    assert shown[("(root)", "--log-format")] == "text|json"
+    assert shown[("demo", "--mode")] == "ambient|sidecar"
+    for where in (("install", "--profile"), ("verify", "--profile")):
+        assert shown[where] == "default|ambient|minimal|demo"
+
+
+@by_id(TREE)
+def test_a_duration_default_is_shown_as_a_duration(node):
+    for param in node.options:
+        if not isinstance(_parse(param), values.Duration) or param.hidden:
+            continue
+        record = param.get_help_record(node.ctx)
+        assert record is not None
+        shown = re.search(r"\[default: ([^\]]+)\]", record[1])
+        if shown:
+            assert re.fullmatch(r"(\d+[dhms]|\d+ms)+", shown.group(1)), (
+                f"meshctl {node.id} {_long(param)}: default shown as {shown.group(1)!r}"
+            )
+
+
+def test_durations_that_were_seconds_take_durations_and_the_old_spelling_still_works(
+    capsys, tmp_path
+):
+    _, out, _ = run(capsys, "inject", "webhook", "--help")
+    assert "--drain-deadline DURATION" in out
+    assert "[default: 5s]" in out
+    assert "--drain-seconds" not in out  # the old name works but is not advertised
+    _, out, _ = run(capsys, "inject", "webhook-config", "--help")
+    assert "--timeout DURATION" in out
+    assert "[default: 10s]" in out
+    bundle = str(tmp_path / "ca.crt")
+    Path(bundle).write_text("-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n")
+    for given, seconds in (("7", 7), ("15s", 15)):
+        code, out, err = run(
+            capsys, "inject", "webhook-config", "--ca-bundle", bundle, "--url",
+            "https://h:15017/inject", "--timeout", given, "-o", "json",
+        )  # fmt: skip
+        assert code == 0, err
+        assert json.loads(out)["webhooks"][0]["timeoutSeconds"] == seconds
+    for given, reason in (("31s", "(1s to 30s)"), ("1.5s", "not a whole number of seconds")):
+        code, _, err = run(
+            capsys, "inject", "webhook-config", "--ca-bundle", bundle, "--url", "https://h/x",
+            "--timeout", given,
+        )  # fmt: skip
+        assert code == 2, err
+        assert reason in err
+
+
+# --- -O/--output-file -------------------------------------------------------------------------
+
+# Each data command with arguments that make it print its data without a cluster or a kernel.
+DATA_COMMANDS: dict[str, list[str]] = {
+    "version": [],
+    "completion": ["bash"],
+    "inject": ["-f", "{manifest}"],
+    "inject webhook-config": ["--ca-bundle", "{pem}", "--url", "https://h:15017/inject"],
+    "ztunnel manifest": [],
+    "cni manifest": [],
+    "controlplane manifest": [],
+    "install": ["--dry-run"],
+    "manifest generate": [],
+    "manifest profiles": [],
+    "iptables render": [],
+    "iptables trace": ["--dst", "10.0.0.1:80"],
+    "verify": ["--kubeconfig", "{missing}"],  # no cluster: the failed check is the data
+}
+
+
+def test_every_command_that_prints_data_takes_output_file():
+    takes_o = {n.id for n in COMMANDS if any(_long(p) == "--output" for p in n.options)}
+    takes_big_o = {n.id for n in COMMANDS if any(_long(p) == "--output-file" for p in n.options)}
+    assert takes_o <= takes_big_o, f"-o without -O: {sorted(takes_o - takes_big_o)}"
+    assert takes_big_o <= set(DATA_COMMANDS), (
+        f"add to DATA_COMMANDS: {takes_big_o - set(DATA_COMMANDS)}"
+    )
+
+
+@pytest.mark.parametrize("command", sorted(DATA_COMMANDS))
+def test_output_file_holds_exactly_what_stdout_would(command, capsys, tmp_path):
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(
+        "kind: Pod\napiVersion: v1\nmetadata: {name: a}\nspec: {containers: [{name: a}]}\n"
+    )
+    pem = tmp_path / "ca.crt"
+    pem.write_text("-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n")
+    places = {"manifest": manifest, "pem": pem, "missing": tmp_path / "no-kubeconfig"}
+    args = [a.format(**places) for a in DATA_COMMANDS[command]]
+    code, out, err = run(capsys, *command.split(), *args)
+    target = tmp_path / "out" / "data.txt"
+    target.parent.mkdir()
+    code_o, out_o, err_o = run(capsys, *command.split(), *args, "-O", str(target))
+    assert (code_o, code) in ((0, 0), (3, 3)), err + err_o
+    assert out, f"meshctl {command} printed nothing"
+    assert out_o == ""
+    assert target.read_text() == out
+
+
+@pytest.mark.parametrize("plugin", ["cni", "controlplane", "ztunnel"])
+def test_a_manifest_command_puts_its_namespace_first(plugin, capsys):
+    code, out, err = run(capsys, plugin, "manifest", "-n", "mesh-x", "-o", "json")
+    assert code == 0, err
+    first = json.loads(out)["items"][0]
+    assert (first["kind"], first["metadata"]["name"]) == ("Namespace", "mesh-x")

@@ -469,8 +469,8 @@ def test_no_color_turns_off_the_diff_colour_on_a_terminal():
 
 def test_empty_stdin_says_nothing_was_read():
     result = meshctl("inject", "-f", "-", stdin="")
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stdout == ""
     assert "no Kubernetes object was read from <stdin>" in one_error(result)
     comments = meshctl("inject", "-f", "-", stdin="# only a comment\n---\n")
-    assert comments.returncode == 1
+    assert comments.returncode == 2

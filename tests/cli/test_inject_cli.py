@@ -171,7 +171,7 @@ def test_bad_input_exits_1_and_writes_nothing(case, tmp_path):
             cwd=tmp_path,
             check=False,
         )
-        assert result.returncode == 1
+        assert result.returncode == 2  # input the user gave cannot be used (docs/cli.md)
         assert result.stdout == ""
         lines = result.stderr.splitlines()
         assert len(lines) == 2, result.stderr
@@ -184,7 +184,7 @@ def test_bad_input_exits_1_and_writes_nothing(case, tmp_path):
 
 def test_a_missing_file_is_a_clean_error(capsys):
     code, out, err = run(capsys, "inject", "-f", "/nonexistent/deploy.yaml")
-    assert code == 1
+    assert code == 2
     assert out == ""
     assert err.startswith("Error: cannot read /nonexistent/deploy.yaml: No such file")
 
@@ -193,7 +193,7 @@ def test_binary_input_is_a_clean_error(tmp_path, capsys):
     blob = tmp_path / "blob.yaml"
     blob.write_bytes(b"\xff\xfe\x00junk")
     code, out, err = run(capsys, "inject", "-f", str(blob))
-    assert (code, out) == (1, "")
+    assert (code, out) == (2, "")
     assert "is not UTF-8 text" in err
 
 
@@ -261,12 +261,67 @@ def test_webhook_config_needs_exactly_one_target(tmp_path, capsys):
     assert run(capsys, "inject", "webhook-config", "--ca-bundle", str(ca), *both)[0] == 2
 
 
-def test_webhook_refuses_unusable_tls_files(tmp_path, capsys):
-    cert = tmp_path / "tls.crt"
-    cert.write_text("not a certificate")
-    code, _, err = run(capsys, "inject", "webhook", "--tls-cert", str(cert), "--tls-key", str(cert))
-    assert code == 1
-    assert err.startswith("Error: cannot load the TLS certificate")
+def _tls_files(tmp_path):
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography.hazmat.primitives import serialization
+
+    from meshctl.core.pki import certs
+
+    now = datetime.now(UTC)
+    one = certs.mint_root(trust_domain="td", now=now, ttl=timedelta(days=1))
+    two = certs.mint_root(trust_domain="td", now=now, ttl=timedelta(days=1))
+    key = serialization.load_pem_private_key(one.key_pem, password=None)
+    encrypted = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.BestAvailableEncryption(b"secret"),
+    )
+    files = {
+        "cert": one.cert_pem,
+        "key": one.key_pem,
+        "other.key": two.key_pem,
+        "encrypted.key": encrypted,
+        "junk": b"not a certificate\n",
+        "binary": bytes(range(256)),
+    }
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("cert", "key", "message"),
+    [
+        ("junk", "key", "TLS certificate file {dir}/junk holds no PEM certificate"),
+        ("binary", "key", "TLS certificate file {dir}/binary holds no PEM certificate"),
+        ("cert", "junk", "TLS key file {dir}/junk holds no PEM private key"),
+        ("cert", "binary", "TLS key file {dir}/binary holds no PEM private key"),
+        (
+            "cert",
+            "encrypted.key",
+            "TLS key file {dir}/encrypted.key holds an encrypted private key (give it unencrypted)",
+        ),
+        (
+            "cert",
+            "other.key",
+            "TLS key file {dir}/other.key and certificate {dir}/cert: the key does not belong",
+        ),
+    ],
+)
+def test_webhook_names_the_tls_file_at_fault_in_words(tmp_path, capsys, cert, key, message):
+    folder = _tls_files(tmp_path)
+    code, _, err = run(
+        capsys, "inject", "webhook", "--tls-cert", str(folder / cert), "--tls-key",
+        str(folder / key), "--port", "1",
+    )  # fmt: skip
+    assert code == 2, err
+    assert err.startswith("Error: " + message.format(dir=folder)), err
+    for internal in ("_ssl.c", "PEM lib", "SSL]"):
+        assert internal not in err
+
+
+def test_webhook_refuses_missing_tls_files_while_parsing(capsys):
     code, _, err = run(
         capsys, "inject", "webhook", "--tls-cert", "/nope.crt", "--tls-key", "/nope.key"
     )

@@ -141,8 +141,9 @@ def test_trace_as_json_is_data(run):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--dst", "10.0.0.1"], "--dst: invalid value '10.0.0.1'"),
-        (["--dst", "nope:80"], "--dst: invalid value 'nope:80'"),
+        (["--dst", "10.0.0.1"], "'--dst': '10.0.0.1' is not IP:PORT"),
+        (["--dst", "nope:80"], "'--dst': 'nope:80': 'nope' is not an IP address"),
+        (["--dst", "10.0.0.1:70000"], "port 70000 is out of range (1-65535)"),
         (
             ["--dst", "10.0.0.1:80", "--direction", "sideways"],
             "Invalid value for '--direction': 'sideways' is not one of out, in",

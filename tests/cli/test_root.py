@@ -85,7 +85,7 @@ def test_version_yaml_and_table_render_the_same_facts():
         (["--nosuch"], 2, "Error: No such option: --nosuch"),
         (["version", "--bad"], 2, "Hint: run 'meshctl version --help' for usage"),
         (["version", "-o", "xml"], 2, "'xml' is not one of"),
-        (["--log-level", "loud", "version"], 2, "flag --log-level: invalid value 'loud'"),
+        (["--log-level", "loud", "version"], 2, "'--log-level': 'loud' is not one of debug, info"),
         (
             ["version", "--server", "--kubeconfig", "/nonexistent/kubeconfig"],
             2,

@@ -213,8 +213,9 @@ def test_node_proxy_manifest_is_a_daemonset_with_the_zds_dir_token_and_root():
     result = meshctl("ztunnel", "manifest", "-o", "json", "--image", "registry.example/m:1")
     assert result.returncode == 0, result.stderr
     items = json.loads(result.stdout)["items"]
-    assert [i["kind"] for i in items] == ["ServiceAccount", "DaemonSet"]
-    spec = items[1]["spec"]["template"]["spec"]
+    assert [i["kind"] for i in items] == ["Namespace", "ServiceAccount", "DaemonSet"]
+    assert items[0]["metadata"]["name"] == "meshctl-system"
+    spec = items[2]["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == "meshctl-ztunnel"  # the CA's trusted node account
     container = spec["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
@@ -231,3 +232,24 @@ def test_node_proxy_manifest_is_a_daemonset_with_the_zds_dir_token_and_root():
     token = volumes["istio-token"]["projected"]["sources"][0]["serviceAccountToken"]
     assert token["audience"] == "meshctl-ca"
     assert volumes["istiod-ca-cert"]["configMap"]["name"] == "meshctl-ca-root-cert"
+
+
+def test_unusable_certificate_files_are_named_in_words_not_library_text(tmp_path):
+    meshctl("ztunnel", "certs", "--out", str(tmp_path / "w"), "--workload", "a/b/c")
+    for name, data, reason in (
+        ("key.pem", b"junk\n", "key.pem holds no PEM private key"),
+        ("cert-chain.pem", b"junk\n", "cert-chain.pem holds no PEM certificate"),
+        ("root-cert.pem", b"junk\n", "root-cert.pem holds no PEM certificate"),
+        ("key.pem", b"\x00\xff\xfe", "a file there is not PEM text"),
+    ):
+        folder = tmp_path / f"bad-{name}-{len(data)}"
+        folder.mkdir()
+        for source in (tmp_path / "w").iterdir():
+            (folder / source.name).write_bytes(source.read_bytes())
+        (folder / name).write_bytes(data)
+        done = meshctl("ztunnel", "run", "--workload", "a/b/c", "--cert-dir", str(folder))
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith(f"Error: workload certificate in {folder} is unusable: ")
+        assert reason in done.stderr
+        for internal in ("cryptography.io", "MalformedFraming", "codec", "Traceback"):
+            assert internal not in done.stderr

@@ -190,7 +190,11 @@ def test_an_upgraded_agent_keeps_the_pods_and_an_uninstalled_one_releases_them(
 
     # SIGTERM once its DaemonSet is gone: an uninstall; every pod is released first.
     one_node.start_agent(env=own)
-    eventually("the proxy took the pod back", lambda: not serves_nothing(one_node), 15)
+    eventually(
+        "the new agent handed the pod to the proxy again",
+        lambda: any(p["name"] == "server" and p["served"] for p in status(one_node)["pods"]),
+        15,
+    )
     k8s.AppsV1Api(kube_api).delete_namespaced_daemon_set("meshctl-cni-node", kube_namespace)
     assert one_node.stop_agent() == 0
     assert "releasing the pods" in one_node.log()

@@ -163,17 +163,30 @@ def test_on_a_terminal_the_live_view_shows_the_pods_and_ctrl_c_cleans_up_within_
         cells = ("spiffe://cluster.local/ns/prod/sa/server", "ambient (enabled, ZDS acked)")
         for cell in (*cells, "unmeshed: not enrolled"):
             assert cell in text
+        # An 80x24 terminal: the compact view, every step on it, identities whole.
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        proc.send_signal(signal.SIGWINCH)
+        mark = len(screen)
+        time.sleep(1.5)  # a few redraws at 4 a second
+        small = bytes(screen[mark:]).decode(errors="replace")
+        for step in STEPS:
+            assert step in small, small[-3000:]
+        assert "ns/prod/sa/server" in small
         names = _netns_of(state)
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
         proc.wait(10)
         took = time.monotonic() - started
+        time.sleep(0.2)
     finally:
         if proc.poll() is None:
             proc.kill()
         os.close(master)
     assert _existing(names) == []
     assert took <= 2.0, f"teardown took {took:.1f}s"
+    assert proc.returncode == 130  # Ctrl-C, as a shell reports it
+    text = screen.decode(errors="replace")
+    assert f"removed the demo; its logs stay in {state / 'logs'}" in text
 
 
 def _host_netns() -> set[str]:
@@ -290,6 +303,18 @@ def test_keep_leaves_it_running_for_exec_until_down(tmp_path):
         _until(lambda: _legacy(state) == (True, True), "legacy enrolled")
         _label_legacy(state, {})
         _until(lambda: _legacy(state) == (False, False), "legacy released")
+        # A second demo refuses while this one is up, as it does for one in the foreground.
+        second = _run_demo(state, "--check", timeout=60)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert second.stderr.startswith("Error: a demo left running with --keep is up")
+        assert "meshctl demo down" in second.stderr
+        assert _existing(names) == names
+        # A command that is not there: 127, as a shell and kubectl exec say.
+        missing = _run_demo(state, "exec", "client", "--", "/no/such/command", timeout=60)
+        assert missing.returncode == 127, missing.stderr
+        assert missing.stderr.startswith("Error: cannot run '/no/such/command' in pod client")
+        not_exec = _run_demo(state, "exec", "client", "--", str(state / "state.json"), timeout=60)
+        assert not_exec.returncode == 126, not_exec.stderr
     finally:
         down = _run_demo(state, "down", timeout=60)
     assert down.returncode == 0, down.stderr
@@ -349,3 +374,54 @@ def test_a_state_dir_too_long_for_the_agents_sockets_is_one_error_before_anythin
     assert "Traceback" not in done.stderr
     assert not (state / "state.json").exists()
     assert not (state / "cni").exists()
+
+
+REAPER_PROBE = """
+import os, subprocess, sys, time
+from meshctl_plugins.demo.rootless import become_init
+become_init()
+assert os.getpid() != 1  # the demo's side of the fork
+# An orphan, as a killed proxy's workers are: its parent exits at once, it ends 0.3 s later.
+subprocess.run([sys.executable, "-c", "import os, time\\nif os.fork() == 0:\\n"
+                "    time.sleep(0.3)\\n    os._exit(0)\\n"], check=True)
+time.sleep(1.5)
+def state(pid):
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+print(sorted(int(p) for p in os.listdir("/proc") if p.isdigit() and state(p) == "Z"))
+sys.exit(3)
+"""
+
+
+def test_the_rootless_demo_as_pid_1_reaps_orphans_and_keeps_its_exit_code():
+    """Inside its PID namespace the rootless demo is PID 1: orphans land there, and must not
+    stay zombies while it runs (issue 24)."""
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", REAPER_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 3, done.stderr
+    assert done.stdout == "[]\n", done.stdout + done.stderr
+
+
+def test_check_into_a_pipe_closed_early_still_runs_to_its_verdict(tmp_path):
+    """``meshctl demo --check | head -1``: the reader is gone after one line; the demo stops
+    writing, finishes, tears down, and exits with its verdict (not 1, not a traceback)."""
+    state = tmp_path / "state"
+    script = f'{sys.executable} -m meshctl demo --check | head -1; echo "exit ${{PIPESTATUS[0]}}"'
+    done = subprocess.run(
+        ["bash", "-c", script],
+        env=_env(state),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2, done.stdout + done.stderr
+    assert lines[1] == "exit 0", done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr == ""
+    assert not (state / "state.json").exists()  # torn down as on any run

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from meshctl.core.k8s.install import values as v
@@ -88,7 +90,7 @@ def test_a_file_names_the_profile_unless_the_flag_does(registry):
         ),
         (
             {"assignments": ["components.plane.replicas=0"]},
-            "components.plane.replicas: 0 is below the minimum 1",
+            "components.plane.replicas: 0 is out of range (at least 1)",
         ),
         ({"assignments": ["components.plane.debug=yes"]}, "expected true or false, got 'yes'"),
         ({"assignments": ["components.plane=1"]}, "components.plane is a section"),
@@ -142,3 +144,41 @@ def test_non_defaults_keep_only_what_changed():
 def test_duplicate_component_names_are_refused():
     with pytest.raises(ConfigError, match="two installed components"):
         Registry([component("x", {}), component("x", {})])
+
+
+def test_every_number_an_installed_component_takes_has_both_bounds():
+    from meshctl import components
+
+    def ints(schema, at=()):
+        for key, node in schema.items():
+            if isinstance(node, v.Field):
+                if node.kind == "int":
+                    yield ".".join((*at, key)), node
+            else:
+                yield from ints(node, (*at, key))
+
+    registry = components.load()
+    found = [
+        (f"components.{c.name}.{path}", field)
+        for c in registry.components
+        for path, field in ints(c.schema)
+    ]
+    assert found
+    for path, field in found:
+        assert field.minimum is not None, path
+        assert field.maximum is not None, path
+
+
+@pytest.mark.parametrize(
+    ("assignment", "message"),
+    [
+        ("components.controlplane.replicas=100000", "100000 is out of range (1-100)"),
+        ("components.gateway.replicas=101", "101 is out of range (1-100)"),
+        ("components.ztunnel.workers=65", "65 is out of range (1-64)"),
+    ],
+)
+def test_an_install_number_beyond_its_bound_is_refused_with_the_range(assignment, message):
+    from meshctl import components
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        components.load().resolve(profile=None, assignments=[assignment])

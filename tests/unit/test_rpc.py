@@ -11,6 +11,7 @@ import grpc
 import pytest
 
 from meshctl import rpc
+from meshctl.errors import PortInUseError
 from meshctl.proto import citadel_pb2, citadel_pb2_grpc
 from tests.harness.kube import CertificateAuthority
 
@@ -182,7 +183,10 @@ def test_listen_on_a_taken_port_is_a_clear_error() -> None:
             taken.listen()
             port = taken.getsockname()[1]
             server = rpc.Server(serving(ca))
-            with pytest.raises(rpc.RpcError, match=f"cannot listen on 127.0.0.1:{port}"):
+            with pytest.raises(
+                PortInUseError,
+                match=f"cannot listen on 127.0.0.1:{port} \\(gRPC\\): the port is already in use",
+            ):
                 server.listen(f"127.0.0.1:{port}")
 
     run(scenario())

@@ -45,7 +45,14 @@ def test_a_formatted_duration_reads_back(seconds):
         (values.CIDR, "10.0.0.0/33", "'10.0.0.0/33' is not a CIDR"),
         (values.Choice(("a", "b")), "c", "'c' is not one of a, b"),
         (values.ListenAddress(), "8000", "is not HOST:PORT"),
-        (values.ListenAddress(), ":70000", "out of range for a port"),
+        (values.ListenAddress(), ":70000", "':70000': port 70000 is out of range (1-65535)"),
+        (values.ListenAddress(zero_ok=True), ":-1", "(0-65535; 0: any free port)"),
+        (values.ListenAddress(), "example.org:80", "'example.org' is not an IP address"),
+        (values.DIAL_ADDRESS, "127.0.0.1:99999", "port 99999 is out of range (1-65535)"),
+        (values.DIAL_ADDRESS, "ca:http", "'http' is not a port (1-65535)"),
+        (values.DIAL_ADDRESS, ":15012", "names no host"),
+        (values.DIAL_ADDRESS, "a_b:1", "is neither a host name nor an IP address"),
+        (values.DIAL_ADDRESS, "http://ca:15012", "plaintext (http://) is not supported"),
         (values.ListenAddress(), "::1:80", "IPv6 address in brackets"),
         (values.PORT, True, "expected a value, not bool"),
     ],
@@ -63,3 +70,5 @@ def test_parsers_accept_their_own_results():
     assert values.ListenAddress(empty_ok=True)("") == ""
     assert values.ListenAddress()("[::]:8000") == "[::]:8000"
     assert values.ListenAddress()(":8000") == ":8000"
+    assert values.DIAL_ADDRESS("https://ca.ns.svc:15012/") == "ca.ns.svc:15012"
+    assert values.DIAL_ADDRESS(values.DIAL_ADDRESS("[::1]:15012")) == "[::1]:15012"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509 import verification
@@ -298,6 +299,25 @@ def key_matches(cert_pem: bytes, key_pem: bytes) -> bool:
             serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+
+
+def pair_problem(cert_pem: bytes, key_pem: bytes) -> tuple[str, str] | None:
+    """What keeps a certificate file and a key file from serving TLS, as (``"cert"``, ``"key"``
+    or ``"pair"``, the reason in words), or None when they make a pair; for messages that name
+    the file at fault instead of OpenSSL's ``PEM lib``."""
+    try:
+        x509.load_pem_x509_certificates(cert_pem)
+    except ValueError:
+        return "cert", "holds no PEM certificate"
+    try:
+        serialization.load_pem_private_key(key_pem, password=None)
+    except TypeError:
+        return "key", "holds an encrypted private key (give it unencrypted)"
+    except (ValueError, UnsupportedAlgorithm):
+        return "key", "holds no PEM private key"
+    if not key_matches(cert_pem, key_pem):
+        return "pair", "the key does not belong to the certificate"
+    return None
 
 
 def new_csr(identity: SpiffeId) -> tuple[str, bytes]:

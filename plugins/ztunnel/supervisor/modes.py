@@ -14,11 +14,10 @@ wins over discovery in both modes; grpc and the X.509 library load only in a mod
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
-import shutil
 import socket
-import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,6 +31,7 @@ from meshctl.errors import UserError
 from meshctl.process import Feed, PodFeed
 from meshctl.proxy.file_sources import LocalConfigSource
 
+from .. import rundir
 from ..settings import ZtunnelSettings
 from .handover import Handover
 
@@ -204,6 +204,11 @@ def _issuer(settings: ZtunnelSettings) -> Issuer:
     )
 
 
+def run_dir(settings: ZtunnelSettings) -> Path:
+    """``--run-dir``, else ``$TMPDIR/meshctl-ztunnel-<uid>``."""
+    return Path(settings.run_dir) if settings.run_dir else rundir.default_run_dir()
+
+
 def node_mark(settings: ZtunnelSettings) -> int:
     """The node proxy's SO_MARK: the pods' capture rules exempt Istio's in-pod mark (0x539)."""
     from meshctl.core.capture.settings import AMBIENT_PROXY_MARK
@@ -315,8 +320,10 @@ class _Run:
             log, "ztunnel", [f"{role} {address_text(sock)}" for role, sock in listeners.items()]
         )
         # Every worker writes its counters here; worker 0 serves the sum (prometheus-client's
-        # multiprocess mode, switched on for the children by the variable below).
-        metrics_dir = tempfile.mkdtemp(prefix="meshctl-metrics-")
+        # multiprocess mode, switched on for the children by the variable below). It lives in
+        # the run directory, locked while in use: a start removes what killed runs left.
+        held = contextlib.ExitStack()
+        metrics_dir = str(held.enter_context(rundir.metrics_dir(run_dir(s))))
 
         def worker_exited(pid: int) -> None:
             from prometheus_client import multiprocess
@@ -369,7 +376,7 @@ class _Run:
         finally:
             for sock in listeners.values():
                 sock.close()
-            shutil.rmtree(metrics_dir, ignore_errors=True)
+            held.close()
 
 
 class _Deferred(Feed):

@@ -1,18 +1,19 @@
 """The errors the injection pipeline raises: bad manifests and bad annotation values.
 
-Invariant: each is a one-line ``MeshctlError`` with exit code 1 (the input, not the command line,
-is wrong), so the CLI prints ``Error:``/``Hint:`` and the webhook denies the pod with the message.
+Invariant: each is a one-line ``MeshctlError`` with exit code 2 (input the user gave cannot be
+used, as docs/cli.md's table says of every input file), so the CLI prints ``Error:``/``Hint:``
+and the webhook denies the pod with the message.
 """
 
 from __future__ import annotations
 
-from meshctl.errors import EXIT_RUNTIME, MeshctlError
+from meshctl.errors import EXIT_USAGE, MeshctlError
 
 
 class InjectError(MeshctlError):
-    """A manifest cannot be injected as it stands (exit 1)."""
+    """A manifest cannot be injected as it stands (exit 2)."""
 
-    exit_code = EXIT_RUNTIME
+    exit_code = EXIT_USAGE
 
 
 class ManifestError(InjectError):

@@ -129,6 +129,16 @@ def stamp(obj: Object, component: str, revision: str | None) -> Object:
     return out
 
 
+def namespace_object(name: str) -> Object:
+    """The Namespace a stand-alone manifest (``cni``/``controlplane``/``ztunnel manifest``) puts
+    first, so ``meshctl X manifest | kubectl apply -f -`` works on a fresh cluster."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name, "labels": {PART_OF_LABEL: "meshctl"}},
+    }
+
+
 def own_objects(registry: Registry, values: Values) -> list[Rendered]:
     """The namespace (shared) and this revision's install record."""
     namespace = {

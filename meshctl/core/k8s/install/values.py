@@ -146,11 +146,8 @@ def _check(field: Field, value: Any, source: str, path: str) -> Any:
     problem = _type_problem(field, value)
     if problem is None and field.choices and value not in field.choices:
         problem = f"{value!r} is not one of {', '.join(field.choices)}"
-    if problem is None and field.kind == "int":
-        if field.minimum is not None and value < field.minimum:
-            problem = f"{value} is below the minimum {field.minimum}"
-        elif field.maximum is not None and value > field.maximum:
-            problem = f"{value} is above the maximum {field.maximum}"
+    if problem is None and field.kind == "int" and not _within(field, value):
+        problem = f"{value} is out of range ({_range(field)})"
     if problem is None and field.check is not None:
         items = value if field.kind == "strings" else [value]
         problem = next((f"{v!r} {p}" for v in items if (p := field.check(v))), None)
@@ -195,6 +192,20 @@ def _from_text(raw: str, field: Field, source: str, path: str) -> Any:
         raise ConfigError(
             f"{source}: {path}: expected an integer, got {raw!r}", hint=_hint(field, path)
         ) from None
+
+
+def _within(field: Field, value: int) -> bool:
+    return (field.minimum is None or value >= field.minimum) and (
+        field.maximum is None or value <= field.maximum
+    )
+
+
+def _range(field: Field) -> str:
+    if field.minimum is not None and field.maximum is not None:
+        return f"{field.minimum}-{field.maximum}"
+    if field.minimum is not None:
+        return f"at least {field.minimum}"
+    return f"at most {field.maximum}"
 
 
 def _hint(field: Field, path: str) -> str:
