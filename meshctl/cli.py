@@ -294,7 +294,7 @@ def hoist_global_flags(argv: Sequence[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit per error kind)
     """Run meshctl with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     args = hoist_global_flags(sys.argv[1:] if argv is None else argv)
-    debug = "--debug" in args or config._to_bool(os.environ.get("MESHCTL_DEBUG") or "false")
+    debug = "--debug" in args or _debug_env(os.environ.get("MESHCTL_DEBUG") or "false")
     command = typer.main.get_command(app)
     _answer_completion_requests()
     try:
@@ -335,6 +335,15 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit p
             EXIT_RUNTIME,
         )
     return result if isinstance(result, int) and not isinstance(result, bool) else 0
+
+
+def _debug_env(raw: str) -> bool:
+    """``MESHCTL_DEBUG`` read early, for tracebacks; a value that is not a boolean counts as
+    false here, and the settings resolution refuses it with a usage error (exit 2)."""
+    try:
+        return config._to_bool(raw)
+    except ValueError:
+        return False
 
 
 def _answer_completion_requests() -> None:

@@ -149,21 +149,21 @@ def load_file(
     target = Path(explicit).expanduser() if explicit else DEFAULT_CONFIG_PATH.expanduser()
     if not explicit and not _is_file(target):
         return {}, str(target)
-    import yaml  # deferred: most invocations have no settings file
+    from meshctl import inputs, yamlread  # deferred: most invocations have no settings file
+    from meshctl.structured import InputError
 
     try:
-        data = yaml.safe_load(target.read_text(encoding="utf-8"))
+        limits = inputs.limits(env)
+        data = yamlread.load_yaml(
+            inputs.read_bytes(target, str(target), limits), str(target), limits
+        )
     except OSError as exc:
         raise ConfigError(
             f"cannot read settings file {target}: {exc.strerror or exc}",
             hint=f"fix the path given by --config or ${CONFIG_ENV}",
         ) from exc
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        at = f" at line {where.line + 1}" if where is not None else ""
-        raise ConfigError(
-            f"settings file {target} is not valid YAML{at}", hint="fix the YAML syntax"
-        ) from exc
+    except InputError as exc:
+        raise ConfigError(exc.message, hint=exc.hint) from exc
     if data is None:
         return {}, str(target)
     if not isinstance(data, dict):
@@ -317,20 +317,15 @@ def state_dir(env: Mapping[str, str] | None = None) -> Path:
 
 def values_files(sources: Sequence[tuple[str, str]]) -> list[tuple[str, Any]]:
     """Each ``-f`` values source (its name, its text) as (its name, its one YAML document or
-    None when empty)."""
-    import yaml
+    None when empty), read by the bounded reader."""
+    from meshctl import inputs, yamlread
+    from meshctl.structured import InputError
 
+    limits = inputs.limits()
     loaded = []
     for name, text in sources:
         try:
-            documents = [d for d in yaml.safe_load_all(text) if d is not None]
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"-f {name}: not valid YAML{at}", hint="fix the YAML syntax") from exc
-        if len(documents) > 1:
-            raise ConfigError(
-                f"-f {name}: holds {len(documents)} YAML documents", hint="give one values mapping"
-            )
-        loaded.append((name, documents[0] if documents else None))
+            loaded.append((name, yamlread.load_yaml(text, name, limits)))
+        except InputError as exc:
+            raise ConfigError(exc.message, hint=exc.hint) from exc
     return loaded

@@ -27,10 +27,11 @@ from typer._click.exceptions import BadParameter, UsageError
 from typer._click.globals import get_current_context
 from typer.core import TyperCommand, TyperGroup
 
-from meshctl import logs, values
+from meshctl import inputs, logs, values
 from meshctl.config import GlobalSettings
 from meshctl.errors import MeshctlError, UserError
 from meshctl.output import FORMATS, OutputFormat
+from meshctl.structured import Limits, decode
 from meshctl.terminal import COLOR_CHOICES
 
 if TYPE_CHECKING:
@@ -157,6 +158,10 @@ class OutputFile:
     metavar = "FILE"
 
     def __call__(self, raw: Any) -> Path:
+        if isinstance(raw, Path):
+            raw = str(raw)  # already parsed (handed down from a group): parse it again
+        if not str(raw).strip():
+            raise ValueError("the path is empty; name the file to write")
         path = Path(raw).expanduser()
         if path.is_dir():
             raise ValueError(f"{str(raw)!r} is a directory, not a file")
@@ -314,15 +319,30 @@ class Source:
 
 def read_sources(filenames: Iterable[str], *, recursive: bool = False) -> list[Source]:
     """Every input ``-f`` names, in order: ``-`` is stdin (once), a directory is its
-    .yaml/.yml/.json files in name order (subdirectories with ``recursive``)."""
+    .yaml/.yml/.json files in name order (subdirectories with ``recursive``). Each is read whole,
+    within the input limits (``meshctl.inputs``)."""
+    limits = inputs.limits()
     sources: list[Source] = []
+    for name in source_names(filenames, recursive=recursive):
+        if name == "-":
+            text = decode(inputs.read_stdin(limits), inputs.STDIN_NAME)
+            sources.append(Source(inputs.STDIN_NAME, text))
+        else:
+            sources.append(Source(name, _read(Path(name).expanduser(), name, limits)))
+    return sources
+
+
+def source_names(filenames: Iterable[str], *, recursive: bool = False) -> list[str]:
+    """The inputs ``-f`` names, directories expanded to their files (``read_sources``' order),
+    for a command that reads them one at a time."""
+    names: list[str] = []
     stdin_read = False
     for name in filenames:
         if name == "-":
             if stdin_read:
                 raise UserError("-f - given twice", hint="stdin can be read only once")
             stdin_read = True
-            sources.append(Source("<stdin>", _decode(sys.stdin.buffer.read(), "<stdin>")))
+            names.append(name)
             continue
         path = Path(name).expanduser()
         if path.is_dir():
@@ -336,10 +356,19 @@ def read_sources(filenames: Iterable[str], *, recursive: bool = False) -> list[S
                     f"{name}: no {'/'.join(MANIFEST_SUFFIXES)} files in this directory",
                     hint="name the files with -f, or add -R for subdirectories",
                 )
-            sources.extend(Source(str(p), _read(p)) for p in files)
+            names.extend(str(p) for p in files)
         else:
-            sources.append(Source(name, _read(path)))
-    return sources
+            names.append(name)
+    return names
+
+
+def cannot_read(name: str, exc: OSError) -> MeshctlError:
+    """The error for an input ``-f`` names that cannot be opened or read: a usage error (2),
+    like a bad flag (docs/cli.md's exit codes)."""
+    return UserError(
+        f"cannot read {name}: {exc.strerror or exc}",
+        hint="check the path given with -f (use -f - to read stdin)",
+    )
 
 
 def values_sources(filenames: Iterable[str]) -> list[tuple[str, Any]]:
@@ -349,27 +378,11 @@ def values_sources(filenames: Iterable[str]) -> list[tuple[str, Any]]:
     return config.values_files([(s.name, s.text) for s in read_sources(filenames)])
 
 
-def _read(path: Path) -> str:
+def _read(path: Path, name: str, limits: Limits) -> str:
     try:
-        data = path.read_bytes()
+        return inputs.read_text(path, name, limits)
     except OSError as exc:
-        # Input the user named that cannot be used is a usage error (2), like a bad flag.
-        raise UserError(
-            f"cannot read {path}: {exc.strerror or exc}",
-            hint="check the path given with -f (use -f - to read stdin)",
-        ) from exc
-    return _decode(data, str(path))
-
-
-def _decode(data: bytes, name: str) -> str:
-    try:
-        # utf-8-sig: a byte-order mark some editors write is not part of the text.
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise UserError(
-            f"{name} is not UTF-8 text (byte {exc.start} cannot be decoded)",
-            hint="save the manifest as UTF-8",
-        ) from exc
+        raise cannot_read(name, exc) from exc
 
 
 # --- writing -O ----------------------------------------------------------------------------

@@ -83,33 +83,31 @@ def yaml_text(value: Any) -> str:
 
 def yaml_documents(values: Sequence[Any], tick: Callable[[], None] | None = None) -> str:
     """YAML documents separated by ``---`` lines; ``tick`` is called after each (progress)."""
-    import yaml  # deferred: only YAML output pays for the import
-
-    # libyaml's C dumper is several times faster than the pure-Python one (the 1,000-Deployment
-    # inject benchmark depends on it); PyYAML's wheels ship it, source builds may not.
-    base: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-    class Dumper(base):  # type: ignore[misc]
-        """Safe dumping that writes shared objects out in full (no ``&id001`` anchors)."""
-
-        def ignore_aliases(self, data: Any) -> bool:
-            return True
-
+    writer = YamlWriter()
     parts = []
     for value in values:
-        parts.append(
-            yaml.dump(
-                kubernetes_order(value),
-                Dumper=Dumper,
-                sort_keys=False,
-                default_flow_style=False,
-                allow_unicode=True,
-                width=1 << 20,  # long annotation values (JSON) stay on one line
-            )
-        )
+        parts.append(writer.document(value))
         if tick is not None:
             tick()
     return "---\n".join(parts)
+
+
+class YamlWriter:
+    """Writes one YAML document at a time as ``yaml_documents`` does, remembering how each
+    scalar was written (for a stream of documents: ``inject -f``)."""
+
+    def __init__(self) -> None:
+        from meshctl.yamlwriter import BlockWriter  # deferred: only YAML output needs PyYAML
+
+        self._writer = BlockWriter()
+
+    def document(self, value: Any) -> str:
+        """``value`` as one YAML document (no ``---``), Kubernetes key order, no anchors."""
+        from meshctl.yamlwriter import reference
+
+        ordered = kubernetes_order(value)
+        text = self._writer.block_yaml(ordered)
+        return text if text is not None else reference(ordered)
 
 
 def object_name(obj: Mapping[str, Any]) -> str:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshctl import logs
+from meshctl.core.backoff import Backoff
 from meshctl.core.wire import channel
 from meshctl.shutdown import StopSignals
 
@@ -48,19 +49,9 @@ def self_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "meshctl", *args]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Backoff:
-    """Restart delays: ``first`` after a crash, doubling to ``cap``; reset after ``stable`` s."""
-
-    first: float = 0.0
-    initial: float = 0.2
-    cap: float = 10.0
-    stable: float = 10.0
-
-    def delay(self, failures: int) -> float:
-        if failures <= 1:
-            return self.first
-        return float(min(self.cap, self.initial * 2 ** (failures - 2)))
+# A crashed child is restarted at once; one that crashes again waits 0.2 s doubling to 10 s.
+RESTART_BACKOFF = Backoff(first=0.2, cap=10.0)
+RESTART_STABLE = 10.0  # seconds a child must have run for its crash to count as the first again
 
 
 class Feed:
@@ -134,7 +125,8 @@ class Supervisor:
         extra_env: Mapping[str, str] | None = None,
         on_exit: Callable[[int], None] | None = None,
         poll_interval: float = 1.0,
-        backoff: Backoff | None = None,
+        backoff: Backoff = RESTART_BACKOFF,
+        stable: float = RESTART_STABLE,
         hello_timeout: float = 30.0,
         report_timeout: float = 1.0,
         ready_line: tuple[str, str] = ("data plane", ""),
@@ -152,7 +144,8 @@ class Supervisor:
         self._env = {**os.environ, **extra_env} if extra_env else None
         self._on_exit = on_exit
         self._poll_interval = poll_interval
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff
+        self._stable = stable
         self._hello_timeout = hello_timeout
         self._stop = asyncio.Event()
         self._quit = asyncio.Event()
@@ -212,14 +205,14 @@ class Supervisor:
                 if outcome == "stop":
                     return  # run() drains it
                 uptime = time.monotonic() - child.started
-                failures = 1 if uptime >= self._backoff.stable else failures + 1
+                failures = 1 if uptime >= self._stable else failures + 1
                 log.error(
                     "data plane %d exited with %s after %.1fs; restarting",
                     index,
                     child.proc.returncode,
                     uptime,
                 )
-            delay = self._backoff.delay(failures)
+            delay = self._backoff.delay(failures - 1)  # the first crash in a row: no wait
             self.restarts += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), delay)

@@ -153,8 +153,13 @@ class Server:
         with self._lock:
             self._pending = key_pair
 
-    def add(self, register: Callable[[Any, grpc.aio.Server], None], servicer: Any) -> None:
-        register(servicer, self._server)
+    def add(self, register: Callable[[Any, Any], None], servicer: Any) -> None:
+        """Register a generated servicer; its requests are decoded by ``_Decoding`` (a message
+        that is not the method's type ends the call with INVALID_ARGUMENT, not grpcio's
+        UNKNOWN and a logged traceback)."""
+        shim = _Registrar(self._server)
+        register(servicer, shim)
+        shim.finish()
 
     def listen(self, address: str) -> int:
         """Bind a TLS listener (``host:port``; port 0 picks one); returns the bound port."""
@@ -321,3 +326,74 @@ async def abort(context: grpc.aio.ServicerContext[Any, Any], status: str, messag
 def peer(context: grpc.aio.ServicerContext[Any, Any]) -> str:
     """The caller's address as grpc names it (``ipv4:10.0.0.1:5555``), for logs."""
     return str(context.peer() or "unknown")
+
+
+# --- requests that are not the method's message --------------------------------------------
+
+
+class _Registrar:
+    """What generated ``add_XServicer_to_server`` functions call, registering each method with
+    bytes in and the message decoded inside the call (``_decoding``)."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+        self._generic: list[Any] = []
+        self._registered = False
+
+    def add_generic_rpc_handlers(self, handlers: Sequence[Any]) -> None:
+        self._generic.extend(handlers)  # registered as they are only if nothing better comes
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        wrapped = {
+            name: _decoding(handler, f"/{service}/{name}") for name, handler in handlers.items()
+        }
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, wrapped),)
+        )
+        self._server.add_registered_method_handlers(service, wrapped)
+        self._registered = True
+
+    def finish(self) -> None:
+        if not self._registered and self._generic:  # an older generator: no method table
+            self._server.add_generic_rpc_handlers(tuple(self._generic))
+
+
+def _decoding(handler: Any, method: str) -> Any:
+    """``handler`` taking raw bytes: a request that does not decode ends the call with
+    INVALID_ARGUMENT (the peer's mistake, said once in one line) before the servicer sees it."""
+    decode = handler.request_deserializer
+    if decode is None:
+        return handler
+
+    async def parse(raw: bytes, context: Any) -> Any:
+        try:
+            return decode(raw)
+        except Exception as exc:  # noqa: BLE001 -- protobuf's DecodeError and kin, from a peer
+            log.info("%s: refused a request that is not its message: %s", method, exc)
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"the request is not a valid message for {method}"
+            )
+
+    if handler.unary_unary is not None:
+        behavior = handler.unary_unary
+
+        async def unary(raw: bytes, context: Any) -> Any:
+            return await behavior(await parse(raw, context), context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary, response_serializer=handler.response_serializer
+        )
+    if handler.stream_stream is not None:
+        stream = handler.stream_stream
+
+        async def streaming(raws: Any, context: Any) -> Any:
+            async def requests() -> Any:
+                async for raw in raws:
+                    yield await parse(raw, context)
+
+            return await stream(requests(), context)
+
+        return grpc.stream_stream_rpc_method_handler(
+            streaming, response_serializer=handler.response_serializer
+        )
+    return handler  # unary-stream and stream-unary: none of ours

@@ -31,6 +31,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
@@ -78,8 +79,11 @@ class WebhookApp:
             (b"content-length", str(len(answer.body)).encode()),
             *((k.lower().encode(), v.encode()) for k, v in answer.headers),
         ]
-        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
-        await send({"type": "http.response.body", "body": answer.body, "more_body": False})
+        try:
+            await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+            await send({"type": "http.response.body", "body": answer.body, "more_body": False})
+        except OSError as exc:  # ssl.SSLError included: the peer broke the connection first
+            log.info("webhook client went away before its answer: %s", exc)
 
 
 async def _read_body(receive: ASGIReceiveCallable, limit: int) -> bytes | None:
@@ -276,12 +280,25 @@ def _unusable_pair(cert: Path, key: Path) -> UserError:
     return UserError(f"TLS key file {key} and certificate {cert}: {reason}", hint=hint)
 
 
+def _peer_errors_in_one_line(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """A connection a client broke (TLS garbage, data after close_notify, a reset) ends inside
+    hypercorn's connection task: one line at info, not asyncio's traceback at error. Anything
+    else goes to asyncio's default handler."""
+    error = context.get("exception")
+    causes = error.exceptions if isinstance(error, BaseExceptionGroup) else (error,)
+    if error is not None and all(isinstance(e, OSError) for e in causes):
+        log.info("webhook connection closed by a peer error: %s", causes[0])
+        return
+    loop.default_exception_handler(context)
+
+
 async def serve(app: ASGIFramework, config: Config, stop: asyncio.Event) -> None:
     """Serve ``app`` (the webhook, or any ASGI app on a plain ``Config``) until ``stop`` is
     set, then drain for at most the graceful time (+1 s).
 
     A bind failure raises ``MeshctlError`` naming the address.
     """
+    asyncio.get_running_loop().set_exception_handler(_peer_errors_in_one_line)
     serving = asyncio.ensure_future(hypercorn_serve(app, config, shutdown_trigger=stop.wait))
     stopping = asyncio.ensure_future(stop.wait())
     try:

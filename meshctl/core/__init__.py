@@ -17,5 +17,6 @@ arrows pointing down):
 - ``mesh/``: the mesh model: records (workloads, services, policies), the store and its
   lookups, ztunnel's local config (read and rendered), L4 authorization, inbound services.
 - ``pki/``: the CA's rules, certificates, callers and SPIFFE identities; ``tree``: the manifest
-  of a frozen one-dir tree.
+  of a frozen one-dir tree; ``backoff``: the one retry policy value (watches, the supervisor,
+  the work queue, the xDS client).
 """

@@ -76,12 +76,16 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
                 f"kubeconfig {path} is not a readable file",
                 hint="pass --kubeconfig PATH or set KUBECONFIG to a readable kubeconfig",
             )
+    documents = [_read_kubeconfig(path) for path in paths]
     source = ":".join(str(p) for p in paths)
     try:
         configuration = client.Configuration()
-        config.load_kube_config(
-            config_file=source, context=settings.context, client_configuration=configuration
-        )
+        if len(paths) == 1:
+            _load_one(documents[0], paths[0], settings.context, configuration)
+        else:  # the package merges several files (KUBECONFIG=a:b), reading them again
+            config.load_kube_config(
+                config_file=source, context=settings.context, client_configuration=configuration
+            )
     except ConfigException as exc:
         raise ConfigError(
             f"kubeconfig {source}: {exc}", hint="check the file and the --context name"
@@ -101,6 +105,41 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
     configuration.connection_pool_maxsize = POOL_SIZE
     where = f"kubeconfig {source}" + (f" (context {settings.context})" if settings.context else "")
     return Kube(client.ApiClient(configuration), where, settings.request_timeout)
+
+
+def _read_kubeconfig(path: Path) -> Any:
+    """The kubeconfig by the bounded reader: an alias bomb or runaway nesting is refused, YAML
+    errors are one line, and libyaml reads it (the kubernetes package's pure-Python parser
+    takes seconds over a large file)."""
+    from meshctl import inputs, yamlread
+    from meshctl.structured import InputError
+
+    limits = inputs.limits()
+    try:
+        return yamlread.load_yaml(inputs.read_bytes(path, str(path), limits), str(path), limits)
+    except OSError as exc:
+        raise ConfigError(
+            f"kubeconfig {path}: {exc.strerror or exc}",
+            hint="pass --kubeconfig PATH or set KUBECONFIG to a readable kubeconfig",
+        ) from exc
+    except InputError as exc:
+        raise ConfigError(exc.message, hint=exc.hint) from exc
+
+
+def _load_one(data: Any, path: Path, context: str | None, configuration: Any) -> None:
+    """One kubeconfig already read: the package's loader over it, relative certificate paths
+    taken from the file's folder (as the package does when it reads the file itself)."""
+    from kubernetes.config.config_exception import ConfigException
+    from kubernetes.config.kube_config import KubeConfigLoader
+
+    if data is None:
+        raise ConfigException(f"Invalid kube-config. {path} file is empty")
+    loader = KubeConfigLoader(
+        config_dict=data,
+        active_context=context,
+        config_base_path=str(path.expanduser().resolve().parent),
+    )
+    loader.load_and_set(configuration)
 
 
 def _one_attempt(configuration: Any) -> None:

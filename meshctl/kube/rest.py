@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from meshctl import inputs
 from meshctl.errors import ConfigError, KubeError
+from meshctl.structured import InputError, load_json
 
 
 class ApiUnreachableError(KubeError):
@@ -56,22 +58,25 @@ class RestConfig:
 
 def load(path: str) -> RestConfig:
     """The current context of the kubeconfig at ``path`` (JSON, or YAML as a fallback)."""
+    limits = inputs.limits()
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = inputs.read_bytes(path, f"kubeconfig {path}", limits)
     except OSError as exc:
         raise ConfigError(
             f"kubeconfig {path}: {exc.strerror or exc}",
             hint="is 'meshctl cni install' running on this node?",
         ) from exc
+    except InputError as exc:
+        raise ConfigError(exc.message, hint=exc.hint) from exc
     try:
-        data = json.loads(text)
-    except ValueError:
-        import yaml  # deferred: the installer writes JSON, so the plugin never pays for YAML
+        data = load_json(raw, f"kubeconfig {path}", limits)
+    except InputError:
+        from meshctl import yamlread  # deferred: the installer writes JSON (the plugin's path)
 
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"kubeconfig {path} cannot be parsed") from exc
+            data = yamlread.load_yaml(raw, f"kubeconfig {path}", limits)
+        except InputError as exc:
+            raise ConfigError(f"kubeconfig {path} cannot be parsed: {exc.problem}") from exc
     try:
         return _current(data, path)
     except (KeyError, TypeError, ValueError, StopIteration, OSError) as exc:

@@ -4,9 +4,10 @@ Owns keeping a local view of one kind of object in step with the API server: lis
 watch from the list's resourceVersion; a watch the server ends is resumed from the last version
 seen (an event's or a bookmark's), never relisted; ``410 Gone`` (the version left the server's
 window) relists and turns the difference into events, as client-go's Replace does; any other
-failure backs off (0.8 s doubling to 30 s, jittered, reset after two quiet minutes) and retries.
-Each loop runs in its own thread and hands plain-dict ``WatchEvent``s to a callback, in order;
-``AsyncWatch`` posts them to an asyncio loop instead.
+failure backs off (``WATCH_BACKOFF``: 0.8 s doubling to 30 s, jittered, reset after two quiet
+minutes) and retries. Each loop runs in its own thread and hands plain-dict ``WatchEvent``s to a
+callback, in order; ``meshctl.kube.informer`` shares one loop per resource and selector among
+the process's consumers and delivers on the asyncio loop.
 
 Invariants: for every object the consumer sees ADDED first, then MODIFIED, then DELETED once (a
 relist never repeats an unchanged object and reports what vanished meanwhile as DELETED with its
@@ -17,16 +18,16 @@ timeout even while a watch is blocked reading (the stream is shut down under it)
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from meshctl.core.backoff import Backoff
 from meshctl.errors import KubeError
 from meshctl.kube import api, objects
 from meshctl.kube.client import Kube
@@ -39,12 +40,19 @@ EventType = Literal["ADDED", "MODIFIED", "DELETED", "SYNCED"]
 Key = tuple[str, str]  # (namespace or "", name)
 
 
+# client-go's reflector backs off 0.8 s doubling to 30 s, jittered (up to twice as long).
+WATCH_BACKOFF = Backoff(first=0.8, cap=30.0, jitter=1.0)
+RESET_AFTER = 120.0  # seconds of a loop without failure that forget the earlier failures
+
+
 @dataclass(frozen=True, slots=True)
 class WatchEvent:
-    """One change, or ``SYNCED`` (``object`` empty) after a complete list has been delivered."""
+    """One change, or ``SYNCED`` (``object`` empty) after a complete list has been delivered;
+    ``resource``: the kind it is about (what a consumer of several kinds tells them apart by)."""
 
     type: EventType
     object: dict[str, Any]
+    resource: Resource | None = None
 
     @property
     def key(self) -> Key:
@@ -58,20 +66,6 @@ def object_key(obj: dict[str, Any]) -> Key:
 
 def resource_version(obj: dict[str, Any]) -> str:
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WatchBackoff:
-    """Delays after failures: ``initial`` doubling to ``cap`` with up to ``jitter`` x extra."""
-
-    initial: float = 0.8
-    cap: float = 30.0
-    jitter: float = 1.0
-    reset_after: float = 120.0
-
-    def delay(self, failures: int) -> float:
-        base = min(self.cap, self.initial * 2.0 ** max(0, failures - 1))
-        return base * (1 + random.random() * self.jitter)  # noqa: S311 -- spreading, not secrecy
 
 
 @dataclass(slots=True)
@@ -97,6 +91,7 @@ class Watch:
 
     ``resource_version`` and ``held`` resume from a version already held instead of listing
     first: events from there on, and a relist (after 410) reports the difference from ``held``.
+    ``draw`` is the random source of the backoff's jitter (spreading, not secrecy).
     """
 
     def __init__(
@@ -111,7 +106,9 @@ class Watch:
         resource_version: str | None = None,
         held: Sequence[dict[str, Any]] = (),
         timeout_seconds: int | None = None,
-        backoff: WatchBackoff | None = None,
+        backoff: Backoff = WATCH_BACKOFF,
+        reset_after: float = RESET_AFTER,
+        draw: Callable[[], float] = random.random,
     ) -> None:
         self._kube = kube
         self._resource = resource
@@ -122,7 +119,9 @@ class Watch:
         self._version = resource_version or ""
         # client-go: a random 5-10 minutes, so that watchers do not all reconnect at once.
         self._timeout = timeout_seconds or random.randint(300, 600)  # noqa: S311
-        self._backoff = backoff or WatchBackoff()
+        self._backoff = backoff
+        self._reset_after = reset_after
+        self._draw = draw
         self._known: dict[Key, dict[str, Any]] = {object_key(o): o for o in held}
         self._stopping = threading.Event()
         self._stream: api.Stream | None = None
@@ -195,10 +194,10 @@ class Watch:
                 if self._stopping.is_set():
                     break
                 log.exception("watch %s: unexpected failure; retrying", self.name)
-            if time.monotonic() - started > self._backoff.reset_after:
+            if time.monotonic() - started > self._reset_after:
                 failures = 0
             failures += 1
-            self._stopping.wait(self._backoff.delay(failures))
+            self._stopping.wait(self._backoff.delay(failures, draw=self._draw()))
 
     def _relist(self) -> None:
         items, version = objects.list_objects(
@@ -301,52 +300,6 @@ class Watch:
         if self._stopping.is_set():
             return
         try:
-            self._deliver(WatchEvent(kind, obj))
+            self._deliver(WatchEvent(kind, obj, self._resource))
         except Exception:  # a consumer's bug must not end the watch
             log.exception("watch %s: the consumer failed on a %s event", self.name, kind)
-
-
-class AsyncWatch:
-    """A ``Watch`` whose events arrive on the running asyncio loop.
-
-    ``async with AsyncWatch(kube, PODS) as events: async for event in events: ...``; leaving the
-    block stops the thread (without blocking the loop).
-    """
-
-    def __init__(self, kube: Kube, resource: Resource, **options: Any) -> None:
-        self._kube = kube
-        self._resource = resource
-        self._options = options
-        self._queue: asyncio.Queue[WatchEvent | None] = asyncio.Queue()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self.watch: Watch | None = None
-
-    def _post(self, event: WatchEvent | None) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-        with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
-            loop.call_soon_threadsafe(self._queue.put_nowait, event)
-
-    async def __aenter__(self) -> AsyncWatch:
-        self._loop = asyncio.get_running_loop()
-        self.watch = Watch(self._kube, self._resource, self._post, **self._options)
-        self.watch.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.stop()
-
-    async def stop(self) -> None:
-        if self.watch is not None:
-            await asyncio.to_thread(self.watch.stop)
-        self._queue.put_nowait(None)
-
-    def __aiter__(self) -> AsyncIterator[WatchEvent]:
-        return self
-
-    async def __anext__(self) -> WatchEvent:
-        event = await self._queue.get()
-        if event is None:
-            raise StopAsyncIteration
-        return event

@@ -17,8 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from meshctl import inputs, yamlread
 from meshctl.core.mesh.localconfig import local_config_warnings, parse_local_config
 from meshctl.core.mesh.records import LocalConfigError
 from meshctl.core.pki.identity import (
@@ -33,6 +32,7 @@ from meshctl.core.pki.identity import (
 from meshctl.core.wire import channel
 from meshctl.errors import UserError
 from meshctl.process import Feed
+from meshctl.structured import InputError
 
 log = logging.getLogger(__name__)
 
@@ -40,17 +40,20 @@ log = logging.getLogger(__name__)
 def read_certs(cert_dir: Path, identity: SpiffeId, generation: int) -> channel.Certs:
     """Load and check ``cert-chain.pem``, ``key.pem`` and ``root-cert.pem`` from ``cert_dir``."""
     names = (CERT_CHAIN_FILE, KEY_FILE, ROOT_CERT_FILE)
+    limits = inputs.limits()
     try:
-        chain, key, roots = ((cert_dir / n).read_text() for n in names)
-    except UnicodeDecodeError as exc:
-        raise UserError(
-            f"workload certificate in {cert_dir} is unusable: a file there is not PEM text",
-            hint=f"mint one for {identity} with 'meshctl ztunnel certs'",
-        ) from exc
+        chain, key, roots = (
+            inputs.read_text(cert_dir / n, str(cert_dir / n), limits) for n in names
+        )
     except OSError as exc:
         raise UserError(
             f"cannot read workload certificates in {cert_dir}: {exc.strerror or exc}",
             hint=f"create them with 'meshctl ztunnel certs --out {cert_dir} --workload ...'",
+        ) from exc
+    except InputError as exc:  # not text (binary, not UTF-8), or over the size limit
+        raise UserError(
+            f"workload certificate in {cert_dir} is unusable: {exc.message}",
+            hint=f"mint one for {identity} with 'meshctl ztunnel certs'",
         ) from exc
     try:
         return certs_message(chain, key, roots, identity, generation)
@@ -117,15 +120,15 @@ def read_local_config(path: Path | None, *, warn: bool = True) -> dict[str, Any]
     if path is None:
         return {}
     try:
-        doc = yaml.safe_load(path.read_text()) or {}
+        limits = inputs.limits()
+        doc = yamlread.load_yaml(inputs.read_bytes(path, str(path), limits), str(path), limits)
     except OSError as exc:
         raise UserError(
             f"cannot read local config {path}: {exc.strerror or exc}", hint="fix --local-config"
         ) from exc
-    except yaml.YAMLError as exc:
-        raise UserError(
-            f"local config {path} is not valid YAML: {exc}", hint="fix the YAML"
-        ) from exc
+    except InputError as exc:
+        raise UserError(exc.message, hint=exc.hint) from exc
+    doc = doc or {}
     try:
         parse_local_config(doc)
     except LocalConfigError as exc:

@@ -48,7 +48,13 @@ async def serve(sock: socket.socket, handler: Handler) -> asyncio.Server:
                 await asyncio.wait_for(reader.readexactly(length), _READ_DEADLINE)
             url = urlsplit(target)
             status, ctype, body = await handler(method, url.path, parse_qs(url.query), headers)
-        except (ValueError, asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+        except (
+            ValueError,  # a request line or header that is not HTTP, or a bad content-length
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,  # a head longer than the reader's 64 KiB limit
+            TimeoutError,
+            ConnectionError,
+        ):
             status, ctype, body = 400, "text/plain", b"bad request\n"
         try:
             writer.write(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from meshctl import rpc  # first: it quiets grpc's C core logging before grpc lo
 from google.protobuf import json_format, struct_pb2
 
 from meshctl import config, xds
+from meshctl.core.backoff import Backoff
 from meshctl.core.mesh.records import Kind, Policy, Service, Workload
 from meshctl.core.mesh.render import render, update_to_plain
 from meshctl.core.mesh.store import Store, Update
@@ -36,11 +36,12 @@ from meshctl.core.xds.resources import AUTHORIZATION_TYPE, TYPES
 from meshctl.errors import ConfigError
 from meshctl.process import Feed
 from meshctl.proto import xds_pb2, xds_pb2_grpc
+from meshctl.structured import InputError, load_json
 
 log = logging.getLogger(__name__)
 
-INITIAL_BACKOFF = 0.01
-MAX_BACKOFF = 15.0
+# Waits before the n-th connection since the last clean end (the first: 10 ms).
+RECONNECT = Backoff(first=0.01, cap=15.0)
 # ztunnel: these end a stream without backoff (a server recycling streams, or a GOAWAY).
 _CHEAP_ENDS = ("UNKNOWN", "CANCELLED", "DEADLINE_EXCEEDED")
 _CHEAP_UNAVAILABLE = ("transport is closing", "received prior goaway", "goaway")
@@ -180,20 +181,21 @@ class XdsClient:
     # -- the loop --------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
-        backoff = INITIAL_BACKOFF
+        attempt = 1
         while not stop.is_set():
-            backoff = await self._once(stop, backoff)
+            attempt = await self._once(stop, attempt)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), backoff)
+                await asyncio.wait_for(stop.wait(), RECONNECT.delay(attempt))
 
-    async def _once(self, stop: asyncio.Event, backoff: float) -> float:
-        """One connection; returns the delay before the next one (ztunnel's rules)."""
+    async def _once(self, stop: asyncio.Event, attempt: int) -> int:
+        """One connection; returns which attempt the next one is (ztunnel's rules: 1 after a
+        clean end, one more after a failure)."""
         roots = self.config.roots
         try:
             root = roots if isinstance(roots, bytes) else roots.read_bytes()
         except OSError as exc:
             self._fail(f"cannot read the control plane's roots {roots!s}: {exc.strerror}")
-            return min(MAX_BACKOFF, backoff * 2)
+            return attempt + 1
         self.connections += 1
         channel = rpc.connect(
             self.config.address,
@@ -212,17 +214,17 @@ class XdsClient:
                 and any(s in detail.lower() for s in _CHEAP_UNAVAILABLE)
                 and self._got_response
             )
-            return INITIAL_BACKOFF if cheap else min(MAX_BACKOFF, backoff * 2)
+            return 1 if cheap else attempt + 1
         except (OSError, TimeoutError) as exc:
             self._fail(f"connection failed: {exc}")
-            return min(MAX_BACKOFF, backoff * 2)
+            return attempt + 1
         finally:
             self.connected = False
             await channel.close(grace=None)
             self._on_state()
         if not stop.is_set():
             log.warning("discovery stream to %s ended; reconnecting", self.config.address)
-        return INITIAL_BACKOFF
+        return 1
 
     def _fail(self, message: str) -> None:
         if message != self.last_error:
@@ -395,10 +397,10 @@ def build_config(settings: DiscoverySettings, env: Mapping[str, str] | None = No
     meta_json: dict[str, Any] = {}
     for key, text in config.env_with_prefix("ISTIO_METAJSON_", env).items():
         try:
-            meta_json[key] = json.loads(text)
-        except ValueError as exc:
+            meta_json[key] = load_json(text, f"ISTIO_METAJSON_{key}")
+        except InputError as exc:
             raise ConfigError(
-                f"ISTIO_METAJSON_{key} is not JSON: {exc}", hint="fix its value"
+                f"ISTIO_METAJSON_{key} is not JSON: {exc.problem}", hint="fix its value"
             ) from exc
     headers = tuple(
         (name.lower().replace("_", "-"), value)

@@ -14,6 +14,11 @@ rebuilt, only copied. Exits 1 with a one-line reason when an input is missing.
 - ``pause`` -> ``localhost/meshctl-pause:<version>``: the pod sandbox process (pause.c, static).
 - ``testapp`` -> ``localhost/meshctl-testapp:<version>``: ``meshtest`` (testapp/main.go, static Go:
   HTTP/TCP/gRPC-health server and client) and Debian's busybox-static for shell tools.
+- ``echo-basic`` -> every ``registry.k8s.io/gateway-api/echo-basic:<tag>`` the Gateway API
+  conformance suite's manifests name: the suite's echo backend, built by tests/kube/build.sh from
+  the suite's Go module (so the node never pulls).
+- ``coredns`` -> the ``registry.k8s.io/coredns/coredns:<tag>`` of the suite's base manifests, built
+  by tests/kube/build.sh from CoreDNS's Go module.
 """
 
 from __future__ import annotations
@@ -253,10 +258,103 @@ def testapp_image() -> oci.Image:
     )
 
 
+# --- the Gateway API conformance suite's images: programs tests/kube/build.sh built ------------
+
+
+def test_cache() -> Path:
+    """Where tests/kube/build.sh caches what it builds (its ``cache_root``)."""
+    configured = os.environ.get("MESHCTL_TEST_CACHE")
+    return Path(configured) if configured else Path.home() / ".cache" / "meshctl-test"
+
+
+def pinned(wrapper: str, module: str) -> str:
+    """The version of ``module`` a wrapper module under tests/kube pins (build.sh reads it so)."""
+    go_mod = ROOT / "tests" / "kube" / wrapper / "go.mod"
+    for line in go_mod.read_text().splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in (module, "require") and module in words:
+            version = words[words.index(module) + 1]
+            if version.startswith("v"):
+                return version
+    raise BuildError(f"{go_mod} pins no {module}")
+
+
+def _built(path: Path) -> Path:
+    if not path.exists():
+        raise BuildError(f"{path} not found: run 'bash tests/kube/build.sh' first")
+    return path
+
+
+def suite_refs(repository: str) -> tuple[str, ...]:
+    """The references of ``repository`` the conformance suite's manifests use, newest tag last."""
+    version = pinned("gateway-api", "sigs.k8s.io/gateway-api/conformance")
+    listed = _built(test_cache() / "gateway-api" / version / "image-refs").read_text().split()
+    refs = sorted(r for r in listed if r.rpartition(":")[0] == repository)
+    if not refs:
+        raise BuildError(f"the conformance suite {version} names no {repository} image")
+    return tuple(refs)
+
+
+def static_program_image(
+    refs: tuple[str, ...], program: Path, path: str, title: str, source: str
+) -> oci.Image:
+    """One static program at ``path``, run as distroless's nonroot user as upstream's image is.
+
+    (Upstream's CoreDNS binary carries the file capability to bind port 53; ours needs none: the
+    test node's containerd sets ``enable_unprivileged_ports``, which opens every port to any uid.)
+    """
+    repository, _, tag = refs[0].rpartition(":")
+    entries = (
+        oci.file_from(path, program, 0o755),
+        oci.file_bytes(
+            "/etc/passwd",
+            b"root:x:0:0:root:/root:/sbin/nologin\n"
+            b"nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n",
+        ),
+        oci.file_bytes("/etc/group", b"root:x:0:\nnonroot:x:65532:\n"),
+        oci.directory("/home/nonroot", 0o700),
+        oci.directory("/tmp", 0o1777),  # noqa: S108 (the image's own /tmp, sticky as usual)
+    )
+    return oci.Image(
+        repository=repository,
+        tag=tag,
+        aliases=refs[1:],
+        layers=(oci.Layer(f"{source}, CGO_ENABLED=0", entries),),
+        entrypoint=(path,),
+        env=("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",),
+        user="65532:65532",
+        labels={
+            "org.opencontainers.image.title": title,
+            "org.opencontainers.image.description": f"Built from {source} for meshctl's tests.",
+            "org.opencontainers.image.licenses": "Apache-2.0",
+        },
+    )
+
+
+def echo_basic_image() -> oci.Image:
+    version = pinned("gateway-api", "sigs.k8s.io/gateway-api/conformance")
+    program = _built(test_cache() / "gateway-api" / version / "echo-basic")
+    refs = suite_refs("registry.k8s.io/gateway-api/echo-basic")
+    source = f"sigs.k8s.io/gateway-api/conformance/echo-basic {version}"
+    return static_program_image(refs, program, "/echo-basic", "echo-basic", source)
+
+
+def coredns_image() -> oci.Image:
+    version = pinned("coredns", "github.com/coredns/coredns")
+    program = _built(test_cache() / "coredns" / version / "coredns")
+    refs = suite_refs("registry.k8s.io/coredns/coredns")
+    if refs != (f"registry.k8s.io/coredns/coredns:{version}",):
+        raise BuildError(f"the suite runs {', '.join(refs)}; tests/kube/coredns pins {version}")
+    source = f"github.com/coredns/coredns {version}"
+    return static_program_image(refs, program, "/coredns", "coredns", source)
+
+
 IMAGES: dict[str, Callable[[Path], oci.Image]] = {
     "meshctl": meshctl_image,
     "pause": lambda _tree: pause_image(),
     "testapp": lambda _tree: testapp_image(),
+    "echo-basic": lambda _tree: echo_basic_image(),
+    "coredns": lambda _tree: coredns_image(),
 }
 
 

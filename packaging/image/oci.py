@@ -99,10 +99,18 @@ class Image:
     user: str = ""
     workdir: str = "/"
     labels: dict[str, str] = field(default_factory=dict)
+    # Further full references (repository:tag) of the same image: a test image that must answer to
+    # every name upstream manifests use for it.
+    aliases: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
         return f"{self.repository}:{self.tag}"
+
+    @property
+    def refs(self) -> tuple[str, ...]:
+        """Every name the tarball gives the image, ``ref`` first."""
+        return (self.ref, *(a for a in self.aliases if a != self.ref))
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +208,7 @@ def recipe(image: Image, writer: bytes) -> str:
     body = {
         "writer": hashlib.sha256(writer).hexdigest(),
         "ref": image.ref,
+        "aliases": list(image.refs[1:]),
         "config": _config_fields(image),
         "arch": architecture(),
         "layers": [
@@ -214,6 +223,14 @@ def recipe(image: Image, writer: bytes) -> str:
         ],
     }
     return hashlib.sha256(canonical(body)).hexdigest()
+
+
+def _tag_of(ref: str) -> str:
+    """The tag of ``repository:tag`` (a registry's ``host:port/`` is not one)."""
+    repository, sep, tag = ref.rpartition(":")
+    if not sep or "/" in tag or not repository:
+        raise ValueError(f"image reference {ref!r} has no tag")
+    return tag
 
 
 def _config_fields(image: Image) -> dict[str, Any]:
@@ -275,6 +292,8 @@ def write_archive(image: Image, out: Path) -> Written:
             }
         )
         manifest_digest = hashlib.sha256(manifest).hexdigest()
+        # One descriptor per name, all of the same manifest: containerd's import names an image
+        # after each descriptor's io.containerd.image.name.
         index = canonical(
             {
                 "schemaVersion": 2,
@@ -285,8 +304,9 @@ def write_archive(image: Image, out: Path) -> Written:
                         "digest": f"sha256:{manifest_digest}",
                         "size": len(manifest),
                         "platform": {"architecture": architecture(), "os": "linux"},
-                        "annotations": {NAME_ANNOTATION: image.ref, REF_ANNOTATION: image.tag},
+                        "annotations": {NAME_ANNOTATION: ref, REF_ANNOTATION: _tag_of(ref)},
                     }
+                    for ref in image.refs
                 ],
             }
         )
@@ -294,7 +314,7 @@ def write_archive(image: Image, out: Path) -> Written:
             [
                 {
                     "Config": f"blobs/sha256/{config_digest}",
-                    "RepoTags": [image.ref],
+                    "RepoTags": list(image.refs),
                     "Layers": [f"blobs/sha256/{d}" for d, _ in blobs],
                 }
             ]

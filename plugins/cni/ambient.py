@@ -1,71 +1,63 @@
 """The node agent of ambient mode: enrolls this node's pods and hands them to the node proxy.
 
 Owns, for every pod on the node, the path from "should be in the mesh" (``meshctl.core.k8s.ambient``
-over the pod and its namespace, from the API's watches or a local inventory file, and CNI
-events) to "is": the in-pod rules applied in
-the pod's netns from outside (the pod never has NET_ADMIN), the node's probe SNAT for its IPs,
-the netns descriptor handed to the node proxy over ZDS and acknowledged, the pod annotated
-``ambient.istio.io/redirection: enabled`` (or ``pending`` with a Warning event saying why); and
-back again when a label changes, the pod goes or its sandbox is torn down. A level-triggered
-reconciler (kopf's / controller-runtime's style): every trigger re-reads the desired state and
-converges, idempotently; failures are retried with backoff.
+over the pod and its namespace, from the API's informers or a local inventory file, and CNI
+events) to "is": the in-pod rules applied in the pod's netns from outside (the pod never has
+NET_ADMIN), the node's probe SNAT for its IPs, the netns descriptor handed to the node proxy over
+ZDS and acknowledged, the pod annotated ``ambient.istio.io/redirection: enabled`` (or ``pending``
+with a Warning event saying why); and back again when a label changes, the pod goes or its
+sandbox is torn down. A level-triggered reconciler (kopf's / controller-runtime's style): every
+trigger queues the pod on the shared work queue (``meshctl.kube.workqueue``), which re-reads the
+desired state and converges, idempotently; failures are retried on the queue's backoff (0.5 s
+doubling to 30 s, and at once when a node proxy connects).
 Invariants: kernel changes run one at a time on one thread (libiptc and setns are per thread);
 a pod's own steps are serialised; what is removed is exactly what was added (rules, SNAT entry,
-proxy entry, annotation); the netns paths the plugin reported survive an agent restart in
-``<run_dir>/ambient-pods.json``, so pods already running are enrolled again from the watch.
-Without an API server (``--local-inventory``) the same reconciler runs on the file's objects;
-the annotation and the Warning events then live only here (``enrollment()``, the log).
+proxy entry, annotation); one Warning event per distinct failure, not one per retry; the netns
+paths the plugin reported survive an agent restart (``podstate.StateFile``), so pods already
+running are enrolled again from the watch. The kernel, the node proxies, the pods' source and
+the API's writes are protocols (``Kernel``, ``NodeProxies``, ``PodSource``, ``PodApi``), so
+the same reconciler runs without an API server (``--local-inventory``: the annotation and the
+events then live only here, ``enrollment()`` and the log) and in tests against stand-ins.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
-import json
 import logging
 import os
 import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from meshctl.core.backoff import Backoff
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.cni.spec import AGENT_RELEASED
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 from meshctl.core.wire import zds
-from meshctl.errors import KubeError
-from meshctl.kube import objects
-from meshctl.kube.client import Kube
-from meshctl.kube.resources import DAEMONSETS, NAMESPACES, PODS, Resource
-from meshctl.kube.watch import AsyncWatch, WatchEvent
+from meshctl.kube.resources import NAMESPACES, PODS
+from meshctl.kube.watch import WatchEvent
+from meshctl.kube.workqueue import RETRY_BACKOFF, GiveUp, Retry, WorkQueue
 
-from .kernelsteps import KernelError, KernelSteps
-from .zdsserver import ProxyUnavailableError, SnapshotEntry, ZdsServer
-
-if TYPE_CHECKING:
-    from .podfile import InventoryFile
+from .apiserver import PodApi, PodSource
+from .health import health_report
+from .kernelsteps import Kernel, KernelError, KernelSteps
+from .netnsdir import NetnsDir
+from .podstate import (
+    ENROLL_FAILED,
+    REMOVAL_FAILED,
+    STATE_FILE,
+    EnrollmentError,
+    PodState,
+    StateFile,
+)
+from .zdsserver import NodeProxies, ProxyUnavailableError, SnapshotEntry, ZdsServer
 
 log = logging.getLogger(__name__)
 
-EVENTS = Resource("", "v1", "events", "Event")
-STATE_FILE = "ambient-pods.json"
-COMPONENT = "meshctl-cni-node"
-_RETRY_FIRST = 0.5
-_RETRY_CAP = 30.0
-ENROLL_FAILED = "AmbientEnrollmentFailed"
-REMOVAL_FAILED = "AmbientRemovalFailed"
-
-
-class EnrollmentError(Exception):
-    """A pod could not be enrolled (or removed: ``reason``); ``retry``: whether trying again
-    later can help."""
-
-    def __init__(self, message: str, *, retry: bool, reason: str = ENROLL_FAILED) -> None:
-        super().__init__(message)
-        self.retry = retry
-        self.reason = reason
+# Reconciles at once: each mostly waits (on the kernel's one thread, a proxy's ack, the API).
+WORKERS = 16
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -81,71 +73,41 @@ class AgentSettings:
     # Where the runtime's pod netns files appear to this agent (the DaemonSet's mount): a
     # reported netns outside it cannot be opened here, and the error must say why.
     netns_dir: str = ""
-    # The agent's own pod, to tell an uninstall from an upgrade on exit (``exit_plan``).
-    pod_name: str = ""
-    pod_namespace: str = ""
+    # On exit: release the pods ("always"), keep them ("never"), or "auto": ask the API
+    # server whether this agent's DaemonSet is going (``PodApi.exit_plan``).
     release_on_exit: str = "auto"
-
-
-@dataclass(eq=False)
-class PodState:
-    uid: str
-    namespace: str
-    name: str
-    netns: str = ""  # the path the plugin reported
-    container: str = ""
-    ips: tuple[str, ...] = ()
-    pod: dict[str, Any] | None = None  # the latest object seen
-    fd: int | None = None  # the netns, held open while captured (the proxy's snapshot needs it)
-    captured: bool = False  # in-pod rules and SNAT entry in place
-    served: bool = False  # a node proxy acknowledged it
-    annotated: str | None = None
-    failures: int = 0
-    reported: str = ""  # the last failure an event was recorded for
-    retry: asyncio.TimerHandle | None = None
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-
-    @property
-    def ref(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    def info(self) -> zds.WorkloadInfo:
-        spec = (self.pod or {}).get("spec") or {}
-        sa = str(spec.get("serviceAccountName") or spec.get("serviceAccount") or "default")
-        return zds.WorkloadInfo(self.name, self.namespace, sa)
 
 
 class AmbientAgent:
     """The enrollment controller; ``run`` serves until ``stop`` is set."""
 
     def __init__(
-        self, settings: AgentSettings, kube: Kube | None, *, inventory: InventoryFile | None = None
+        self,
+        settings: AgentSettings,
+        source: PodSource,
+        api: PodApi,
+        *,
+        kernel: Kernel | None = None,
+        proxies: NodeProxies | None = None,
+        retry: Backoff = RETRY_BACKOFF,
     ) -> None:
-        """``kube``: the API server to watch and write to; ``inventory`` instead: no API."""
-        if (kube is None) == (inventory is None):
-            raise ValueError("the agent needs exactly one source: an API server or an inventory")
+        """``source``: the pods and namespaces (informers, or the local inventory); ``api``:
+        where annotations and events go; ``kernel``, ``proxies``: the real ones by default;
+        ``retry``: a failed pod's backoff."""
         self.settings = settings
-        self.kube = kube
-        self.inventory = inventory
+        self.source = source
+        self.api = api
         self.pods: dict[str, PodState] = {}
         self.namespaces: dict[str, dict[str, Any]] = {}
         self.synced = asyncio.Event()
         self._synced_kinds: set[str] = set()
-        self.kernel = KernelSteps(
-            pod_backend=settings.iptables_backend,
-            host_backend=settings.host_backend,
-            wanted_host_ips=self._captured_ips,
+        self.kernel: Kernel = kernel or KernelSteps(
+            pod_backend=settings.iptables_backend, host_backend=settings.host_backend
         )
-        # Directories of reported netns paths this agent cannot see (the runtime pins them
-        # outside the mounted netns directory): every pod there fails, and verify says why.
-        self.netns_unseen: dict[str, str] = {}  # directory -> a pod whose netns was there
-        self._state_path = Path(settings.run_dir) / STATE_FILE
-        self.zds = ZdsServer(
-            settings.zds_socket,
-            snapshot=self._snapshot,
-            on_snapshot=self._snapshot_result,
-            ready=self.synced,
-        )
+        self.netns_dir = NetnsDir(settings.netns_dir)
+        self._state_file = StateFile(Path(settings.run_dir) / STATE_FILE)
+        self.zds: NodeProxies = proxies or ZdsServer(settings.zds_socket)
+        self.queue: WorkQueue[str] = WorkQueue("pod", self._reconcile_uid, backoff=retry)
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- life --------------------------------------------------------------------------------
@@ -153,30 +115,27 @@ class AmbientAgent:
     async def run(self, stop: asyncio.Event, *, release: asyncio.Event | None = None) -> None:
         """Serve until ``stop``; when ``release`` is set by then (the mesh is being uninstalled
         from this node), every pod is taken out of the mesh first, so it keeps working."""
-        self._load_state()
-        self.zds.start()
-        selector = f"spec.nodeName={self.settings.node_name}"
+        for state in self._state_file.load():
+            self.pods[state.uid] = state
+        self.zds.start(
+            snapshot=self._snapshot, on_snapshot=self._snapshot_result, ready=self.synced
+        )
         try:
-            async with contextlib.AsyncExitStack() as stack:
-                readers = [asyncio.ensure_future(self._on_proxy_changes())]
-                if self.inventory is not None:
-                    readers.append(asyncio.ensure_future(self.inventory.follow(self._on_event)))
-                else:
-                    assert self.kube is not None  # noqa: S101 -- one source (the constructor)
-                    pods = await stack.enter_async_context(
-                        AsyncWatch(self.kube, PODS, field_selector=selector)
-                    )
-                    namespaces = await stack.enter_async_context(AsyncWatch(self.kube, NAMESPACES))
-                    readers.append(asyncio.ensure_future(self._consume("pods", pods)))
-                    readers.append(asyncio.ensure_future(self._consume("namespaces", namespaces)))
-                try:
-                    await stop.wait()
-                finally:
-                    for task in readers:
-                        task.cancel()
-                if release is not None and release.is_set():
-                    await self.release_all()
+            readers = [
+                asyncio.ensure_future(self._on_proxy_changes()),
+                asyncio.ensure_future(self._follow()),
+                asyncio.ensure_future(self.queue.run(workers=WORKERS)),
+            ]
+            try:
+                await stop.wait()
+            finally:
+                for task in readers:
+                    task.cancel()
+            if release is not None and release.is_set():
+                await self.release_all()
+            await asyncio.wait(readers, timeout=2.0)  # the informers' watches stop
         finally:
+            self.queue.shut_down()
             for task in list(self._tasks):
                 task.cancel()
             await self.zds.close()
@@ -187,36 +146,17 @@ class AmbientAgent:
     async def exit_plan(self) -> ambient.ExitPlan:
         """Whether stopping now is an uninstall (release every pod) or an upgrade (keep them),
         from this agent's DaemonSet as the API server has it now."""
-        mode = self.settings.release_on_exit
-        name, namespace = self.settings.pod_name, self.settings.pod_namespace
-        if mode != "auto" or self.kube is None or not (name and namespace):
-            return ambient.exit_plan(None, None, mode=mode)
-        kube = self.kube
-        try:
-            async with asyncio.timeout(5):
-                own = await asyncio.to_thread(objects.get, kube, PODS, name, namespace)
-                refs = ((own or {}).get("metadata") or {}).get("ownerReferences") or ()
-                owner = next((r for r in refs if r.get("kind") == "DaemonSet"), None)
-                daemonset = None
-                if owner is not None:
-                    daemonset = await asyncio.to_thread(
-                        objects.get, kube, DAEMONSETS, str(owner.get("name")), namespace
-                    )
-        except (KubeError, TimeoutError) as exc:
-            why = exc.message if isinstance(exc, KubeError) else "no answer within 5 s"
-            return ambient.ExitPlan(False, f"cannot read its DaemonSet ({why}): keeping them")
-        return ambient.exit_plan(own, daemonset)
+        return await self.api.exit_plan(self.settings.release_on_exit)
 
     async def release_all(self) -> list[str]:
         """Take every pod out of the mesh (the agent is being uninstalled): rules, the node's
         SNAT, the proxy's entry and the annotation removed, the state file deleted; returns the
         pods that could not be released (logged, each with its error)."""
+        self.queue.shut_down()
         for task in list(self._tasks):
             task.cancel()
         left = []
         for state in list(self.pods.values()):
-            if state.retry is not None:
-                state.retry.cancel()
             if not (state.captured or state.served or state.annotated or state.netns):
                 continue
             async with state.lock:
@@ -228,8 +168,7 @@ class AmbientAgent:
         if not await self.kernel.host_synced(timeout=10):
             log.error("the node's probe rules were not removed: %s", self.kernel.host_error)
         if not left:
-            with contextlib.suppress(FileNotFoundError):
-                self._state_path.unlink()
+            self._state_file.remove()
         log.info(
             "released %d pods from the mesh for uninstall%s",
             sum(1 for s in self.pods.values() if s.ref not in left),
@@ -237,25 +176,25 @@ class AmbientAgent:
         )
         return left
 
-    async def _consume(self, kind: str, events: AsyncWatch) -> None:
-        async for event in events:
-            self._on_event(kind, event)
+    async def _follow(self) -> None:
+        async with self.source.subscribe() as events:
+            async for event in events:
+                self._on_event(event)
 
-    def _on_event(self, kind: str, event: WatchEvent) -> None:
+    def _on_event(self, event: WatchEvent) -> None:
         try:
-            self._apply_event(kind, event)
+            self._apply_event(event)
         except Exception:  # one bad object must not stop the watch's consumer
-            log.exception("%s event %s failed", kind, event.type)
+            log.exception("%s event %s failed", _plural(event), event.type)
 
-    def _apply_event(self, kind: str, event: WatchEvent) -> None:
+    def _apply_event(self, event: WatchEvent) -> None:
+        kind = _plural(event)
         if event.type == "SYNCED":
             self._synced_kinds.add(kind)
-            if {"pods", "namespaces"} <= self._synced_kinds and not self.synced.is_set():
+            if {PODS.plural, NAMESPACES.plural} <= self._synced_kinds and not self.synced.is_set():
                 log.info(
                     "%s synced: %d pods on node %s",
-                    "watches"
-                    if self.inventory is None
-                    else f"local inventory {self.inventory.path}",
+                    self.source.name,
                     len(self.pods),
                     self.settings.node_name,
                 )
@@ -263,7 +202,7 @@ class AmbientAgent:
             return
         obj = event.object
         meta = obj.get("metadata") or {}
-        if kind == "namespaces":
+        if kind == NAMESPACES.plural:
             name = str(meta.get("name", ""))
             if event.type == "DELETED":
                 self.namespaces.pop(name, None)
@@ -286,12 +225,16 @@ class AmbientAgent:
 
     async def _initial_sync(self) -> None:
         """Pods that should be enrolled are captured again (idempotently) before the first
-        proxy gets its snapshot, so the snapshot names every one of them."""
-        await asyncio.gather(
-            *(self.reconcile(s, hand_over=False) for s in list(self.pods.values())),
-            return_exceptions=True,
+        proxy gets its snapshot, so the snapshot names every one of them; those that failed
+        are retried on the queue's backoff."""
+        states = list(self.pods.values())
+        outcomes = await asyncio.gather(
+            *(self.reconcile(s, hand_over=False) for s in states), return_exceptions=True
         )
         self.synced.set()
+        for state, outcome in zip(states, outcomes, strict=True):
+            if isinstance(outcome, Retry):
+                self.queue.retry(state.uid)
         log.info(
             "initial enrollment done: %d pods captured", sum(s.captured for s in self.pods.values())
         )
@@ -309,12 +252,9 @@ class AmbientAgent:
     # -- triggers ----------------------------------------------------------------------------
 
     def kick(self, state: PodState) -> None:
-        """Reconcile ``state`` soon (coalesced: a pending retry is replaced)."""
-        if state.retry is not None:
-            state.retry.cancel()
-            state.retry = None
+        """Reconcile ``state`` soon (the queue coalesces; a pending retry runs now instead)."""
         if self.synced.is_set():
-            self._spawn(self.reconcile(state))
+            self.queue.add(state.uid)
 
     async def cni_add(self, event: dict[str, Any]) -> tuple[int, str]:
         """A sandbox was set up (the plugin's ``/cmdadd``): remember its netns; enroll it now
@@ -330,7 +270,7 @@ class AmbientAgent:
             self._close_fd(state)
             state.captured = state.served = False
         state.netns = str(event["netns"])
-        self._check_visible(state)
+        self.netns_dir.check(state)
         state.container = str(event.get("containerId", ""))
         state.ips = tuple(str(ip) for ip in event.get("ips") or ())
         if pod is not None and state.pod is None:
@@ -345,7 +285,7 @@ class AmbientAgent:
             try:
                 await self._enroll(state, from_cni=True)
             except EnrollmentError as exc:
-                self._failed(state, str(exc), retry=False)  # the runtime retries the ADD
+                self._report(state, str(exc))  # the runtime retries the ADD
                 return 500, str(exc)
         return 200, f"pod {state.ref} captured and served"
 
@@ -368,7 +308,7 @@ class AmbientAgent:
                 # The plugin removes the rules itself when the agent did not say "released".
                 log.warning("%s", exc)
                 state.captured = state.served = False
-                self.kernel.sync_host()
+                self._sync_host()
                 reported = False
             state.netns = ""
         self._forget_if_gone(state)
@@ -387,9 +327,15 @@ class AmbientAgent:
             state.pod, namespace, excluded_namespaces=self.settings.exclude_namespaces
         )
 
+    async def _reconcile_uid(self, uid: str) -> None:
+        state = self.pods.get(uid)
+        if state is not None:
+            await self.reconcile(state)
+
     async def reconcile(self, state: PodState, *, hand_over: bool = True) -> None:
         """Converge ``state``; without ``hand_over`` (before the first proxy's snapshot, which
-        will carry the pod) only the capture is restored."""
+        will carry the pod) only the capture is restored. A failure is reported, then raised
+        as the queue's ``Retry`` (or ``GiveUp`` when trying again cannot help)."""
         async with state.lock:
             decision = self.desired(state)
             try:
@@ -401,9 +347,11 @@ class AmbientAgent:
                 elif state.captured or state.served or state.annotated:
                     await self._unenroll(state, reason=decision.reason)
             except EnrollmentError as exc:
-                self._failed(state, str(exc), retry=exc.retry, reason=exc.reason)
-                return
-            state.failures, state.reported = 0, ""
+                self._report(state, str(exc), reason=exc.reason)
+                if exc.retry and (state.pod is not None or state.captured):
+                    raise Retry from exc
+                raise GiveUp from exc
+            state.reported = ""
         self._forget_if_gone(state)
 
     async def _enroll(
@@ -426,7 +374,7 @@ class AmbientAgent:
             try:
                 state.fd = os.open(state.netns, os.O_RDONLY | os.O_CLOEXEC)
             except OSError as exc:
-                raise self._vanished(state, exc) from exc
+                raise self.netns_dir.vanished(state, exc) from exc
         if not state.captured:
             args = ambient.capture_args(
                 state.pod or {}, dns=self._dns(state), ipv6=self.settings.ipv6
@@ -437,7 +385,7 @@ class AmbientAgent:
                 raise EnrollmentError(f"pod {state.ref}: {exc}", retry=True) from exc
             state.ips = state.ips or tuple(ambient.pod_ips(state.pod or {}))
             state.captured = True
-            self.kernel.sync_host()
+            self._sync_host()
         if not hand_over:
             return
         captured = time.monotonic()
@@ -497,7 +445,7 @@ class AmbientAgent:
         was_captured = state.captured
         if state.captured:
             state.captured = False
-            self.kernel.sync_host()
+            self._sync_host()
         if state.served or was_captured:
             await self.zds.delete(state.uid)
             state.served = False
@@ -508,19 +456,11 @@ class AmbientAgent:
         if leftover:
             log.info("pod %s (%s) removed from the mesh: %s", state.ref, state.uid, reason)
 
-    def _failed(
-        self, state: PodState, message: str, *, retry: bool, reason: str = ENROLL_FAILED
-    ) -> None:
+    def _report(self, state: PodState, message: str, *, reason: str = ENROLL_FAILED) -> None:
         log.error("%s", message)  # one line: which pod, what failed, what to do
         if message != state.reported:  # one event per distinct failure, not one per retry
             state.reported = message
-            self._spawn(self._event(state, reason, message))
-        if not retry or (state.pod is None and not state.captured):
-            return
-        state.failures += 1
-        delay = min(_RETRY_CAP, _RETRY_FIRST * 2 ** (state.failures - 1))
-        loop = asyncio.get_running_loop()
-        state.retry = loop.call_later(delay, lambda: self._spawn(self.reconcile(state)))
+            self._spawn(self.api.warn(state, reason, message))
 
     # -- the node proxy's snapshot -----------------------------------------------------------
 
@@ -555,162 +495,42 @@ class AmbientAgent:
             )
         return False
 
-    def _captured_ips(self) -> frozenset[str]:
-        return frozenset(ip for s in self.pods.values() if s.captured for ip in s.ips)
+    def _sync_host(self) -> None:
+        self.kernel.sync_host(
+            frozenset(ip for s in self.pods.values() if s.captured for ip in s.ips)
+        )
 
     async def host_synced(self) -> None:
         """Wait until the node's probe rules match the captured pods (tests, shutdown)."""
         await self.kernel.host_synced()
-
-    def _check_visible(self, state: PodState) -> None:
-        """Remember (and say once) where the runtime pins netns this agent cannot see: any
-        pod's sandbox shows it, long before an enrolled pod fails on it."""
-        where = str(Path(state.netns).parent)
-        mounted = self.settings.netns_dir
-        if not mounted or where in self.netns_unseen or _within(state.netns, mounted):
-            return
-        if Path(state.netns).exists():
-            return  # visible all the same (the runtime's path is inside another mount)
-        self.netns_unseen[where] = state.ref
-        log.error(
-            "pod %s: its network namespace %s is not visible to the node agent (it mounts %s); "
-            "ambient pods on this node cannot be enrolled: reinstall with "
-            "--set components.cni.netnsDir=%s",
-            state.ref,
-            state.netns,
-            mounted,
-            where,
-        )
-
-    def _vanished(self, state: PodState, exc: OSError) -> EnrollmentError:
-        """Why ``state``'s netns cannot be opened, with the fix when it lies outside the
-        directory this agent mounts (the runtime pins netns elsewhere)."""
-        where = str(Path(state.netns).parent)
-        mounted = self.settings.netns_dir
-        if exc.errno == errno.ENOENT and mounted and not _within(state.netns, mounted):
-            self.netns_unseen.setdefault(where, state.ref)
-            return EnrollmentError(
-                f"pod {state.ref}: its network namespace {state.netns} is not visible to the node "
-                f"agent: the container runtime pins pod netns in {where}, but the agent mounts "
-                f"{mounted}; reinstall with --set components.cni.netnsDir={where}",
-                retry=False,
-            )
-        return EnrollmentError(
-            f"pod {state.ref}: network namespace {state.netns} vanished: {exc.strerror or exc}",
-            retry=False,
-        )
 
     # -- the API -----------------------------------------------------------------------------
 
     async def _annotate(self, state: PodState, value: str | None) -> None:
         if state.annotated == value or state.pod is None:
             return
-        if self.kube is None:  # no API server: the annotation is this agent's record alone
+        if await self.api.annotate(state, value):
             state.annotated = value
-            return
-        body = {"metadata": {"annotations": {ambient.REDIRECTION: value}}}
-        try:
-            await asyncio.to_thread(
-                objects.patch, self.kube, PODS, state.name, body, state.namespace
-            )
-        except KubeError as exc:
-            log.warning("pod %s: annotation %s not written: %s", state.ref, value, exc.message)
-            return
-        state.annotated = value
 
     async def _annotate_quietly(self, state: PodState, value: str) -> None:
         async with state.lock:
             if state.served:
                 await self._annotate(state, value)
 
-    async def _event(self, state: PodState, reason: str, message: str) -> None:
-        if self.kube is None:
-            return  # no API server: the error log line is the record
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{state.name}.", "namespace": state.namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": state.name,
-                "namespace": state.namespace,
-                "uid": state.uid,
-            },
-            "reason": reason,
-            "message": message[:1000],
-            "type": "Warning",
-            "source": {"component": COMPONENT, "host": self.settings.node_name},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.settings.node_name,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:
-            await asyncio.to_thread(objects.create, self.kube, EVENTS, body, state.namespace)
-        except KubeError as exc:
-            log.warning("pod %s: event not recorded: %s", state.ref, exc.message)
-
     # -- health (what verify reads) -----------------------------------------------------------
 
     async def health(self, *, dry_run: bool = False) -> dict[str, Any]:
-        """Whether a pod can be enrolled on this node now, and what stands in the way: the
-        netns directory, netns the runtime pins where this agent cannot see them, a node
-        proxy on ZDS, the node's rules, pods failing; ``dry_run``: each captured pod's rules
-        compared with what an enrollment would write (or, with none, an enrollment into a
-        fresh namespace of the agent's own), nothing written."""
-        problems: list[str] = []
-        mounted = self.settings.netns_dir
-        readable: bool | None = None
-        if mounted:
-            try:
-                next(Path(mounted).iterdir(), None)
-                readable = True
-            except OSError as exc:
-                readable = False
-                problems.append(f"cannot read the netns directory {mounted}: {exc.strerror}")
-        for where, pod in sorted(self.netns_unseen.items()):
-            problems.append(
-                f"the runtime pins pod netns in {where} (pod {pod}), which the node agent "
-                f"does not mount ({mounted}): set components.cni.netnsDir={where}"
-            )
-        if not self.zds.connected:
-            problems.append(f"no node proxy is connected on {self.settings.zds_socket}")
-        if self.kernel.host_error:
-            problems.append(f"the node's probe rules are not in place: {self.kernel.host_error}")
-        failing = sorted(f"{s.ref}: {s.reported}" for s in self.pods.values() if s.reported)
-        report: dict[str, Any] = {
-            "netnsDir": mounted,
-            "netnsDirReadable": readable,
-            "netnsUnseen": dict(sorted(self.netns_unseen.items())),
-            "nodeProxies": self.zds.connected,
-            "failing": failing,
-        }
-        if dry_run:
-            report["dryRun"] = await self._dry_run(problems)
-        report["problems"] = problems
-        return report
-
-    async def _dry_run(self, problems: list[str], limit: int = 50) -> dict[str, Any]:
-        captured = [s for s in self.pods.values() if s.captured and s.netns][:limit]
-        drifted: list[str] = []
-        try:
-            for state in captured:
-                args = ambient.capture_args(state.pod or {}, ipv6=self.settings.ipv6)
-                if await self.kernel.dry_run_pod(state.netns, args):
-                    drifted.append(state.ref)
-            if not captured:
-                await self.kernel.dry_run_pod(None, ambient.capture_args({}))
-        except KernelError as exc:
-            problems.append(f"a dry-run enrollment failed: {exc}")
-            return {"ok": False, "error": str(exc)}
-        if drifted:
-            problems.append(
-                f"{len(drifted)} captured pod(s) lack their capture rules: {', '.join(drifted)}"
-            )
-        return {"ok": not drifted, "pods": len(captured), "drifted": drifted}
+        """Whether a pod can be enrolled on this node now (``health.health_report``)."""
+        return await health_report(
+            self.pods.values(),
+            netns_dir=self.settings.netns_dir,
+            netns_unseen=self.netns_dir.unseen,
+            proxies=self.zds.connected,
+            zds_socket=self.settings.zds_socket,
+            kernel=self.kernel,
+            ipv6=self.settings.ipv6,
+            dry_run=dry_run,
+        )
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -747,6 +567,7 @@ class AmbientAgent:
         if state.pod is None and not state.captured and not state.served and not state.netns:
             self._close_fd(state)
             self.pods.pop(state.uid, None)
+            self.queue.forget(state.uid)
 
     def _close_fd(self, state: PodState) -> None:
         if state.fd is not None:
@@ -764,46 +585,12 @@ class AmbientAgent:
         if not task.cancelled() and task.exception() is not None:
             log.error("ambient task failed", exc_info=task.exception())
 
-    def _load_state(self) -> None:
-        try:
-            data = json.loads(self._state_path.read_text())
-        except (OSError, ValueError):
-            return
-        for uid, entry in (data.get("pods") or {}).items() if isinstance(data, dict) else ():
-            if not isinstance(entry, dict) or not Path(str(entry.get("netns", ""))).exists():
-                continue  # that sandbox is gone: nothing to resume
-            state = self._state(str(uid), str(entry.get("namespace")), str(entry.get("name")))
-            state.netns = str(entry["netns"])
-            state.ips = tuple(str(ip) for ip in entry.get("ips") or ())
-            state.container = str(entry.get("containerId", ""))
-        log.info("resumed %d pod netns records from %s", len(self.pods), self._state_path)
-
     def _save_state(self) -> None:
-        data = {
-            "pods": {
-                s.uid: {
-                    "namespace": s.namespace,
-                    "name": s.name,
-                    "netns": s.netns,
-                    "ips": list(s.ips),
-                    "containerId": s.container,
-                }
-                for s in self.pods.values()
-                if s.netns
-            }
-        }
-        tmp = self._state_path.with_suffix(".tmp")
-        try:
-            tmp.write_text(json.dumps(data))
-            tmp.replace(self._state_path)
-        except OSError as exc:
-            log.warning("cannot save %s: %s", self._state_path, exc.strerror or exc)
+        self._state_file.save(self.pods.values())
 
 
-def _within(path: str, directory: str) -> bool:
-    return Path(path).is_relative_to(directory) or Path(path).is_relative_to(
-        Path(directory).resolve()
-    )
+def _plural(event: WatchEvent) -> str:
+    return event.resource.plural if event.resource is not None else ""
 
 
 def _running(pod: dict[str, Any] | None) -> bool:

@@ -158,8 +158,10 @@ def _agent(settings: InstallSettings, kube_settings: KubeSettings, inventory: An
     reading ``--local-inventory``."""
     from meshctl.errors import ConfigError
     from meshctl.kube.client import connect
+    from meshctl.kube.informer import Informers
 
     from .ambient import AgentSettings, AmbientAgent
+    from .apiserver import ClusterPods, KubePodApi, LocalPodApi
 
     if not settings.node_name:
         raise ConfigError(
@@ -183,14 +185,14 @@ def _agent(settings: InstallSettings, kube_settings: KubeSettings, inventory: An
         dns_capture=settings.ambient_dns_capture,
         ipv6=settings.ambient_ipv6,
         netns_dir=settings.netns_dir,
-        pod_name=settings.pod_name,
-        pod_namespace=settings.pod_namespace,
         release_on_exit=settings.release_on_exit,
     )
     if inventory is not None:
-        return AmbientAgent(agent_settings, None, inventory=inventory)
+        return AmbientAgent(agent_settings, inventory, LocalPodApi())
     kube = connect(kube_settings)
-    return AmbientAgent(agent_settings, kube)
+    own_pod = (settings.pod_namespace, settings.pod_name)
+    api = KubePodApi(kube, node=settings.node_name, own_pod=own_pod)
+    return AmbientAgent(agent_settings, ClusterPods(Informers(kube), settings.node_name), api)
 
 
 @app.command("uninstall")

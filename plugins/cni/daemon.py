@@ -37,6 +37,7 @@ from meshctl.core.k8s.cni.spec import LOG_SOCKET_NAME, PLUGIN_EVENT_SOCKET_NAME
 from meshctl.errors import MeshctlError, PortInUseError, listen_failed
 from meshctl.net.sockets import address_text
 from meshctl.shutdown import StopSignals
+from meshctl.structured import InputError, load_json
 
 from .installer import Installer, InstallSettings, Status
 from .pluginserver import PluginServer
@@ -280,10 +281,10 @@ async def _close_server(server: asyncio.Server) -> None:
 class _PluginLogs(asyncio.DatagramProtocol):
     def datagram_received(self, data: bytes, addr: object) -> None:
         try:
-            record = json.loads(data)
+            record = load_json(data, "plugin log record")
             level = logging.getLevelName(str(record.get("level", "info")).upper())
             message = str(record.get("msg", ""))
-        except (ValueError, AttributeError):
+        except (InputError, AttributeError):
             level, message = logging.INFO, data.decode(errors="replace")
         plugin_log.log(level if isinstance(level, int) else logging.INFO, "%s", message)
 

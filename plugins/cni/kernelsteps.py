@@ -7,7 +7,8 @@ legacy tables: a pod's namespace is written by nobody else, so no xtables lock f
 and a read-only root filesystem cannot break removal); the node's rules go to the kind of
 tables the node's kubelet and kube-proxy use (``capture.apply_host_probe`` with ``auto``), and
 the node's rules always equal the probe rules of the captured pods' IPs, converging in the
-background with retries; a dry run never writes.
+background with retries; a dry run never writes. The agent sees these steps through ``Kernel``,
+so its reconciler can run against a stand-in (tests/unit/plugins/cni).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from meshctl.core.capture.plan import plan
 from meshctl.core.capture.settings import settings_from_args
@@ -33,19 +34,37 @@ class KernelError(Exception):
     """A kernel step failed; the message names what and, where known, the fix."""
 
 
+class Kernel(Protocol):
+    """The kernel steps the agent takes (``KernelSteps``; a test's stand-in). Each raises
+    ``KernelError`` when it fails."""
+
+    host_error: str  # the last failure writing the node's rules ("" when in line)
+
+    async def apply_pod(self, netns: str, args: list[str]) -> None:
+        """Write the pod's capture rules (``iptables apply`` arguments) into ``netns``."""
+
+    async def clean_pod(self, netns: str) -> None:
+        """Remove every rule of ours from ``netns``."""
+
+    async def dry_run_pod(self, netns: str | None, args: list[str]) -> str:
+        """What an enrollment would write into ``netns`` ("" = in place); nothing written."""
+
+    def sync_host(self, ips: frozenset[str]) -> None:
+        """Bring the node's probe rules in line with ``ips`` (the captured pods'), soon."""
+
+    async def host_synced(self, timeout: float | None = None) -> bool:
+        """Wait until the node's rules are in line; False if ``timeout`` passed first."""
+
+    def close(self) -> None: ...
+
+
 class KernelSteps:
     """One thread for every kernel change, and the node's probe rules kept in line."""
 
-    def __init__(
-        self,
-        *,
-        pod_backend: str,
-        host_backend: str,
-        wanted_host_ips: Callable[[], frozenset[str]],
-    ) -> None:
+    def __init__(self, *, pod_backend: str, host_backend: str) -> None:
         self.pod_backend = pod_backend
         self.host_backend = host_backend
-        self._wanted = wanted_host_ips
+        self._wanted: frozenset[str] = frozenset()
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kernel")
         self._host_ips: frozenset[str] = frozenset()
         self._host_dirty = asyncio.Event()
@@ -101,10 +120,12 @@ class KernelSteps:
 
     # -- the node's tables -------------------------------------------------------------------
 
-    def sync_host(self) -> None:
-        """Bring the node's probe SNAT in line with the captured pods, in the background: a
-        probe that comes first goes through the pod's 15006 instead (still served), so a pod's
-        start does not wait for the node's tables (an iptables-restore run on most nodes)."""
+    def sync_host(self, ips: frozenset[str]) -> None:
+        """Bring the node's probe SNAT in line with ``ips`` (the captured pods'), in the
+        background: a probe that comes first goes through the pod's 15006 instead (still
+        served), so a pod's start does not wait for the node's tables (an iptables-restore run
+        on most nodes)."""
+        self._wanted = ips
         self._host_dirty.set()
         if self._host_task is None or self._host_task.done():
             self._host_task = asyncio.ensure_future(self._host_loop())
@@ -112,7 +133,7 @@ class KernelSteps:
     async def _host_loop(self) -> None:
         while self._host_dirty.is_set():
             self._host_dirty.clear()
-            wanted = self._wanted()
+            wanted = self._wanted
             if wanted == self._host_ips and not self.host_error:
                 continue
             try:

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from meshctl.structured import InputError, Limits, load_json
+
 log = logging.getLogger(__name__)
 
 Handler = Callable[[dict[str, Any]], Awaitable[tuple[int, str]]]
 _MAX_BODY = 1024 * 1024
+_LIMITS = Limits(max_bytes=_MAX_BODY)
 _READ_TIMEOUT = 10.0
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Server Error"}
 
@@ -84,9 +86,9 @@ class PluginServer:
         if handler is None or method != "POST":
             return 404, f"no {method} {target} here"
         try:
-            event = json.loads(data)
-        except ValueError as exc:
-            return 400, f"body is not JSON: {exc}"
+            event = load_json(data, "body", _LIMITS)
+        except InputError as exc:
+            return 400, f"body is not a usable JSON document: {exc.problem}"
         if not isinstance(event, dict):
             return 400, "body must be a JSON object"
         try:

@@ -3,7 +3,8 @@
 Owns following the file: read at start (an unusable file is a ``UserError`` naming the path and
 what is wrong), then re-read whenever it changes (size, mtime or inode: an editor's rename
 counts), each difference delivered as the watch would deliver it (ADDED, MODIFIED, DELETED, and
-one SYNCED per kind after the first read), so the agent's one reconciler serves both sources.
+one SYNCED per kind after the first read), so the agent's one reconciler serves both sources:
+it is a ``PodSource`` (``apiserver.py``) like the API's informers.
 Invariants: only pods of this node (``spec.nodeName``), as the watch's field selector; a bad edit
 after start is logged once and ignored (the pods enrolled from the last good file stay as they
 are); an object unchanged is not delivered again.
@@ -12,19 +13,22 @@ are); an object unchanged is not delivered again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from meshctl import inputs
 from meshctl.core.k8s import podlist
 from meshctl.errors import UserError
+from meshctl.kube.resources import NAMESPACES, PODS, Resource
 from meshctl.kube.watch import WatchEvent
+from meshctl.structured import InputError
 
 log = logging.getLogger(__name__)
 
 Stamp = tuple[int, int, int]
-OnEvent = Callable[[str, WatchEvent], None]  # (kind: "pods" | "namespaces", event)
 HINT = (
     "a Kubernetes v1 List (kubectl get -o yaml) of v1 Namespace and Pod objects; "
     "pods of this node have spec.nodeName set to --node-name"
@@ -36,6 +40,7 @@ class InventoryFile:
 
     def __init__(self, path: Path, *, node_name: str, interval: float = 0.25) -> None:
         self.path = path
+        self.name = f"local inventory {path}"
         self._node = node_name
         self._interval = interval
         self._stamp: Stamp | None = None
@@ -49,9 +54,10 @@ class InventoryFile:
             stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
             if stamp == self._stamp:
                 return None
-            text = self.path.read_text()
-            parsed = podlist.parse(text, str(self.path))
-        except (OSError, UnicodeDecodeError) as exc:
+            limits = inputs.limits()
+            data = inputs.read_bytes(self.path, str(self.path), limits)
+            parsed = podlist.parse(data, str(self.path), limits)
+        except OSError as exc:
             reason = getattr(exc, "strerror", None) or str(exc)
             if strict:
                 raise UserError(
@@ -59,7 +65,7 @@ class InventoryFile:
                 ) from exc
             self._warn(f"local inventory {self.path} unreadable ({reason})")
             return None
-        except podlist.InventoryError as exc:
+        except (podlist.InventoryError, InputError) as exc:  # bad content, or too large
             if strict:
                 raise UserError(str(exc), hint=HINT) from exc
             self._stamp = stamp  # the same bad content is not parsed (or reported) again
@@ -73,26 +79,32 @@ class InventoryFile:
             log.warning("%s; keeping the pods and namespaces read before", problem)
             self._problem = problem
 
-    def events(
-        self, old: podlist.Inventory, new: podlist.Inventory
-    ) -> list[tuple[str, WatchEvent]]:
+    def events(self, old: podlist.Inventory, new: podlist.Inventory) -> list[WatchEvent]:
         """What a watch would have said between ``old`` and ``new`` (namespaces first, so a
         pod's decision sees its namespace's labels)."""
-        out: list[tuple[str, WatchEvent]] = []
+        out: list[WatchEvent] = []
         pairs = (
-            ("namespaces", dict(old.namespaces), dict(new.namespaces)),
-            ("pods", old.pods_on(self._node), new.pods_on(self._node)),
+            (NAMESPACES, dict(old.namespaces), dict(new.namespaces)),
+            (PODS, old.pods_on(self._node), new.pods_on(self._node)),
         )
         for kind, before, after in pairs:
             out += _diff(kind, before, after)
         return out
 
-    async def follow(self, on_event: OnEvent) -> None:
-        """Deliver the first read and SYNCED, then every change, until cancelled."""
-        for kind, event in self.events(podlist.Inventory(), self.current):
-            on_event(kind, event)
-        for kind in ("namespaces", "pods"):
-            on_event(kind, WatchEvent("SYNCED", {}))
+    @contextlib.asynccontextmanager
+    async def subscribe(self) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+        """The first read and a SYNCED per kind, then every change (until left)."""
+        events = self.follow()
+        try:
+            yield events
+        finally:
+            await events.aclose()
+
+    async def follow(self) -> AsyncGenerator[WatchEvent, None]:
+        for event in self.events(podlist.Inventory(), self.current):
+            yield event
+        for kind in (NAMESPACES, PODS):
+            yield WatchEvent("SYNCED", {}, kind)
         while True:
             await asyncio.sleep(self._interval)
             fresh = self._read(strict=False)
@@ -102,18 +114,18 @@ class InventoryFile:
             self.current = fresh
             if changes:
                 log.info("local inventory %s changed: %d objects", self.path, len(changes))
-            for kind, event in changes:
-                on_event(kind, event)
+            for event in changes:
+                yield event
 
 
 def _diff(
-    kind: str, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
-) -> list[tuple[str, WatchEvent]]:
-    out: list[tuple[str, WatchEvent]] = []
+    kind: Resource, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
+) -> list[WatchEvent]:
+    out: list[WatchEvent] = []
     for key, obj in after.items():
         if key not in before:
-            out.append((kind, WatchEvent("ADDED", obj)))
+            out.append(WatchEvent("ADDED", obj, kind))
         elif before[key] != obj:
-            out.append((kind, WatchEvent("MODIFIED", obj)))
-    out += [(kind, WatchEvent("DELETED", obj)) for key, obj in before.items() if key not in after]
+            out.append(WatchEvent("MODIFIED", obj, kind))
+    out += [WatchEvent("DELETED", obj, kind) for key, obj in before.items() if key not in after]
     return out

@@ -8,7 +8,8 @@ an ack before the next (a missing or malformed answer drops the connection); add
 newest connection, deletes to all (a restarting proxy overlaps its predecessor); no snapshot is
 sent before the agent's own view of the node is complete (``ready``); every packet fits 1024
 bytes; a connection that closes or speaks out of turn is dropped and never takes anything else
-down.
+down. The agent sees the node proxies through ``NodeProxies``, so its reconciler can run against
+a stand-in (tests/unit/plugins/cni).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from meshctl.core.wire import zds
 from meshctl.net import zds as wire
@@ -40,6 +42,32 @@ class SnapshotEntry:
     uid: str
     info: zds.WorkloadInfo
     fd: int | None  # None: send keep
+
+
+Snapshot = Callable[[], list[SnapshotEntry]]
+OnSnapshot = Callable[[str, zds.Ack], None]
+
+
+class NodeProxies(Protocol):
+    """The node proxies as the agent sees them (``ZdsServer``; a test's stand-in)."""
+
+    changed: asyncio.Event  # set whenever a proxy becomes synced or goes away
+
+    @property
+    def connected(self) -> int:
+        """Proxies that have their snapshot and take adds."""
+
+    def start(self, *, snapshot: Snapshot, on_snapshot: OnSnapshot, ready: asyncio.Event) -> None:
+        """Take proxies; each gets ``snapshot()`` once ``ready`` is set, each pod's answer
+        going to ``on_snapshot``."""
+
+    async def close(self) -> None: ...
+
+    async def add(self, uid: str, info: zds.WorkloadInfo, fd: int) -> None:
+        """Hand a pod to a proxy; ``ProxyUnavailableError`` unless one acknowledged it."""
+
+    async def delete(self, uid: str) -> None:
+        """Tell every proxy to stop serving ``uid`` (best effort)."""
 
 
 @dataclass(eq=False)
@@ -68,18 +96,11 @@ class _Proxy:
 class ZdsServer:
     """Serves node proxies on ``path``; ``snapshot()`` lists the captured pods when one comes."""
 
-    def __init__(
-        self,
-        path: str,
-        *,
-        snapshot: Callable[[], list[SnapshotEntry]],
-        on_snapshot: Callable[[str, zds.Ack], None],
-        ready: asyncio.Event,
-    ) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
-        self._snapshot = snapshot
-        self._on_snapshot = on_snapshot
-        self._ready = ready
+        self._snapshot: Snapshot = list
+        self._on_snapshot: OnSnapshot = lambda uid, ack: None
+        self._ready = asyncio.Event()
         self._listener: socket.socket | None = None
         self._proxies: list[_Proxy] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -91,7 +112,8 @@ class ZdsServer:
     def connected(self) -> int:
         return sum(1 for p in self._proxies if p.synced and not p.closed)
 
-    def start(self) -> None:
+    def start(self, *, snapshot: Snapshot, on_snapshot: OnSnapshot, ready: asyncio.Event) -> None:
+        self._snapshot, self._on_snapshot, self._ready = snapshot, on_snapshot, ready
         path = Path(self.path)
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):

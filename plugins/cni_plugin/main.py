@@ -20,19 +20,20 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from meshctl import inputs
 from meshctl.core.k8s.cni import spec
 from meshctl.core.k8s.cni.spec import CniError, Request
-from meshctl.errors import ConfigError, KubeError, MeshctlError, NetError
+from meshctl.errors import ConfigError, KubeError, MeshctlError, NetError, UserError
+from meshctl.structured import InputError, Limits
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     from meshctl.core.capture.settings import CaptureSettings
     from meshctl.core.k8s.cni.pod import Decision
@@ -46,20 +47,35 @@ log = logging.getLogger("meshctl.cni")
 
 
 def main(argv: list[str]) -> int:
-    """Serve one CNI invocation; exit 0 with the result, or 1 with the error JSON on stdout."""
+    """Serve one CNI invocation; exit 0 with the result, or 1 with the error JSON on stdout.
+
+    Whatever happens (bad input, a bug, an interrupt), the runtime gets the spec's error JSON:
+    a bug is code 199 (``INTERNAL``) with the exception in ``details``, never a traceback."""
     del argv  # the runtime passes everything through the environment and stdin
     try:
-        stdin = sys.stdin.buffer.read()
-    except OSError as exc:
-        return _fail(CniError(spec.IO_FAILURE, f"cannot read stdin: {exc}"), spec.LATEST_VERSION)
-    env = os.environ
+        return _serve(os.environ)
+    except KeyboardInterrupt:
+        return _fail(CniError(spec.TRY_AGAIN_LATER, "interrupted before finishing"), "")
+    except Exception as exc:  # a bug: answer the runtime in the spec's format all the same
+        log.exception("unexpected failure")
+        failure = CniError(spec.INTERNAL, f"unexpected {type(exc).__name__}: {str(exc)[:300]}")
+        return _fail(failure, spec.LATEST_VERSION)
+
+
+def _serve(env: Mapping[str, str]) -> int:
+    command = env.get("CNI_COMMAND", "")
     try:
-        request = spec.parse_request(env, stdin)
+        limits = _limits(env)
+        stdin = _read_stdin(command, limits)
     except CniError as exc:
-        _configure_logging_for_bad_input(stdin)
+        return _fail(exc, spec.LATEST_VERSION)
+    try:
+        request = spec.parse_request(env, stdin, limits)
+    except CniError as exc:
+        _configure_logging_for_bad_input(stdin, limits)
         # Expected failures: the message is the record; a traceback would only be noise.
-        log.error("rejected %s request: %s", env.get("CNI_COMMAND", "(none)"), exc.msg)  # noqa: TRY400
-        return _fail(exc, spec.error_version(env, stdin))
+        log.error("rejected %s request: %s", command or "(none)", exc.msg)  # noqa: TRY400
+        return _fail(exc, spec.error_version(env, stdin, limits))
     _configure_logging(request)
     try:
         output = _handle(request)
@@ -68,11 +84,46 @@ def main(argv: list[str]) -> int:
         return _fail(exc, request.cni_version)
     except Exception as exc:  # a bug must still answer the runtime in the spec's format
         log.exception("%s %s: unexpected failure", request.command, request.pod)
-        failure = CniError(spec.INTERNAL, f"unexpected {type(exc).__name__}: {exc}")
+        failure = CniError(spec.INTERNAL, f"unexpected {type(exc).__name__}: {str(exc)[:300]}")
         return _fail(failure, request.cni_version)
     if output:
         sys.stdout.write(output + "\n")
     return 0
+
+
+def _limits(env: Mapping[str, str]) -> Limits:
+    try:
+        return inputs.limits(env)
+    except UserError as exc:
+        raise CniError(spec.INVALID_ENVIRONMENT, exc.message, exc.hint or "") from exc
+
+
+def _read_stdin(command: str, limits: Limits) -> bytes:
+    """The network config; a runtime always pipes it, so a terminal or a closed stdin is a
+    person trying the plugin, told at once instead of waiting for input."""
+    stream = sys.stdin
+    if stream is None:
+        raise CniError(spec.DECODE_FAILURE, "no network config: stdin is closed", _BY_HAND)
+    try:
+        interactive = stream.isatty()
+    except (ValueError, OSError):
+        interactive = False
+    if interactive:
+        if command == "VERSION":  # the one command that needs no config
+            return b""
+        raise CniError(spec.DECODE_FAILURE, "no network config: stdin is a terminal", _BY_HAND)
+    try:
+        return inputs.read_stdin(limits, spec.CONFIG_SOURCE)
+    except OSError as exc:
+        raise CniError(spec.IO_FAILURE, f"cannot read stdin: {exc.strerror or exc}") from exc
+    except InputError as exc:
+        raise CniError(spec.DECODE_FAILURE, exc.message, exc.hint or "") from exc
+
+
+_BY_HAND = (
+    "the container runtime passes the network config as JSON on stdin; by hand: "
+    'echo \'{"cniVersion": "1.0.0"}\' | CNI_COMMAND=VERSION meshctl-cni'
+)
 
 
 def _handle(request: Request) -> str | None:  # noqa: PLR0911 (one exit per outcome)
@@ -184,9 +235,10 @@ def _from_inventory(request: Request) -> tuple[NamespaceReader, dict[str, Any]]:
     give_up = time.monotonic() + request.plugin.pod_lookup_timeout
     while True:
         try:
-            current = podlist.parse(Path(path).read_text(), path)
+            limits = inputs.limits()
+            current = podlist.parse(inputs.read_bytes(path, path, limits), path, limits)
             problem = f"pod {request.pod} is not in it"
-        except (OSError, UnicodeDecodeError, podlist.InventoryError) as exc:
+        except (OSError, InputError, podlist.InventoryError) as exc:
             current, problem = None, getattr(exc, "strerror", None) or str(exc)
         pod = current.pod(request.pod_namespace, request.pod_name) if current else None
         if current is not None and pod is not None:
@@ -396,19 +448,19 @@ def _configure_logging(request: Request) -> None:
     configure(request.plugin.run_dir, request.plugin.log_level)
 
 
-def _configure_logging_for_bad_input(stdin: bytes) -> None:
+def _configure_logging_for_bad_input(stdin: bytes, limits: Limits) -> None:
     """Log a rejected request where the config would have sent it, when that much is readable."""
     from .agentlog import configure
 
-    try:
-        run_dir = json.loads(stdin).get("run_dir", spec.DEFAULT_RUN_DIR)
-    except (ValueError, AttributeError):
-        run_dir = spec.DEFAULT_RUN_DIR
-    if isinstance(run_dir, str) and Path(run_dir).is_dir():
+    config = spec.readable_config(stdin, limits) or {}
+    run_dir = config.get("run_dir", spec.DEFAULT_RUN_DIR)
+    if isinstance(run_dir, str) and run_dir and "\0" not in run_dir and Path(run_dir).is_dir():
         configure(run_dir, "info")
 
 
 def _fail(error: CniError, cni_version: str) -> int:
-    sys.stdout.write(error.to_json(cni_version) + "\n")
+    """The spec's error JSON on stdout (the config's version when known), one line on stderr."""
+    sys.stdout.write(error.to_json(cni_version or spec.LATEST_VERSION) + "\n")
+    sys.stdout.flush()
     sys.stderr.write(f"Error: {error.msg}\n")
     return 1

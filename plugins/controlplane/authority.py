@@ -27,9 +27,10 @@ from meshctl.core.pki import ca
 from meshctl.errors import KubeError, UserError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
+from meshctl.kube.informer import Informers
 from meshctl.kube.resources import SECRETS
 from meshctl.kube.rest import ApiStatusError
-from meshctl.kube.watch import AsyncWatch, WatchEvent
+from meshctl.kube.watch import WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class AuthorityStore:
     def __init__(
         self,
         kube: Kube,
+        informers: Informers,
         *,
         namespace: str,
         trust_domain: str,
@@ -52,6 +54,12 @@ class AuthorityStore:
         retry_seconds: float = 2.0,
     ) -> None:
         self._kube = kube
+        self._plug_in = informers.informer(
+            SECRETS, namespace=namespace, field_selector=f"metadata.name={PLUG_IN_SECRET}"
+        )
+        self._own = informers.informer(
+            SECRETS, namespace=namespace, field_selector=f"metadata.name={SELF_SIGNED_SECRET}"
+        )
         self._namespace = namespace
         self._trust_domain = trust_domain
         self._key_type = key_type
@@ -85,12 +93,7 @@ class AuthorityStore:
             raise
 
     async def _follow_plug_in(self) -> None:
-        async with AsyncWatch(
-            self._kube,
-            SECRETS,
-            namespace=self._namespace,
-            field_selector=f"metadata.name={PLUG_IN_SECRET}",
-        ) as events:
+        async with self._plug_in.subscribe() as events:
             async for event in events:
                 await self._on_event(event)
 
@@ -99,12 +102,7 @@ class AuthorityStore:
         (a replica restarting then reads the root the others sign with, instead of minting a
         second one); a valid replacement written by the user is taken up by every replica."""
         where = f"Secret {self._namespace}/{SELF_SIGNED_SECRET}"
-        async with AsyncWatch(
-            self._kube,
-            SECRETS,
-            namespace=self._namespace,
-            field_selector=f"metadata.name={SELF_SIGNED_SECRET}",
-        ) as events:
+        async with self._own.subscribe() as events:
             async for event in events:
                 current = self.current
                 if self.source != SELF_SIGNED_SECRET or current is None:

@@ -19,10 +19,9 @@ from typing import Any
 
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
+from meshctl.kube.informer import Informers
 from meshctl.kube.resources import MUTATING_WEBHOOK_CONFIGURATIONS
-from meshctl.kube.watch import AsyncWatch
-
-from .reconcile import WorkQueue
+from meshctl.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +47,15 @@ def bundle_patch(configuration: dict[str, Any], bundle_pem: str) -> list[dict[st
 class CaBundlePatcher:
     """Reconciles the named MutatingWebhookConfiguration's caBundles to ``bundle()``."""
 
-    def __init__(self, kube: Kube, name: str, bundle: Callable[[], str | None]) -> None:
+    def __init__(
+        self, informers: Informers, kube: Kube, name: str, bundle: Callable[[], str | None]
+    ) -> None:
         self._kube = kube
         self.name = name
         self._bundle = bundle
-        self._current: dict[str, Any] | None = None
+        self._configuration = informers.informer(
+            MUTATING_WEBHOOK_CONFIGURATIONS, field_selector=f"metadata.name={name}"
+        )
         self._queue: WorkQueue[str] | None = None
 
     def bundle_changed(self) -> None:
@@ -64,17 +67,9 @@ class CaBundlePatcher:
         self._queue = queue
 
         async def follow() -> None:
-            async with AsyncWatch(
-                self._kube,
-                MUTATING_WEBHOOK_CONFIGURATIONS,
-                field_selector=f"metadata.name={self.name}",
-            ) as events:
+            async with self._configuration.subscribe() as events:
                 async for event in events:
-                    if event.type == "DELETED":
-                        self._current = None
-                    elif event.type != "SYNCED":
-                        self._current = event.object
-                    if event.type == "SYNCED" and self._current is None:
+                    if event.type == "SYNCED" and self._current() is None:
                         log.info("waiting for MutatingWebhookConfiguration %s to exist", self.name)
                     queue.add(self.name)
 
@@ -83,9 +78,12 @@ class CaBundlePatcher:
         finally:
             self._queue = None
 
+    def _current(self) -> dict[str, Any] | None:
+        return self._configuration.get(self.name)
+
     async def _reconcile(self, _name: str) -> None:
         bundle = self._bundle()
-        current = self._current
+        current = self._current()
         if bundle is None or current is None:
             return
         ops = bundle_patch(current, bundle)

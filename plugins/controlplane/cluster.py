@@ -1,27 +1,30 @@
-"""Discovery as a control-plane component: Kubernetes watches -> the cluster index -> the store.
+"""Discovery as a control-plane component: Kubernetes informers -> the cluster index -> the store.
 
-Owns the five watches discovery needs (Pods, Namespaces, Services, EndpointSlices and
-``security.istio.io`` AuthorizationPolicies, through the shared list+watch loop), turning their
-events into store updates (``core.cluster.index``) and handing them to the Delta ADS server,
-which it registers on the control plane's gRPC server. Invariants: events are taken in batches
-(everything queued when the consumer wakes becomes one store snapshot, so a relist of thousands
-of pods is one push, not thousands); streams are answered only once every watch has delivered a
-complete list (``not_ready`` says which are missing); a malformed object is logged and skipped,
-never fatal; every policy converted with a loss is logged once per version, with why.
+Owns the workload store and the five informers that feed it (Pods, Namespaces, Services,
+EndpointSlices and ``security.istio.io`` AuthorizationPolicies, from the plane's shared
+informers), turning their events into store updates (``core.cluster.index``); the Delta ADS
+servicer it registers on the control plane's gRPC server only reads the store's snapshots.
+Invariants: events are taken in batches (everything queued when the consumer wakes becomes one
+store snapshot, so a relist of thousands of pods is one push, not thousands); streams are
+answered only once every informer has delivered a complete list (``not_ready`` says which are
+missing); a malformed object is logged and skipped, never fatal; every policy converted with a
+loss is logged once per version, with why.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import TYPE_CHECKING
 
 from meshctl.core.k8s.cluster.index import ClusterIndex, Resource
 from meshctl.core.k8s.cluster.objects import ObjectError
 from meshctl.core.k8s.cluster.settings import ClusterSettings
-from meshctl.core.mesh.store import Update
+from meshctl.core.mesh.store import LiveStore, Update
 from meshctl.kube import resources
-from meshctl.kube.watch import Watch, WatchEvent, object_key
+from meshctl.kube.informer import Subscription, subscribe
+from meshctl.kube.watch import WatchEvent, object_key
 from meshctl.proto import xds_pb2_grpc
 
 from .crds import GROUP, PLURAL
@@ -41,6 +44,7 @@ WATCHED = {
     Resource.ENDPOINT_SLICE: resources.ENDPOINT_SLICES,
     Resource.AUTHORIZATION_POLICY: AUTHORIZATION_POLICIES,
 }
+KIND_OF = {resource: kind for kind, resource in WATCHED.items()}
 
 
 def cluster_settings(settings: ControlPlaneSettings) -> ClusterSettings:
@@ -53,44 +57,41 @@ def cluster_settings(settings: ControlPlaneSettings) -> ClusterSettings:
 
 
 class Discovery:
-    """The ``Component`` serving workload discovery (see ``plane.Part``)."""
+    """The ``Part`` serving workload discovery (see ``plane.Part``); owns the store."""
 
     name = "discovery"
 
     def __init__(self, settings: ControlPlaneSettings) -> None:
         self.settings = settings
         self.index = ClusterIndex(cluster_settings(settings))
+        self.store = LiveStore()
+        self.synced = asyncio.Event()  # the store is whole: every informer listed once
         self.server: DiscoveryServer | None = None
-        self._watches: list[Watch] = []
         self._synced: set[Resource] = set()
         self._warned: dict[str, tuple[str, ...]] = {}
-        self._events: asyncio.Queue[tuple[Resource, WatchEvent]] = asyncio.Queue()
+        self._source: asyncio.Task[None] | None = None
 
     async def start(self, plane: Plane) -> None:
         self.server = DiscoveryServer(
+            self.store,
             callers=plane.authenticator,
             cluster_id=self.settings.cluster_id,
             metrics=plane.metrics,
-            synced=False,
+            synced=self.synced,
         )
         plane.server.add(xds_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server, self.server)
-        loop = asyncio.get_running_loop()
-        for kind, resource in WATCHED.items():
-
-            def deliver(event: WatchEvent, kind: Resource = kind) -> None:
-                loop.call_soon_threadsafe(self._events.put_nowait, (kind, event))
-
-            watch = Watch(plane.kube, resource, deliver)
-            self._watches.append(watch)
-            watch.start()
-        plane.spawn(self._consume(), "discovery source")
+        events = subscribe(plane.informers.informer(r) for r in WATCHED.values())
+        self._source = plane.spawn(self._consume(events), "discovery source")
 
     def drain(self) -> None:
         if self.server is not None:
             self.server.close_streams()
 
     async def stop(self) -> None:
-        await asyncio.gather(*(asyncio.to_thread(w.stop, 1.0) for w in self._watches))
+        if self._source is not None:
+            self._source.cancel()  # leaving the subscription stops the informers nobody shares
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._source
 
     def not_ready(self) -> str | None:
         missing = [k.value for k in WATCHED if k not in self._synced]
@@ -101,25 +102,24 @@ class Discovery:
             why += " (is the AuthorizationPolicy CRD installed?)"
         return why
 
-    async def _consume(self) -> None:
-        while True:
-            batch = [await self._events.get()]
-            while not self._events.empty():
-                batch.append(self._events.get_nowait())
-            updates: list[Update] = []
-            for kind, event in batch:
-                updates += self._take(kind, event)
-            assert self.server is not None  # noqa: S101 (started before the watches)
-            self.server.apply(updates)
-            if len(self._synced) == len(WATCHED) and not self.server.synced.is_set():
-                log.info(
-                    "discovery: caches synced (%d workloads, %d services, %d policies)",
-                    len(self.server.store.workloads),
-                    len(self.server.store.services),
-                    len(self.server.store.policies),
-                )
-                self.server.synced.set()
-            self._report_lossy_policies()
+    async def _consume(self, subscription: Subscription) -> None:
+        async with subscription as events:
+            while True:
+                updates: list[Update] = []
+                for event in await events.batch():
+                    if event.resource is not None:
+                        updates += self._take(KIND_OF[event.resource], event)
+                self.store.apply(updates)
+                if len(self._synced) == len(WATCHED) and not self.synced.is_set():
+                    store = self.store.current
+                    log.info(
+                        "discovery: caches synced (%d workloads, %d services, %d policies)",
+                        len(store.workloads),
+                        len(store.services),
+                        len(store.policies),
+                    )
+                    self.synced.set()
+                self._report_lossy_policies()
 
     def _take(self, kind: Resource, event: WatchEvent) -> list[Update]:
         if event.type == "SYNCED":

@@ -12,8 +12,10 @@ whenever the CA changes, without a restart; no part's failure after start takes 
 (each logs and retries); every wait has a deadline.
 
 Parts (discovery, #12 part B, and whatever follows) plug in through ``Part``: they get
-the ``Plane`` on start (register a servicer on ``plane.server``, start watches with
-``plane.spawn``, authenticate callers with ``plane.authenticator``) and report readiness.
+the ``Plane`` on start (register a servicer on ``plane.server``, subscribe to the process's
+shared ``plane.informers``, run background work with ``plane.spawn``, authenticate callers with
+``plane.authenticator``) and report readiness. One informer per resource and selector serves
+the whole process (discovery and the root publisher share the Namespaces).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.core.k8s.inject.webhook_config import configuration_name
 from meshctl.core.pki import ca
 from meshctl.kube.client import Kube
+from meshctl.kube.informer import Informers
 from meshctl.proto import citadel_pb2_grpc
 from meshctl.shutdown import StopSignals
 
@@ -81,6 +84,7 @@ class Plane:
 
     settings: ControlPlaneSettings
     kube: Kube
+    informers: Informers
     server: rpc.Server
     metrics: Metrics
     authenticator: Authenticator
@@ -122,8 +126,10 @@ class ControlPlane:
         self.inject = inject
         self.components = list(components)
         self.metrics = Metrics()
+        self.informers = Informers(kube)
         self.authorities = AuthorityStore(
             kube,
+            self.informers,
             namespace=settings.namespace,
             trust_domain=settings.trust_domain,
             key_type=settings.self_signed_ca_key,
@@ -143,8 +149,10 @@ class ControlPlane:
             timing=Timing(lease_duration=lease, renew_deadline=renew, retry=retry),
             on_change=lambda leading: self.metrics.leader.set(1 if leading else 0),
         )
-        self.roots = RootPublisher(kube, self._bundle)
-        self.cabundle = CaBundlePatcher(kube, configuration_name(settings.revision), self._bundle)
+        self.roots = RootPublisher(self.informers, kube, self._bundle)
+        self.cabundle = CaBundlePatcher(
+            self.informers, kube, configuration_name(settings.revision), self._bundle
+        )
         self.leader.add("root distribution", self.roots.run)
         self.leader.add("webhook caBundle", self.cabundle.run)
         self.authorities.subscribe(self._ca_changed)
@@ -238,6 +246,7 @@ class ControlPlane:
             plane = Plane(
                 settings=self.settings,
                 kube=self.kube,
+                informers=self.informers,
                 server=server,
                 metrics=self.metrics,
                 authenticator=self.authenticator,

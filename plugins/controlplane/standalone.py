@@ -29,13 +29,14 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from meshctl import logs, rpc
+from meshctl import inputs, logs, rpc
 from meshctl.core.pki import ca, callers
 from meshctl.core.pki.callers import Caller, CallerError, TokenVerdict
 from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import UserError
 from meshctl.proto import citadel_pb2_grpc
 from meshctl.shutdown import StopSignals
+from meshctl.structured import InputError
 
 from .ca import CertificateService
 from .metrics import Metrics
@@ -43,21 +44,29 @@ from .settings import ControlPlaneSettings, address, duration, is_dns_name
 
 log = logging.getLogger(__name__)
 
+TOKENS_HINT = (
+    "--tokens FILE: lines token,system:serviceaccount:NS:SA,uid (the format of kube-apiserver's "
+    "--token-auth-file)"
+)
 _FILES = ("ca-cert.pem", "ca-key.pem", "cert-chain.pem", "root-cert.pem")
 
 
 def parse_token_file(text: str, source: str) -> dict[bytes, str]:
     """SHA-256 of each token -> its user; ``UserError`` naming the line of the first bad one."""
     users: dict[bytes, str] = {}
-    for number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
-        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
-            continue
-        if len(row) < 3 or not row[0].strip() or not row[1].strip():
-            raise UserError(
-                f'{source}:{number}: expected token,user,uid[,"groups"]',
-                hint="the format of kube-apiserver's --token-auth-file",
-            )
-        users[hashlib.sha256(row[0].strip().encode()).digest()] = row[1].strip()
+    reader = csv.reader(io.StringIO(text))
+    try:
+        for row in reader:
+            number = reader.line_num
+            if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+                continue
+            if len(row) < 3 or not row[0].strip() or not row[1].strip():
+                raise UserError(
+                    f'{source}:{number}: expected token,user,uid[,"groups"]', hint=TOKENS_HINT
+                )
+            users[hashlib.sha256(row[0].strip().encode()).digest()] = row[1].strip()
+    except csv.Error as exc:  # a NUL byte, an endless quoted field: not a token file
+        raise UserError(f"{source}:{reader.line_num}: {exc}", hint=TOKENS_HINT) from None
     return users
 
 
@@ -134,12 +143,19 @@ class StaticTokens:
             stamp = (st.st_mtime_ns, st.st_size)
             if stamp == self._stamp:
                 return
-            users = parse_token_file(self._path.read_text(), str(self._path))
+            limits = inputs.limits()
+            text = inputs.read_text(self._path, str(self._path), limits)
+            users = parse_token_file(text, str(self._path))
+        except InputError as exc:  # binary, or too large: refused like a malformed line
+            if strict:
+                raise UserError(exc.message, hint=TOKENS_HINT) from exc
+            log.warning("token file refused, keeping the tokens read before: %s", exc.message)
+            return
         except OSError as exc:
             if strict:
                 raise UserError(
                     f"cannot read the token file {self._path}: {exc.strerror}",
-                    hint="--tokens FILE: lines token,system:serviceaccount:NS:SA,uid",
+                    hint=TOKENS_HINT,
                 ) from exc
             log.warning(
                 "token file %s unreadable (%s); keeping the tokens read before",

@@ -3,8 +3,9 @@
 Owns ``envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources`` (types
 ``istio.workload.Address`` and ``istio.security.Authorization``): each stream is authenticated
 like a CA call, gets a scope (a node proxy: its node's workloads; any other caller: its own pod),
-and a ``core.delta.DeltaStream`` decides what it is sent. ``apply`` takes store updates from the
-sources and pushes to every stream only the names they changed. Invariants: one task per stream
+and a ``core.delta.DeltaStream`` decides what it is sent. The store is its source's (``Discovery``
+owns it): this servicer only reads snapshots, and on each change the source makes it pushes to
+every stream only the names that changed. Invariants: one task per stream
 writes, so responses leave in the order they were decided; a slow stream does not hold up the
 others or the sources (its pending changes merge until it can take them); a stream's failure or
 a client's reset ends that stream only; every resource is encoded once per version however many
@@ -17,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,7 +28,7 @@ from meshctl import rpc  # first: it quiets grpc's C core logging before grpc lo
 from google.protobuf import any_pb2
 
 from meshctl import xds
-from meshctl.core.mesh.store import Store, Update
+from meshctl.core.mesh.store import Listener, Store, Update
 from meshctl.core.pki.callers import Caller, CallerError
 from meshctl.core.xds import delta
 from meshctl.core.xds.resources import (
@@ -47,6 +48,15 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 _BODY_CACHE = 20_000  # encoded resources kept (by key and version)
+
+
+class StoreView(Protocol):
+    """The store as its readers see it (``core.mesh.store.LiveStore``, owned by its source)."""
+
+    @property
+    def current(self) -> Store: ...
+
+    def subscribe(self, listener: Listener) -> None: ...
 
 
 class Callers(Protocol):
@@ -96,41 +106,46 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     def __init__(
         self,
+        store: StoreView,
         *,
         callers: Callers,
         cluster_id: str = "Kubernetes",
         metrics: Metrics | None = None,
-        synced: bool = True,
+        synced: asyncio.Event | None = None,
     ) -> None:
+        """``synced``: set by the store's source once the store is whole (None: it is)."""
+        self._source = store
         self._callers = callers
         self._cluster_id = cluster_id
         self.metrics = metrics
-        self.store = Store()
         self._streams: set[_Stream] = set()
         self._bodies: OrderedDict[tuple[str, str, str], any_pb2.Any] = OrderedDict()
         self._views: dict[ProxyScope, frozenset[str]] = {}  # for the current store generation
         # Streams are answered once the store is whole (the source sets it after its first
         # lists), so no proxy ever takes a half-built store for the mesh.
-        self.synced = asyncio.Event()
-        if synced:
-            self.synced.set()
+        if synced is None:
+            synced = asyncio.Event()
+            synced.set()
+        self.synced = synced
         self.closing = False  # draining: every stream ends so its proxy reconnects elsewhere
+        store.subscribe(self._changed)
 
     # -- the store side --------------------------------------------------------------------------
 
-    def apply(self, updates: list[Update]) -> None:
-        """Take store updates from a source and let every stream know what they changed."""
-        if not updates:
-            return
-        old = self.store
-        self.store = old.apply(updates)
+    @property
+    def store(self) -> Store:
+        """The source's current snapshot."""
+        return self._source.current
+
+    def _changed(self, old: Store, new: Store, updates: Sequence[Update]) -> None:
+        """The source changed the store: let every stream know which names changed."""
         self._views.clear()
-        changed = changed_names(old, self.store, updates)
+        changed = changed_names(old, new, updates)
         now = time.monotonic()
         for stream in self._streams:
             _merge(stream, ADDRESS_TYPE, changed[ADDRESS_TYPE])
             names = set(changed[AUTHORIZATION_TYPE])
-            if touches(stream.scope, old, self.store, updates):
+            if touches(stream.scope, old, new, updates):
                 view = self._view(stream.scope)
                 names |= view ^ stream.view
                 stream.view = view

@@ -1,10 +1,12 @@
 """The ``meshctl inject`` commands: inject files, serve the webhook, print its configuration.
 
-Invariant of ``meshctl inject -f``: output is produced only after the whole input was read,
-parsed and injected; on any error nothing is written to stdout or to ``-O`` (the file is
-replaced atomically, never truncated). Input that holds no object at all is an error, not an
-empty success. The injection options given on ``meshctl inject`` itself reach ``webhook`` and
-``webhook-config`` (``meshctl.options.hold_group_options``).
+Invariants of ``meshctl inject -f``: documents are read, injected and written one at a time, so
+memory stays flat however long the input (``--diff`` alone holds it all, to compare); the output
+is staged (in a temporary file beside ``-O``, or spooled for stdout) and released only once the
+whole input was read and injected, so on any error nothing is written to stdout or to ``-O``
+(the file is replaced atomically, never truncated). Input that holds no object at all is an
+error, not an empty success. The injection options given on ``meshctl inject`` itself reach
+``webhook`` and ``webhook-config`` (``meshctl.options.hold_group_options``).
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, BinaryIO
 
 import typer
 from typer import _click as click
 
-from meshctl import config, options
+from meshctl import config, inputs, options
 from meshctl.core.k8s.inject import documents
 from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.core.k8s.inject.webhook_config import (
@@ -27,9 +29,11 @@ from meshctl.core.k8s.inject.webhook_config import (
 )
 from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render_objects
+from meshctl.structured import Limits
 from meshctl.terminal import Progress, colour_enabled
 
 from .diff import unified_diff
+from .staged import StagedOutput, writer_for
 
 log = logging.getLogger(__name__)
 
@@ -127,53 +131,108 @@ def inject(
         proxy_uid=proxy_uid,
         native_sidecar=native_sidecar,
     )
-    sources = options.read_sources(filename, recursive=recursive)
+    names = options.source_names(filename, recursive=recursive)
+    transform = documents.pod_transform(settings, uninject=uninject)
+    limits = inputs.limits()
+    verb = "uninjecting" if uninject else "injecting"
+    if diff:
+        text = _diff(names, transform, limits, output, uninject, color, output_file)
+        _write(text, output_file)
+        return
+    with Progress() as progress, StagedOutput(output_file) as staged:
+        out = writer_for(output, staged.handle)
+        for name in names:
+            stream, source = _open(name)
+            progress.phase(f"{verb} {source}")
+            try:
+                for obj, skipped in documents.transform_stream(
+                    documents.read(stream, source, limits), source, transform
+                ):
+                    _report(skipped)
+                    out.add(obj)
+                    progress.advance()
+            except OSError as exc:
+                raise options.cannot_read(name, exc) from exc
+            finally:
+                if name != "-":
+                    stream.close()
+        if not out.count:
+            raise _nothing(names)
+        out.finish()
+        staged.commit()
+
+
+def _open(name: str) -> tuple[BinaryIO, str]:
+    try:
+        return inputs.open_stream(name)
+    except OSError as exc:
+        raise options.cannot_read(name, exc) from exc
+
+
+def _report(skipped: list[documents.Skipped]) -> None:
+    for item in skipped:
+        if item.warning:
+            typer.echo(f"Warning: {item.where}: {item.reason}", err=True)
+        else:
+            log.info("not injected: %s (%s)", item.where, item.reason)
+
+
+def _nothing(names: list[str]) -> MeshctlError:
+    """Input with no object in it: the user's file is unusable, a usage error (2)."""
+    shown = ", ".join(inputs.STDIN_NAME if n == "-" else n for n in names)
+    return UserError(
+        f"nothing to inject: no Kubernetes object was read from {shown}",
+        hint="pass a manifest with objects, e.g. kubectl get deploy web -o yaml | "
+        "meshctl inject -f -",
+    )
+
+
+def _diff(
+    names: list[str],
+    transform: documents.PodTransform,
+    limits: Limits,
+    output: OutputFormat,
+    uninject: bool,
+    color: str,
+    output_file: Path | None,
+) -> str:
+    """The unified diff of the whole input against its injection (holds both in memory)."""
     with Progress() as progress:
         originals: list[Any] = []
         results: list[Any] = []
-        for source in sources:
-            progress.phase(f"reading {source.name}")
-            parsed = documents.load(source.text, source.name, progress.advance)
-            progress.phase(
-                f"{'uninjecting' if uninject else 'injecting'} {source.name}", len(parsed)
-            )
-            objects, skipped = documents.inject_documents(
-                parsed, source.name, settings, uninject=uninject, tick=progress.advance
-            )
-            for item in skipped:
-                if item.warning:
-                    typer.echo(f"Warning: {item.where}: {item.reason}", err=True)
-                else:
-                    log.info("not injected: %s (%s)", item.where, item.reason)
+        for source in options.read_sources(names):
+            progress.phase(f"{'uninjecting' if uninject else 'injecting'} {source.name}")
+            parsed = list(documents.read(source.text, source.name, limits))
+            for obj, skipped in documents.transform_stream(parsed, source.name, transform):
+                _report(skipped)
+                results.append(obj)
+                progress.advance()
             originals.extend(d.data for d in parsed)
-            results.extend(objects)
         if not results:
-            names = ", ".join(s.name for s in sources)
-            raise UserError(
-                f"nothing to inject: no Kubernetes object was read from {names}",
-                hint="pass a manifest with objects, e.g. kubectl get deploy web -o yaml | "
-                "meshctl inject -f -",
-            )
-        progress.phase("writing", len(results))
-        text = _render(results, output, progress.advance)
-        if diff:
-            where = sources[0].name if len(sources) == 1 else "input"
-            text = unified_diff(
-                _render(originals, output, None),
-                text,
-                from_name=f"{where} (original)",
-                to_name=f"{where} ({'uninjected' if uninject else 'injected'})",
-                colour=colour_enabled(color, sys.stdout)
-                if output_file is None
-                else color == "always",
-            )
-    options.write_output(text, output_file)
+            raise _nothing(names)
+        where = "input"
+        if len(names) == 1:
+            where = inputs.STDIN_NAME if names[0] == "-" else names[0]
+        return unified_diff(
+            _render(originals, output),
+            _render(results, output),
+            from_name=f"{where} (original)",
+            to_name=f"{where} ({'uninjected' if uninject else 'injected'})",
+            colour=colour_enabled(color, sys.stdout) if output_file is None else color == "always",
+        )
 
 
-def _render(objects: list[Any], fmt: OutputFormat, tick: documents.Tick | None) -> str:
+def _render(objects: list[Any], fmt: OutputFormat) -> str:
     if fmt is OutputFormat.YAML:
-        return documents.dump(objects, tick)
+        return documents.dump(objects)
     return render_objects(objects, fmt)
+
+
+def _write(text: str, output: Path | None) -> None:
+    """Writes ``text`` to stdout, or atomically to ``output`` (a reader never sees half)."""
+    with StagedOutput(output) as staged:
+        staged.handle.write(text)
+        staged.commit()
 
 
 @app.command("webhook")

@@ -9,7 +9,8 @@ capture (connections wait in the backlog) and a restarted proxy re-creates them 
 snapshot; an add is acknowledged only once its listeners are open and handed to the workers; a
 pod whose netns is not a network namespace, has vanished or cannot be entered is refused with a
 NACK naming the cause, and no other pod is touched; an agent that goes away leaves every pod
-served (readiness turns false until the next snapshot).
+served (readiness turns false until the next snapshot). The kernel side of a pod (is it a netns,
+which one, its listeners) is ``PodNetns``, so the pod handling runs in tests against a stand-in.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import contextlib
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
+from meshctl.core.backoff import Backoff
 from meshctl.core.pki.identity import IdentityError, SpiffeId
 from meshctl.core.wire import channel, zds
 from meshctl.errors import MeshctlError
@@ -33,8 +36,7 @@ from meshctl.proxy.identities import Identities
 
 log = logging.getLogger(__name__)
 
-_RECONNECT_FIRST = 0.05
-_RECONNECT_CAP = 5.0
+_RECONNECT = Backoff(first=0.05, cap=5.0)
 
 
 @dataclass(slots=True)
@@ -65,6 +67,42 @@ class ServedPod:
             os.close(self.netns_fd)
 
 
+class PodNetns(Protocol):
+    """What serving a pod needs of the kernel (``KernelNetns``; a test's stand-in)."""
+
+    def is_netns(self, fd: int) -> bool: ...
+
+    def netns_id(self, fd: int) -> tuple[int, int]: ...
+
+    def listeners(
+        self, fd: int, ports: Mapping[str, int], *, mark: int
+    ) -> dict[str, socket.socket]:
+        """The pod's listening sockets, opened inside the netns of ``fd`` (``MeshctlError``)."""
+
+    def close(self) -> None: ...
+
+
+class KernelNetns:
+    """``PodNetns`` on the kernel: ``NS_GET_NSTYPE``, the namespace's inode, ``setns``."""
+
+    def __init__(self) -> None:
+        self._inpod = InPod()
+
+    def is_netns(self, fd: int) -> bool:
+        return wire.is_netns(fd)
+
+    def netns_id(self, fd: int) -> tuple[int, int]:
+        return wire.netns_id(fd)
+
+    def listeners(
+        self, fd: int, ports: Mapping[str, int], *, mark: int
+    ) -> dict[str, socket.socket]:
+        return self._inpod.listeners(fd, ports, mark=mark)
+
+    def close(self) -> None:
+        self._inpod.close()
+
+
 class Pods(PodFeed):
     """The pods this node proxy serves, and what a new data plane must be told about them."""
 
@@ -75,6 +113,7 @@ class Pods(PodFeed):
         mark: int,
         trust_domain: str,
         identities: Identities,
+        netns: PodNetns | None = None,
     ) -> None:
         self.ports = ports
         self.mark = mark
@@ -84,7 +123,7 @@ class Pods(PodFeed):
         self.synced = False
         self.reason = "waiting for the node agent's snapshot"
         self.send: Callable[[channel.Message, tuple[int, ...]], None] = lambda m, f: None
-        self._inpod = InPod()
+        self._netns = netns or KernelNetns()
 
     def current(self) -> list[tuple[channel.Message, tuple[int, ...]]]:
         out: list[tuple[channel.Message, tuple[int, ...]]] = [
@@ -101,10 +140,10 @@ class Pods(PodFeed):
         except IdentityError as exc:
             os.close(fd)
             return self._refuse(request.uid, info, f"bad workload info: {exc}")
-        if not wire.is_netns(fd):
+        if not self._netns.is_netns(fd):
             os.close(fd)
             return self._refuse(request.uid, info, "the descriptor is not a network namespace")
-        netns_id = wire.netns_id(fd)
+        netns_id = self._netns.netns_id(fd)
         existing = self.pods.get(request.uid)
         if existing is not None:
             if existing.netns_id == netns_id:
@@ -113,7 +152,7 @@ class Pods(PodFeed):
             log.info("pod %s (%s) has a new netns; replacing its proxy", info, request.uid)
             self.delete(request.uid)
         try:
-            listeners = self._inpod.listeners(fd, self.ports, mark=self.mark)
+            listeners = self._netns.listeners(fd, self.ports, mark=self.mark)
         except MeshctlError as exc:
             os.close(fd)
             return self._refuse(request.uid, info, exc.message)
@@ -151,7 +190,7 @@ class Pods(PodFeed):
         for pod in self.pods.values():
             pod.close()
         self.pods.clear()
-        self._inpod.close()
+        self._netns.close()
 
     def _refuse(self, uid: str, info: zds.WorkloadInfo, reason: str) -> zds.Ack:
         log.error("pod %s (%s) refused: %s", info, uid, reason)
@@ -189,7 +228,7 @@ class ZdsClient:
                 conn = await wire.Connection.connect(self.path)
             except (OSError, TimeoutError) as exc:
                 failures += 1
-                delay = min(_RECONNECT_CAP, _RECONNECT_FIRST * 2 ** min(failures - 1, 10))
+                delay = _RECONNECT.delay(failures)
                 if failures == 1 or failures % 20 == 0:
                     log.warning(
                         "cannot reach the node agent at %s (%s); retrying",
@@ -209,7 +248,7 @@ class ZdsClient:
                 conn.close()
             if not self.stopped.is_set():
                 self.pods.set_synced(False, "node agent disconnected; reconnecting")
-                await asyncio.sleep(_RECONNECT_FIRST)
+                await asyncio.sleep(_RECONNECT.first)
 
     async def _serve(self, conn: wire.Connection) -> None:
         await conn.send(wire.encode_hello(zds.VERSION_V1))

@@ -18,8 +18,8 @@ from tests.bench.smoke import MARKER
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = (
-    "bench_help", "bench_cli_help", "bench_inject", "bench_capture", "bench_hbone",
-    "bench_hbone_core", "bench_probe", "bench_cni",
+    "bench_help", "bench_cli_help", "bench_inject", "bench_inject_stream", "bench_capture",
+    "bench_hbone", "bench_hbone_core", "bench_probe", "bench_cni",
 )  # fmt: skip
 
 

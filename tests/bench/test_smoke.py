@@ -14,6 +14,7 @@ CASES = [
     pytest.param("bench_help", id="help"),
     pytest.param("bench_cli_help", id="cli-help"),
     pytest.param("bench_inject", id="inject"),
+    pytest.param("bench_inject_stream", id="inject-stream"),
     pytest.param("bench_capture", id="capture", marks=pytest.mark.netns),
     pytest.param("bench_hbone", id="hbone", marks=pytest.mark.netns),
     pytest.param("bench_hbone_core", id="hbone-core"),

@@ -194,7 +194,7 @@ def test_binary_input_is_a_clean_error(tmp_path, capsys):
     blob.write_bytes(b"\xff\xfe\x00junk")
     code, out, err = run(capsys, "inject", "-f", str(blob))
     assert (code, out) == (2, "")
-    assert "is not UTF-8 text" in err
+    assert "blob.yaml:1: not UTF-8 text" in err
 
 
 def test_usage_errors_exit_2(capsys):

@@ -701,7 +701,17 @@ def _healthz(port: int) -> bool:
 
 # Node roles -> images of packaging/image/build.py (docs/packaging.md). "busybox" is the test
 # workload image: busybox-static's applets (sh, nc, httpd, wget...) and meshtest.
-IMAGE_OF_ROLE = {"pause": "pause", "busybox": "testapp", "testapp": "testapp", "meshctl": "meshctl"}
+IMAGE_OF_ROLE = {
+    "pause": "pause",
+    "busybox": "testapp",
+    "testapp": "testapp",
+    "meshctl": "meshctl",
+    "echo-basic": "echo-basic",
+    "coredns": "coredns",
+}
+# Imported when a test first asks for them, not at every start: only the Gateway API conformance
+# suite runs them (tests/harness/gateway_conformance.py), and CoreDNS alone is 73 MiB.
+ON_DEMAND_ROLES = frozenset({"echo-basic", "coredns"})
 
 
 def node_images() -> tuple[dict[str, Path], dict[str, str]]:
@@ -757,6 +767,7 @@ class TestNode:
         self._lock: contextlib.ExitStack | None = None
         self.missing_images: dict[str, str] = {}
         self.archives: dict[str, Path] = {}
+        self._on_demand: dict[str, str] = {}  # role -> tag, imported into the running node
         self.cleaned_dead_run = False
 
     @property
@@ -772,10 +783,20 @@ class TestNode:
         return self._cluster is not None
 
     def image(self, role: str) -> str:
-        """The tag of a node image; skips (fails under CI) when it could not be built."""
+        """The tag of a node image; skips (fails under CI) when it could not be built.
+
+        An on-demand image is imported into the running node on its first request.
+        """
         if role in self.missing_images:
             pytest.skip(f"node image {role!r} missing: {self.missing_images[role]}")
-        return self.cluster.images[role]
+        cluster = self.cluster
+        if role not in ON_DEMAND_ROLES:
+            return cluster.images[role]
+        if role not in self._on_demand:
+            archive = self.archives[role]
+            cluster.import_image(archive)
+            self._on_demand[role] = _archive_tags(archive)[0]
+        return self._on_demand[role]
 
     def start(self) -> NodeCluster:
         if self._cluster is not None:
@@ -802,8 +823,10 @@ class TestNode:
                 }
             )
             start = _Start(self.binaries)
+            self._on_demand = {}
+            at_start = {r: a for r, a in self.archives.items() if r not in ON_DEMAND_ROLES}
             try:
-                self._cluster = start.run(self.archives)
+                self._cluster = start.run(at_start)
             except BaseException:
                 start.stop()
                 self._cleanup()

@@ -25,6 +25,7 @@ MARKERS = {
     "node": "needs the real single-node cluster (fails instead of skipping when CI=true)",
     "shells": "runs real zsh and fish (.ci/run installs them; fails instead of skipping in CI)",
     "slow": "takes more than a few seconds (frozen-binary build, cold fixtures)",
+    "hostile": "the hostile-input tier (tests/hostile): every reader and server fed the corpus",
     "packaging": "needs packaging's outputs or tools: the frozen build (MESHCTL_FROZEN_BINARY, "
     "MESHCTL_FROZEN_TREE), Go and gcc -static (fails instead of skipping when CI=true)",
 }

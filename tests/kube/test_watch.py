@@ -1,4 +1,5 @@
-"""The shared list+watch loop against the real kube-apiserver: events, resume, 410, stop, errors."""
+"""The shared list+watch loop and its informers against the real kube-apiserver: events, resume,
+410, stop, errors, fan-out."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from meshctl.core.backoff import Backoff
 from meshctl.kube import objects
 from meshctl.kube.client import Kube, KubeSettings, connect
+from meshctl.kube.informer import Informers
 from meshctl.kube.resources import CONFIG_MAPS, NAMESPACES, Resource
-from meshctl.kube.watch import AsyncWatch, Watch, WatchBackoff, WatchEvent
+from meshctl.kube.watch import Watch, WatchEvent
 from tests.harness.kube import KubeCluster, compact_etcd, free_port
 
 pytestmark = pytest.mark.kube
@@ -206,7 +209,7 @@ def test_an_unreachable_server_is_retried_with_backoff_until_stopped(
     base = connect(KubeSettings(kubeconfig=str(kube_cluster.kubeconfig)))
     base.api.configuration.host = f"https://127.0.0.1:{free_port()}"  # nothing listens there
     got = Collector()
-    watch = Watch(base, NAMESPACES, got, backoff=WatchBackoff(initial=0.2, cap=0.4, jitter=0.0))
+    watch = Watch(base, NAMESPACES, got, backoff=Backoff(first=0.2, cap=0.4))
     watch.start()
     time.sleep(1.5)
     watch.stop()
@@ -239,26 +242,32 @@ def test_a_consumer_that_raises_does_not_stop_the_loop(kube: Kube, kube_namespac
     assert seen == ["", "a", "b"]
 
 
-def test_async_watch_delivers_on_the_loop_and_stops_on_exit(
+def test_a_shared_informer_delivers_on_the_loop_to_each_subscriber_and_stops_with_the_last(
     kube: Kube, kube_namespace: str
 ) -> None:
-    async def scenario() -> list[tuple[str, str, str]]:
-        out: list[tuple[str, str, str]] = []
-        async with AsyncWatch(kube, CONFIG_MAPS, namespace=kube_namespace) as events:
+    async def scenario() -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+        informer = Informers(kube).informer(CONFIG_MAPS, namespace=kube_namespace)
+        first: list[tuple[str, str, str]] = []
+        async with informer.subscribe() as events:
             async for event in events:
-                out.append(describe(event))
+                first.append(describe(event))
                 if event.type == "SYNCED":
                     await asyncio.to_thread(
                         objects.create, kube, CONFIG_MAPS, configmap("x", "9"), kube_namespace
                     )
                 elif event.type == "ADDED":
                     break
-        return out
+            assert informer.get("x", kube_namespace) is not None
+            # A second subscriber shares the watch: the cache first, then what comes.
+            async with informer.subscribe() as late:
+                second = [describe(await anext(late)) for _ in range(2)]
+            watching = [t for t in threading.enumerate() if t.name.startswith("watch configmaps")]
+            assert len(watching) == 1
+        return first, second
 
-    assert asyncio.run(asyncio.wait_for(scenario(), 20)) == [
-        ("SYNCED", "", ""),
-        ("ADDED", "x", "9"),
-    ]
+    first, second = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert first == [("SYNCED", "", ""), ("ADDED", "x", "9")]
+    assert second == [("ADDED", "x", "9"), ("SYNCED", "", "")]
     assert not any(t.name.startswith("watch configmaps") for t in threading.enumerate())
 
 

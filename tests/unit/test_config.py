@@ -96,7 +96,7 @@ def test_an_inaccessible_default_settings_file_counts_as_none(tmp_path: Path, mo
 
 @pytest.mark.parametrize(
     ("content", "needle"),
-    [("a: [unclosed\n", "is not valid YAML at line"), ("- a\n- b\n", "must hold a mapping")],
+    [("a: [unclosed\n", "invalid YAML at line 2, column 1"), ("- a\n- b\n", "must hold a mapping")],
 )
 def test_broken_settings_file_is_a_config_error(tmp_path: Path, content, needle):
     path = tmp_path / "c.yaml"

@@ -1,69 +1,15 @@
-"""The control plane's pure-ish logic: the reconcile queue, the caBundle patch, settings."""
+"""The control plane's pure-ish logic: the caBundle patch, settings."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
-import itertools
 from datetime import timedelta
 
 import pytest
 from meshctl_plugins.controlplane.cabundle import bundle_patch
-from meshctl_plugins.controlplane.reconcile import WorkQueue
 from meshctl_plugins.controlplane.settings import ControlPlaneSettings, address, duration
 
 from meshctl.errors import ConfigError
-
-
-def test_a_key_queued_twice_runs_once_and_never_concurrently_with_itself() -> None:
-    runs: list[str] = []
-    running: set[str] = set()
-
-    async def scenario() -> None:
-        async def reconcile(key: str) -> None:
-            assert key not in running, "the same key ran twice at once"
-            running.add(key)
-            runs.append(key)
-            await asyncio.sleep(0.02)
-            running.discard(key)
-
-        queue: WorkQueue[str] = WorkQueue("test", reconcile)
-        task = asyncio.ensure_future(queue.run(workers=4))
-        for key in ("a", "a", "b", "a"):
-            queue.add(key)
-        await asyncio.sleep(0.005)
-        queue.add("a")  # while "a" runs: once more after it
-        while not queue.idle:
-            await asyncio.sleep(0.01)
-        task.cancel()
-
-    asyncio.run(scenario())
-    assert sorted(runs) == ["a", "a", "b"]
-
-
-def test_a_failing_key_is_retried_with_growing_delays_until_it_succeeds() -> None:
-    attempts: list[float] = []
-
-    async def scenario() -> None:
-        loop = asyncio.get_running_loop()
-
-        async def reconcile(_key: str) -> None:
-            attempts.append(loop.time())
-            if len(attempts) < 3:
-                raise RuntimeError("API said no")
-
-        queue: WorkQueue[str] = WorkQueue("test", reconcile, first_retry=0.05, max_retry=1.0)
-        task = asyncio.ensure_future(queue.run())
-        queue.add("k")
-        while len(attempts) < 3 or not queue.idle:
-            await asyncio.sleep(0.01)
-        task.cancel()
-
-    asyncio.run(scenario())
-    gaps = [b - a for a, b in itertools.pairwise(attempts)]
-    assert len(attempts) == 3
-    assert gaps[0] >= 0.05
-    assert gaps[1] >= 0.1  # doubled
 
 
 def _configuration(*bundles: str | None) -> dict:

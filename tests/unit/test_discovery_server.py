@@ -15,7 +15,7 @@ from meshctl_plugins.controlplane.xds_server import DiscoveryServer
 
 from meshctl import rpc
 from meshctl.core.mesh.records import Action, Kind, Policy, Protocol, Scope, Workload
-from meshctl.core.mesh.store import Update
+from meshctl.core.mesh.store import LiveStore, Update
 from meshctl.core.pki.callers import Caller, CallerError
 from meshctl.core.pki.identity import SpiffeId
 from meshctl.proto import xds_pb2_grpc
@@ -80,7 +80,10 @@ class Harness:
         self.pair = rpc.KeyPair(cert_chain_pem=pair.cert_pem, key_pem=pair.key_pem)
         self.metrics = Metrics()
         self.registry = self.metrics.registry
-        self.discovery = DiscoveryServer(callers=StandInCallers(callers), metrics=self.metrics)
+        self.store = LiveStore()  # the source's: the servicer only reads it
+        self.discovery = DiscoveryServer(
+            self.store, callers=StandInCallers(callers), metrics=self.metrics
+        )
         self.server: rpc.Server | None = None
         self.port = 0
 
@@ -130,18 +133,18 @@ def test_each_type_is_answered_at_once_even_when_empty_then_changes_arrive_one_b
         first = await subscribe_both(stream)
         assert [len(r.resources) for r in first.values()] == [0, 0]
         assert all(r.nonce for r in first.values())
-        h.discovery.apply([put(wl("a", "10.1.0.1")), put(wl("b", "10.1.0.2"))])
+        h.store.apply([put(wl("a", "10.1.0.1")), put(wl("b", "10.1.0.2"))])
         push = await stream.recv()
         assert sorted(tc.decode(push)) == ["Kubernetes//Pod/prod/a", "Kubernetes//Pod/prod/b"]
         await stream.ack(push)
         # One pod changes: only it is sent.
-        h.discovery.apply([put(wl("a", "10.1.0.9"))])
+        h.store.apply([put(wl("a", "10.1.0.9"))])
         push = await stream.recv()
         (body,) = tc.decode(push).values()
         assert (push.type_url, list(tc.decode(push))) == (tc.ADDRESS, ["Kubernetes//Pod/prod/a"])
         assert bytes(body.addresses[0]) == ipaddress.ip_address("10.1.0.9").packed
         await stream.ack(push)
-        h.discovery.apply([Update(kind=Kind.WORKLOAD, key="Kubernetes//Pod/prod/a")])
+        h.store.apply([Update(kind=Kind.WORKLOAD, key="Kubernetes//Pod/prod/a")])
         gone = await stream.recv()
         assert (list(gone.resources), list(gone.removed_resources)) == (
             [],
@@ -163,11 +166,11 @@ def test_a_nacked_version_is_not_resent_and_is_counted():
         channel, stream = await h.stream()
         await subscribe_both(stream)
         # A namespace policy where this node runs nothing is none of its business...
-        h.discovery.apply([put(deny("d1"))])
+        h.store.apply([put(deny("d1"))])
         with pytest.raises(TimeoutError):
             await stream.recv(timeout=0.3)
         # ...until a pod of that namespace lands on the node.
-        h.discovery.apply([put(wl("a", "10.1.0.1"))])
+        h.store.apply([put(wl("a", "10.1.0.1"))])
         responses = [await stream.recv(), await stream.recv()]
         policy = next(r for r in responses if r.type_url == tc.AUTHORIZATION)
         assert list(tc.decode(policy)) == ["prod/d1"]
@@ -178,7 +181,7 @@ def test_a_nacked_version_is_not_resent_and_is_counted():
         await asyncio.sleep(0.2)
         assert h.metric("pilot_total_xds_rejects_total", type="Authorization") == 1
         # An unrelated change to the policy's neighbourhood does not resend it...
-        h.discovery.apply([put(wl("b", "10.1.0.2"))])
+        h.store.apply([put(wl("b", "10.1.0.2"))])
         push = await stream.recv()
         assert push.type_url == tc.ADDRESS
         with pytest.raises(TimeoutError):
@@ -187,7 +190,7 @@ def test_a_nacked_version_is_not_resent_and_is_counted():
         changed = Policy(
             name="d1", namespace="prod", scope=Scope.NAMESPACE, action=Action.DENY, rules=()
         )
-        h.discovery.apply([put(changed)])
+        h.store.apply([put(changed)])
         push = await stream.recv()
         assert list(tc.decode(push)) == ["prod/d1"]
         await stream.close()
@@ -200,7 +203,7 @@ def test_a_nacked_version_is_not_resent_and_is_counted():
 def test_a_node_proxy_gets_every_workload_but_only_its_nodes_policies():
     async def scenario():
         h = Harness({"node": NODE_PROXY})
-        h.discovery.apply(
+        h.store.apply(
             [
                 put(wl("here", "10.1.0.1", node="n1", ns="a", policies=("a/sel",))),
                 put(wl("there", "10.1.0.2", node="n2", ns="b")),
@@ -220,7 +223,7 @@ def test_a_node_proxy_gets_every_workload_but_only_its_nodes_policies():
             "meshctl-system/global",
         ]
         # A pod of namespace b lands on this node: b's policy now concerns it.
-        h.discovery.apply([put(wl("new", "10.1.0.3", node="n1", ns="b"))])
+        h.store.apply([put(wl("new", "10.1.0.3", node="n1", ns="b"))])
         got = {}
         for _ in range(2):
             r = await stream.recv()
@@ -236,7 +239,7 @@ def test_a_node_proxy_gets_every_workload_but_only_its_nodes_policies():
 def test_a_reconnecting_client_gets_only_what_it_lacks():
     async def scenario():
         h = Harness({"node": NODE_PROXY})
-        h.discovery.apply(
+        h.store.apply(
             [put(wl("a", "10.1.0.1")), put(wl("b", "10.1.0.2")), put(wl("c", "10.1.0.3"))]
         )
         await h.start()
@@ -245,7 +248,7 @@ def test_a_reconnecting_client_gets_only_what_it_lacks():
         held = {r.name: r.version for r in first[tc.ADDRESS].resources}
         await stream.close()
         await channel.close()
-        h.discovery.apply(
+        h.store.apply(
             [put(wl("b", "10.1.0.22")), Update(kind=Kind.WORKLOAD, key="Kubernetes//Pod/prod/c")]
         )
         channel, stream = await h.stream()
@@ -263,7 +266,7 @@ def test_a_reconnecting_client_gets_only_what_it_lacks():
 def test_on_demand_lookups_are_answered_with_the_resource_or_a_removal():
     async def scenario():
         h = Harness({"node": NODE_PROXY})
-        h.discovery.apply([put(wl("a", "10.1.0.1"))])
+        h.store.apply([put(wl("a", "10.1.0.1"))])
         await h.start()
         channel, stream = await h.stream()
         await stream.subscribe(tc.ADDRESS, ["*"], unsubscribe=["*"], node=tc.ztunnel_node())
@@ -277,7 +280,7 @@ def test_on_demand_lookups_are_answered_with_the_resource_or_a_removal():
         missing = await stream.recv()
         assert list(missing.removed_resources) == ["/10.1.0.99"]
         # Not wildcard: an unrelated pod is not pushed.
-        h.discovery.apply([put(wl("other", "10.1.0.7"))])
+        h.store.apply([put(wl("other", "10.1.0.7"))])
         with pytest.raises(TimeoutError):
             await stream.recv(timeout=0.5)
         await stream.close()
@@ -309,7 +312,7 @@ def test_refusals_and_protocol_errors_end_only_that_stream():
         with pytest.raises(grpc.aio.AioRpcError) as unimplemented:
             await sotw.read()
         assert unimplemented.value.code() is grpc.StatusCode.UNIMPLEMENTED
-        h.discovery.apply([put(wl("a", "10.1.0.1"))])
+        h.store.apply([put(wl("a", "10.1.0.1"))])
         assert list(tc.decode(await good.recv())) == ["Kubernetes//Pod/prod/a"]
         await good.close()
         await good_channel.close()
@@ -323,7 +326,7 @@ def test_the_proxys_client_syncs_reconnects_and_receives_removals(tmp_path: Path
 
     async def scenario():
         h = Harness({"node": NODE_PROXY})
-        h.discovery.apply([put(wl("a", "10.1.0.1")), put(deny("d", ns="prod"))])
+        h.store.apply([put(wl("a", "10.1.0.1")), put(deny("d", ns="prod"))])
         await h.start()
         port = h.port
         roots = tmp_path / "root-cert.pem"
@@ -347,7 +350,7 @@ def test_the_proxys_client_syncs_reconnects_and_receives_removals(tmp_path: Path
         # The server goes away and comes back with a change: the client reconnects on its own
         # and is told what it lacks.
         await h.stop()
-        h.discovery.apply(
+        h.store.apply(
             [put(wl("b", "10.1.0.2")), Update(kind=Kind.WORKLOAD, key="Kubernetes//Pod/prod/a")]
         )
         await h.start(port)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import io
@@ -182,3 +183,31 @@ def test_recipe_follows_file_content_not_file_names(tmp_path):
     two.write_bytes(b"diff")
     assert oci.recipe(image_of(one), b"") != oci.recipe(image_of(two), b"")
     assert oci.file_from("/f", one).content_digest() == hashlib.sha256(b"same").hexdigest()
+
+
+def test_an_image_with_aliases_is_one_manifest_under_every_name(image, tmp_path):
+    names = ("localhost/t:1.2", "registry.example:5000/up/t:v9", "localhost/t:1.3")
+    aliased = dataclasses.replace(image, aliases=names[1:])
+    written = oci.write_archive(aliased, tmp_path / "a.tar")
+    read = oci.read_archive(tmp_path / "a.tar")
+    entries = read["index"]["manifests"]
+    assert [e["annotations"]["io.containerd.image.name"] for e in entries] == list(names)
+    assert [e["annotations"]["org.opencontainers.image.ref.name"] for e in entries] == [
+        "1.2",
+        "v9",
+        "1.3",
+    ]
+    assert {e["digest"] for e in entries} == {written.digest}
+    assert read["docker"][0]["RepoTags"] == list(names)
+    assert written.ref == "localhost/t:1.2"
+    # The image itself (manifest, config, layers) is the one without aliases.
+    plain = oci.write_archive(image, tmp_path / "p.tar")
+    assert plain.digest == written.digest
+    assert oci.recipe(aliased, b"w") != oci.recipe(image, b"w")
+
+
+def test_an_alias_without_a_tag_is_refused(image, tmp_path):
+    with pytest.raises(ValueError, match="has no tag"):
+        oci.write_archive(
+            dataclasses.replace(image, aliases=("registry.example:5000/t",)), tmp_path / "x.tar"
+        )

@@ -69,7 +69,7 @@ def test_plain_documents_and_a_missing_namespace_default():
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("items: [\n", "f:2: "),
+        ("items: [\n", "f: invalid YAML at line 2, column 1: "),
         ("kind: List\nitems: {a: 1}\n", "f: the List's items must be a list"),
         ("- 1\n", "f: item 1: expected a Namespace or Pod object, got list"),
         ("kind: Service\napiVersion: v1\nmetadata: {name: s}\n", "f: item 1: kind 'Service'"),
@@ -129,11 +129,14 @@ def test_changes_to_the_file_arrive_as_watch_events_and_a_bad_edit_is_ignored(tm
     source = InventoryFile(path, node_name="laptop", interval=0.01)
     seen: list[tuple[str, str, str]] = []
 
-    def on_event(kind, event):
-        seen.append((kind, event.type, (event.object.get("metadata") or {}).get("name", "")))
+    async def follow() -> None:
+        async with source.subscribe() as events:
+            async for event in events:
+                name = (event.object.get("metadata") or {}).get("name", "")
+                seen.append((event.resource.plural, event.type, name))
 
     async def scenario() -> None:
-        task = asyncio.ensure_future(source.follow(on_event))
+        task = asyncio.ensure_future(follow())
         await asyncio.sleep(0.05)
         first = list(seen)
         seen.clear()

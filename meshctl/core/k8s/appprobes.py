@@ -10,10 +10,11 @@ naming the path and the field, so the proxy refuses to start rather than fail ev
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+from meshctl.structured import InputError, load_json
 
 PROBERS_ENV = "ISTIO_KUBE_APP_PROBERS"
 # Istio's agent accepts exactly these paths (pilot-agent's status server, appProberPattern).
@@ -78,9 +79,9 @@ def parse_probers(text: str) -> dict[str, Prober]:
     if not text.strip():
         return {}
     try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ProberError(f"{PROBERS_ENV} is not JSON: {exc}") from None
+        data = load_json(text, PROBERS_ENV)
+    except InputError as exc:
+        raise ProberError(f"{PROBERS_ENV} is not JSON: {exc.problem}") from None
     if not isinstance(data, dict):
         raise ProberError(f"{PROBERS_ENV} must be a JSON object of path -> prober")
     return {path: _prober(path, value) for path, value in data.items()}
@@ -166,8 +167,8 @@ def parse_scrape(text: str) -> tuple[int, str] | None:
     if not text.strip():
         return None
     try:
-        config = json.loads(text)
-    except ValueError:
+        config = load_json(text, "ISTIO_PROMETHEUS_ANNOTATIONS")
+    except InputError:
         config = None
     if not isinstance(config, dict) or not all(isinstance(v, str) for v in config.values()):
         raise ProberError("ISTIO_PROMETHEUS_ANNOTATIONS must be a JSON object of strings")

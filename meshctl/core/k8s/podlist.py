@@ -15,14 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
+from meshctl import yamlread
 from meshctl.core.pki.identity import IdentityError, SpiffeId
-
-try:  # libyaml's loader when PyYAML has it (the CNI plugin reads this on every pod start)
-    from yaml import CSafeLoader as _Loader
-except ImportError:  # pragma: no cover -- PyYAML built without libyaml
-    from yaml import SafeLoader as _Loader  # type: ignore[assignment]
+from meshctl.structured import InputError, Limits
 
 # Derived pod uids: uuid5 of "<namespace>/<name>" under this namespace.
 _UID_NAMESPACE = uuid.UUID("6f0d2b8e-5c1a-4f3e-9a57-1d2c3b4a5e6f")
@@ -63,12 +58,13 @@ def derived_uid(namespace: str, name: str) -> str:
     return str(uuid.uuid5(_UID_NAMESPACE, f"{namespace}/{name}"))
 
 
-def parse(text: str, source: str) -> Inventory:
-    """The inventory in ``text`` (read from ``source``, named in every error)."""
+def parse(text: str | bytes, source: str, limits: Limits = Limits()) -> Inventory:  # noqa: B008
+    """The inventory in ``text`` (read from ``source``, named in every error), read within
+    ``limits`` (``meshctl.structured``)."""
     namespaces: dict[str, dict[str, Any]] = {}
     pods: dict[str, dict[str, Any]] = {}
     seen: set[tuple[str, str]] = set()
-    for number, item in enumerate(_items(text, source), start=1):
+    for number, item in enumerate(_items(text, source, limits), start=1):
         where = f"{source}: item {number}"
         kind, meta = _kind_and_metadata(item, where)
         name = meta["name"]
@@ -88,15 +84,12 @@ def parse(text: str, source: str) -> Inventory:
     return Inventory(namespaces=namespaces, pods=pods)
 
 
-def _items(text: str, source: str) -> list[Any]:
+def _items(text: str | bytes, source: str, limits: Limits) -> list[Any]:
     """Every object of every document, a ``List``'s items in its place."""
     try:
-        documents = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or "not YAML"
-        raise InventoryError(f"{source}{where}: {problem}") from exc
+        documents = [d.data for d in yamlread.yaml_documents(text, source, limits)]
+    except InputError as exc:
+        raise InventoryError(exc.message) from exc
     items: list[Any] = []
     for document in documents:
         if isinstance(document, dict) and document.get("kind") == "List":

@@ -15,7 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+from meshctl import yamlread
+from meshctl.structured import InputError
 
 ANNOTATION = "proxy.istio.io/config"
 ENV = "PROXY_CONFIG"
@@ -112,10 +113,9 @@ def parse(text: str, *, source: str = ANNOTATION) -> ProxyConfig:
     """``text`` (YAML or JSON) as a ProxyConfig; ``ProxyConfigError`` (a ``ValueError``)
     names the field at fault."""
     try:
-        data = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as exc:
-        message = str(exc).splitlines()[0]
-        raise ProxyConfigError(f"{source} is not YAML or JSON: {message}") from None
+        data = yamlread.load_yaml(text, source) if text.strip() else {}
+    except InputError as exc:
+        raise ProxyConfigError(f"{source} is not YAML or JSON: {exc.problem}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

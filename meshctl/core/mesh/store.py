@@ -1,8 +1,9 @@
 """The workload/service/policy store: an immutable snapshot with the data path's lookups.
 
-Owns ``Store`` (workload by IP, service by VIP, a destination for an original destination) and
-the ``Update``s sources feed it by key. Sources (the local config file, Kubernetes watches in the
-control plane, the xDS client in the proxies) feed it; consumers read snapshots.
+Owns ``Store`` (workload by IP, service by VIP, a destination for an original destination), the
+``Update``s sources feed it by key, and ``LiveStore``: the current snapshot as its source owns
+it. Sources (the local config file, Kubernetes watches in the control plane, the xDS client in
+the proxies) feed it; consumers read snapshots and hear of changes, never apply any.
 Invariants: a ``Store`` never changes (``apply`` builds a new one, so a lookup in flight sees one
 consistent snapshot); every record has a version; the store never fetches anything.
 """
@@ -272,6 +273,35 @@ class Store:
             if ref in self._policies:
                 chosen[ref] = self._policies[ref]
         return list(chosen.values())
+
+
+Listener = Callable[[Store, Store, Sequence[Update]], None]
+
+
+class LiveStore:
+    """The current snapshot, owned by the source that ``apply``s to it; consumers read
+    ``current`` and ``subscribe`` to hear (old, new, updates) after each change, in order."""
+
+    def __init__(self, store: Store | None = None) -> None:
+        self._current = store or Store()
+        self._listeners: list[Listener] = []
+
+    @property
+    def current(self) -> Store:
+        return self._current
+
+    def subscribe(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def apply(self, updates: Sequence[Update]) -> Store:
+        """The source's changes: a new snapshot (the same one when there are none)."""
+        if not updates:
+            return self._current
+        old = self._current
+        self._current = new = old.apply(updates)
+        for listener in self._listeners:
+            listener(old, new, updates)
+        return new
 
 
 class _Draft:

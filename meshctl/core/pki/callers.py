@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from meshctl.core.pki.identity import IdentityError, SpiffeId
+from meshctl.structured import InputError, load_json
 
 # Istio's audiences for the projected token proxies send; ours too, so either can be minted.
 AUDIENCES = ("istio-ca", "meshctl-ca")
@@ -139,9 +139,9 @@ def token_expiry(token: str) -> datetime | None:
         return None
     payload = parts[1] + "=" * (-len(parts[1]) % 4)
     try:
-        claims = json.loads(base64.urlsafe_b64decode(payload))
+        claims = load_json(base64.urlsafe_b64decode(payload), "token")
         exp = claims["exp"]
-    except (binascii.Error, ValueError, KeyError, TypeError):
+    except (binascii.Error, ValueError, KeyError, TypeError, InputError):
         return None
     if isinstance(exp, bool) or not isinstance(exp, int | float):
         return None

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl.core.k8s.cni.spec import PLUGIN_TYPE
+from meshctl.structured import InputError, load_json
 
 CONF_EXTENSIONS = (".conf", ".conflist", ".json")
 
@@ -30,8 +31,8 @@ def parse(name: str, raw: bytes) -> dict[str, Any] | None:
     if not name.endswith(CONF_EXTENSIONS):
         return None
     try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+        data = load_json(raw, name)
+    except InputError:  # not JSON, not UTF-8, nested past any config: not one a runtime loads
         return None
     if not isinstance(data, dict):
         return None

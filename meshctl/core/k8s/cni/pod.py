@@ -8,7 +8,6 @@ its container, so the CNI path installs exactly the rules the init container wou
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject.interception import PROXY_UID, capture_args
 from meshctl.core.k8s.inject.render import INIT_CONTAINER, PROXY_CONTAINER
+from meshctl.structured import InputError, load_json
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +70,8 @@ def decide(pod: Mapping[str, Any]) -> Decision:  # noqa: PLR0911 (one exit per r
 
 def _status_init_containers(annotations: Mapping[str, str]) -> list[str]:
     try:
-        status = json.loads(annotations.get(ann.STATUS, "{}"))
-    except ValueError:
+        status = load_json(annotations.get(ann.STATUS, "{}"), ann.STATUS)
+    except (InputError, TypeError):
         return []
     names = status.get("initContainers") if isinstance(status, dict) else None
     return [str(n) for n in names] if isinstance(names, list) else []

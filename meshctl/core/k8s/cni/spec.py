@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from meshctl.structured import InputError, Limits, load_json
+
 SUPPORTED_VERSIONS: Final = ("0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST_VERSION: Final = SUPPORTED_VERSIONS[-1]
 COMMANDS: Final = ("ADD", "DEL", "CHECK", "VERSION", "STATUS")
@@ -54,6 +56,7 @@ _REQUIRED_ENV: Final = {
     "STATUS": (),
 }
 _POD_ARGS: Final = ("K8S_POD_NAMESPACE", "K8S_POD_NAME")
+CONFIG_SOURCE: Final = "network config on stdin"  # how the bounded reader names it
 
 
 class CniError(Exception):
@@ -120,17 +123,26 @@ class Request:
         return f"{self.pod_namespace}/{self.pod_name}"
 
 
-def error_version(env: Mapping[str, str], stdin: bytes) -> str:
+def error_version(env: Mapping[str, str], stdin: bytes, limits: Limits = Limits()) -> str:  # noqa: B008
     """The ``cniVersion`` an error JSON should carry: the config's when usable, else the latest."""
-    try:
-        version = json.loads(stdin or b"{}").get("cniVersion")
-    except (ValueError, AttributeError):
-        return LATEST_VERSION
+    config = readable_config(stdin, limits)
+    version = config.get("cniVersion") if config is not None else None
     return version if version in SUPPORTED_VERSIONS else LATEST_VERSION
 
 
-def parse_request(env: Mapping[str, str], stdin: bytes) -> Request:
-    """Validate the CNI_* variables and the config on stdin; raise ``CniError`` on bad input."""
+def readable_config(stdin: bytes, limits: Limits = Limits()) -> dict[str, Any] | None:  # noqa: B008
+    """The config on ``stdin`` when it is a JSON object within ``limits``, else None (for
+    reporting a request that was refused)."""
+    try:
+        config = load_json(stdin or b"{}", CONFIG_SOURCE, limits)
+    except InputError:
+        return None
+    return config if isinstance(config, dict) else None
+
+
+def parse_request(env: Mapping[str, str], stdin: bytes, limits: Limits = Limits()) -> Request:  # noqa: B008
+    """Validate the CNI_* variables and the config on stdin (read within ``limits``: size and
+    nesting); raise ``CniError`` on bad input."""
     command = env.get("CNI_COMMAND", "")
     if not command:
         raise CniError(INVALID_ENVIRONMENT, "CNI_COMMAND is not set")
@@ -142,20 +154,12 @@ def parse_request(env: Mapping[str, str], stdin: bytes) -> Request:
         )
     if command == "VERSION":
         # The runtime may send only {"cniVersion": ...} or nothing at all.
-        config = _decode(stdin) if stdin.strip() else {}
+        config = _decode(stdin, limits) if stdin.strip() else {}
         asked = config.get("cniVersion")
         version = asked if asked in SUPPORTED_VERSIONS else LATEST_VERSION
         return Request(command=command, cni_version=version, config=config)
-    config = _decode(stdin)
-    version = config.get("cniVersion")
-    if not isinstance(version, str) or not version:
-        raise CniError(INVALID_CONFIG, "network config has no cniVersion")
-    if version not in SUPPORTED_VERSIONS:
-        raise CniError(
-            INCOMPATIBLE_VERSION,
-            f"incompatible CNI version {version!r}",
-            f"meshctl-cni supports {', '.join(SUPPORTED_VERSIONS)}",
-        )
+    config = _decode(stdin, limits)
+    version = _config_version(config)
     if command == "CHECK" and _older(version, "0.4.0"):
         raise CniError(
             INCOMPATIBLE_VERSION, f"CHECK needs cniVersion 0.4.0 or later, not {version}"
@@ -195,6 +199,26 @@ def parse_request(env: Mapping[str, str], stdin: bytes) -> Request:
         prev_result=prev,
         plugin=plugin_config(config),
     )
+
+
+def _config_version(config: Mapping[str, Any]) -> str:
+    """The config's ``cniVersion``, one we support (codes 7 and 1 say what is wrong)."""
+    version = config.get("cniVersion")
+    if version is None or version == "":
+        raise CniError(INVALID_CONFIG, "network config has no cniVersion")
+    if not isinstance(version, str):
+        raise CniError(
+            INVALID_CONFIG,
+            f'cniVersion must be a string such as "{LATEST_VERSION}", not '
+            f"{_json_type(version)} {json.dumps(version)[:40]}",
+        )
+    if version not in SUPPORTED_VERSIONS:
+        raise CniError(
+            INCOMPATIBLE_VERSION,
+            f"incompatible CNI version {version!r}",
+            f"meshctl-cni supports {', '.join(SUPPORTED_VERSIONS)}",
+        )
+    return version
 
 
 def parse_cni_args(text: str) -> dict[str, str]:
@@ -252,18 +276,30 @@ def version_result(request: Request) -> str:
     )
 
 
-def _decode(stdin: bytes) -> dict[str, Any]:
-    try:
-        data = json.loads(stdin)
-    except (ValueError, UnicodeDecodeError) as exc:
+def _decode(stdin: bytes, limits: Limits) -> dict[str, Any]:
+    if not stdin.strip():
         raise CniError(
-            DECODE_FAILURE, "failed to decode the network config on stdin", str(exc)
+            DECODE_FAILURE,
+            "no network config on stdin (it is empty)",
+            "the container runtime passes the config as JSON on stdin",
+        )
+    try:
+        data = load_json(stdin, CONFIG_SOURCE, limits)
+    except InputError as exc:
+        raise CniError(
+            DECODE_FAILURE, "failed to decode the network config on stdin", exc.problem
         ) from None
     if not isinstance(data, dict):
         raise CniError(
-            DECODE_FAILURE, f"network config must be a JSON object, not {type(data).__name__}"
+            DECODE_FAILURE, f"network config must be a JSON object, not {_json_type(data)}"
         )
     return data
+
+
+def _json_type(value: Any) -> str:
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    names |= {list: "an array", dict: "an object", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _string(config: Mapping[str, Any], key: str) -> str:

@@ -26,12 +26,14 @@ from meshctl.core.k8s.inject import kinds
 from meshctl.core.k8s.inject.errors import InjectError
 from meshctl.core.k8s.inject.pipeline import inject_pod
 from meshctl.core.k8s.inject.settings import InjectSettings
+from meshctl.structured import InputError, Limits, load_json
 
 log = logging.getLogger(__name__)
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 INJECT_PATH = "/inject"
 MAX_BODY_BYTES = 8 << 20  # far above the API server's own object limit (~1.5 MiB in etcd)
+_LIMITS = Limits(max_bytes=MAX_BODY_BYTES)
 
 # Path-encoded proxy env, as Istio's injector reads it: /inject/<key>/<value>/... where
 # "--slash--" stands for "/" and two short keys name Istio's cluster and network variables.
@@ -80,10 +82,12 @@ def handle(request: Request, settings: InjectSettings) -> Answer:
 
 
 def _json(body: bytes) -> Any:
+    """The body by the bounded reader: a nesting no AdmissionReview needs is refused (400)
+    before the pipeline's walks could run out of stack."""
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as exc:  # ValueError covers bad UTF-8 as well
-        raise MalformedReviewError(f"body is not JSON: {str(exc)[:200]}") from exc
+        return load_json(body, "body", _LIMITS)
+    except InputError as exc:
+        raise MalformedReviewError(f"body is not a usable JSON document: {exc.problem}") from exc
 
 
 def _refusal(request: Request) -> Answer | None:

@@ -8,7 +8,7 @@ with the message ``invalid value '<v>' for annotation '<k>'``; an absent annotat
 
 from __future__ import annotations
 
-import json
+import functools
 import re
 from decimal import Decimal
 
@@ -16,6 +16,7 @@ from decimal import Decimal
 # accepts in the init container (or the CNI plugin) later.
 from meshctl.core.capture import settings as capture
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.structured import InputError, load_json
 
 # --- read: what the user asks for ---------------------------------------------------------------
 INJECT = "sidecar.istio.io/inject"  # label (wins) or annotation: "true" | "false"
@@ -132,6 +133,7 @@ _SUFFIX = {
     "Pi": Decimal(2**50),
     "Ei": Decimal(2**60),
 }
+_LONGEST_SUFFIX_FIRST = tuple(sorted(_SUFFIX, key=len, reverse=True))  # "Mi" before "M"
 
 
 def parse_bool(key: str, value: str) -> bool:
@@ -222,8 +224,8 @@ def parse_image(key: str, value: str) -> str:
 def parse_json_objects(key: str, value: str, *, what: str) -> dict[str, dict[str, object]]:
     """A JSON object of name -> object (``userVolume``, ``userVolumeMount``)."""
     try:
-        data = json.loads(value)
-    except ValueError:
+        data = load_json(value, key)
+    except InputError:
         data = None
     if not isinstance(data, dict) or not all(
         isinstance(k, str) and k and isinstance(v, dict) for k, v in data.items()
@@ -232,9 +234,10 @@ def parse_json_objects(key: str, value: str, *, what: str) -> dict[str, dict[str
     return data
 
 
+@functools.lru_cache(maxsize=256)  # a few quantities, read for every pod of a long manifest
 def quantity(text: str) -> Decimal:
     """A Kubernetes quantity as a number (``100m`` -> 0.1, ``1Ki`` -> 1024)."""
-    for suffix in sorted(_SUFFIX, key=len, reverse=True):
+    for suffix in _LONGEST_SUFFIX_FIRST:
         if text.endswith(suffix):
             return Decimal(text[: -len(suffix)]) * _SUFFIX[suffix]
     return Decimal(text)

@@ -2,57 +2,32 @@
 
 Owns multi-document YAML, ``v1 List`` objects and the error positions users see. Invariants:
 documents come out in input order, each as one YAML document; objects that carry no pod template
-(Services, ConfigMaps, unknown kinds and custom resources) come out equal to what went in; a
-failure anywhere raises before any text is produced, naming the source, the line and the object.
-Timestamps stay strings (as the API server reads YAML), so dates round-trip unchanged.
+(Services, ConfigMaps, unknown kinds and custom resources) come out equal to what went in; an
+object without a ``kind`` is refused, as kubectl refuses it. Documents can be taken one at a time
+(``read`` and ``transform_stream``: memory stays flat however long the input) or all at once;
+either way a failure raises ``ManifestError`` naming the source, the line and the object, and the
+input is read by the one bounded reader (``meshctl.yamlread``: alias bombs and runaway nesting
+are refused). Timestamps stay strings (as the API server reads YAML), so dates round-trip.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
-import yaml
-
+from meshctl import yamlread
 from meshctl.core.k8s.inject import kinds
 from meshctl.core.k8s.inject.errors import InjectError, ManifestError
 from meshctl.core.k8s.inject.pipeline import Injected, inject_pod, uninject_pod
 from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.output import yaml_documents
-
-# libyaml's C loader is several times faster than the pure-Python one (the 1,000-Deployment
-# benchmark depends on it); PyYAML's wheels ship it, source builds may not.
-try:
-    from yaml import CSafeLoader as _BaseLoader
-except ImportError:  # pragma: no cover -- PyYAML built without libyaml
-    from yaml import SafeLoader as _BaseLoader  # type: ignore[assignment]
-
-_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
-
-
-class _Loader(_BaseLoader):
-    """Safe loading without the timestamp resolver: ``2024-01-01`` stays the string it is."""
-
-    yaml_implicit_resolvers = {  # noqa: RUF012 -- PyYAML's per-class table, replaced whole
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != _TIMESTAMP_TAG]
-        for first, resolvers in _BaseLoader.yaml_implicit_resolvers.items()
-    }
-
+from meshctl.structured import Document, InputError, Limits
 
 # A transform of one pod template: (template, workload name, namespace) -> result.
 PodTransform = Callable[[Mapping[str, Any], str, str | None], Injected]
 # Called once per document done, for a progress display (the CLI's; the core only counts).
 Tick = Callable[[], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Document:
-    """One YAML document: its parsed object and the 1-based line it starts on."""
-
-    data: Any
-    line: int
-    item_lines: tuple[int, ...] = ()  # for a List: where each item starts
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,50 +40,28 @@ class Skipped:
     warning: bool = False
 
 
-def load(text: str, source: str, tick: Tick | None = None) -> list[Document]:
-    """Parses every YAML document of ``text``; empty documents are dropped.
+def read(
+    data: str | BinaryIO,
+    source: str,
+    limits: Limits = Limits(),  # noqa: B008
+) -> Iterator[Document]:
+    """The non-empty documents of ``data`` (text, or a binary stream read as they come).
 
-    Raises ``ManifestError`` with ``source``, line and column on a syntax error.
-    """
-    loader = _Loader(text)
-    documents: list[Document] = []
+    Raises ``ManifestError`` with ``source`` and the line on a syntax error or a limit."""
     try:
-        while loader.check_node():
-            node = loader.get_node()
-            if node is None:
-                continue
-            data = loader.construct_document(node)
-            if data is None:
-                continue
-            documents.append(Document(data, node.start_mark.line + 1, _item_lines(node)))
-            if tick is not None:
-                tick()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = exc.problem or exc.context or "syntax error"
-        raise ManifestError(
-            f"{source}: invalid YAML{where}: {problem}",
-            hint="fix the YAML there (the mistake may be just before that point)",
-        ) from exc
-    except yaml.YAMLError as exc:  # reader errors: control characters and the like
-        raise ManifestError(f"{source}: invalid YAML: {exc}", hint="fix the YAML") from exc
-    finally:
-        loader.dispose()
+        yield from yamlread.yaml_documents(data, source, limits)
+    except InputError as exc:
+        raise ManifestError(exc.message, hint=exc.hint) from exc
+
+
+def load(text: str, source: str, tick: Tick | None = None) -> list[Document]:
+    """Every document of ``text`` at once (``read`` one at a time); empty ones are dropped."""
+    documents = []
+    for document in read(text, source):
+        documents.append(document)
+        if tick is not None:
+            tick()
     return documents
-
-
-def _item_lines(node: yaml.Node) -> tuple[int, ...]:
-    if not isinstance(node, yaml.MappingNode):
-        return ()
-    for key, value in node.value:
-        if (
-            isinstance(key, yaml.ScalarNode)
-            and key.value == "items"
-            and isinstance(value, yaml.SequenceNode)
-        ):
-            return tuple(item.start_mark.line + 1 for item in value.value)
-    return ()
 
 
 def dump(objects: list[Any], tick: Tick | None = None) -> str:
@@ -123,18 +76,35 @@ def transform(
     """Every document with its pod templates transformed; the others as they were."""
     results: list[Any] = []
     skipped: list[Skipped] = []
-    for number, document in enumerate(documents, start=1):
-        where = (
-            f"{source}:{document.line}"
-            if len(documents) == 1
-            else f"{source}:{document.line} (document {number})"
-        )
-        results.append(
-            _object(document.data, where, source, document.item_lines, pod_transform, skipped)
-        )
+    for obj, notes in transform_stream(documents, source, pod_transform):
+        results.append(obj)
+        skipped.extend(notes)
         if tick is not None:
             tick()
     return results, skipped
+
+
+def transform_stream(
+    documents: Iterable[Document], source: str, pod_transform: PodTransform
+) -> Iterator[tuple[Any, list[Skipped]]]:
+    """Each document's object, transformed, with what was skipped in it, one at a time.
+
+    Reads one document ahead: a source of one document is named ``SOURCE:LINE`` in messages,
+    one of several ``SOURCE:LINE (document N)``."""
+    iterator = iter(documents)
+    current = next(iterator, None)
+    if current is None:
+        return
+    following = next(iterator, None)
+    several = following is not None
+    number = 1
+    while current is not None:
+        where = f"{source}:{current.line}" + (f" (document {number})" if several else "")
+        skipped: list[Skipped] = []
+        obj = _object(current.data, where, source, current.item_lines, pod_transform, skipped)
+        yield obj, skipped
+        current, following = following, (next(iterator, None) if following is not None else None)
+        number += 1
 
 
 def _object(
@@ -149,6 +119,14 @@ def _object(
         raise ManifestError(
             f"{where}: expected a Kubernetes object (a mapping), found a {_kind_of_value(obj)}",
             hint="each YAML document must be one object with apiVersion, kind and metadata",
+        )
+    kind = obj.get("kind")
+    if not isinstance(kind, str) or not kind:
+        problem = "has no kind" if kind is None else f"has a kind that is a {_kind_of_value(kind)}"
+        raise ManifestError(
+            f"{where}: the object {problem}; kubectl would refuse it too",
+            hint="every Kubernetes object names its kind and apiVersion, e.g. kind: Deployment "
+            "and apiVersion: apps/v1",
         )
     if kinds.is_list(obj):
         items = obj.get("items")
@@ -226,14 +204,7 @@ def inject_documents(
     tick: Tick | None = None,
 ) -> tuple[list[Any], list[Skipped]]:
     """The documents' objects with every pod template injected (or uninjected), and the skips."""
-
-    def inject(template: Mapping[str, Any], name: str, namespace: str | None) -> Injected:
-        return inject_pod(template, settings, workload_name=name, namespace=namespace)
-
-    def remove(template: Mapping[str, Any], name: str, namespace: str | None) -> Injected:
-        return Injected(uninject_pod(template))
-
-    return transform(parsed, source, remove if uninject else inject, tick)
+    return transform(parsed, source, pod_transform(settings, uninject=uninject), tick)
 
 
 def inject_text(
@@ -242,3 +213,15 @@ def inject_text(
     """``text`` with every pod template injected (or uninjected), as YAML, and what was skipped."""
     objects, skipped = inject_documents(load(text, source), source, settings, uninject=uninject)
     return dump(objects), skipped
+
+
+def pod_transform(settings: InjectSettings, *, uninject: bool = False) -> PodTransform:
+    """What ``inject -f`` does to each pod template: inject it, or remove an injection."""
+
+    def inject(template: Mapping[str, Any], name: str, namespace: str | None) -> Injected:
+        return inject_pod(template, settings, workload_name=name, namespace=namespace)
+
+    def remove(template: Mapping[str, Any], name: str, namespace: str | None) -> Injected:
+        return Injected(uninject_pod(template))
+
+    return remove if uninject else inject

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.structured import InputError, load_json
 
 ANNOTATION = "k8s.v1.cni.cncf.io/networks"
 
@@ -27,8 +28,8 @@ def append_network(existing: str, network: str) -> str:
             return existing
         return f"{existing}, {network}"
     try:
-        items = json.loads(existing)
-    except ValueError:
+        items = load_json(existing, ANNOTATION)
+    except InputError:
         items = None
     if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
         raise InvalidAnnotationError(

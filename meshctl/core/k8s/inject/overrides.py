@@ -15,6 +15,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from meshctl.structured import InputError, load_json
+
 ANNOTATION = "proxy.istio.io/overrides"
 AUTO_IMAGE = "auto"
 NAMES = ("istio-proxy", "istio-init", "istio-validation")
@@ -103,8 +105,8 @@ def annotation(taken: list[tuple[str, int, dict[str, Any]]], injected_names: set
 def from_annotation(text: str) -> list[tuple[str, int, dict[str, Any]]]:
     """The overrides an Istio-injected pod recorded, to put back at the end of their lists."""
     try:
-        record = json.loads(text)
-    except ValueError:
+        record = load_json(text, ANNOTATION)
+    except (InputError, TypeError):
         return []
     if not isinstance(record, dict):
         return []

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.structured import InputError, load_json
 
 SCRAPE, PORT, PATH = "prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path"
 MERGE = "prometheus.istio.io/merge-metrics"
@@ -80,8 +81,8 @@ def keys(annotations: Mapping[str, str]) -> list[str]:
 def restored(env: str) -> dict[str, str]:
     """The annotations a pod had before Istio's merge, from its proxy's env ("" if unreadable)."""
     try:
-        config = json.loads(env)
-    except ValueError:
+        config = load_json(env, "ISTIO_PROMETHEUS_ANNOTATIONS")
+    except (InputError, TypeError):
         return {}
     if not isinstance(config, dict):
         return {}

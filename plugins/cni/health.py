@@ -1,0 +1,87 @@
+"""What the node agent says about its health: ``/status``'s ``ambient``, which verify reads.
+
+Owns the report: the netns directory and whether it can be read, netns the runtime pins where
+the agent cannot see them, node proxies connected over ZDS, the node's probe rules, pods
+failing, and on request a dry-run enrollment (each captured pod's rules compared with what an
+enrollment would write, or, with none, an enrollment into a fresh namespace of the agent's
+own). Invariants: nothing is written; every problem is one sentence that says what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from pathlib import Path
+from typing import Any
+
+from meshctl.core.k8s import ambient
+
+from .kernelsteps import Kernel, KernelError
+from .podstate import PodState
+
+DRY_RUN_LIMIT = 50  # captured pods compared at most
+
+
+async def health_report(
+    pods: Collection[PodState],
+    *,
+    netns_dir: str,
+    netns_unseen: Mapping[str, str],
+    proxies: int,
+    zds_socket: str,
+    kernel: Kernel,
+    ipv6: bool,
+    dry_run: bool = False,
+) -> dict[str, Any]:
+    """Whether a pod can be enrolled on this node now, and what stands in the way."""
+    problems: list[str] = []
+    readable: bool | None = None
+    if netns_dir:
+        try:
+            next(Path(netns_dir).iterdir(), None)
+            readable = True
+        except OSError as exc:
+            readable = False
+            problems.append(f"cannot read the netns directory {netns_dir}: {exc.strerror}")
+    for where, pod in sorted(netns_unseen.items()):
+        problems.append(
+            f"the runtime pins pod netns in {where} (pod {pod}), which the node agent "
+            f"does not mount ({netns_dir}): set components.cni.netnsDir={where}"
+        )
+    if not proxies:
+        problems.append(f"no node proxy is connected on {zds_socket}")
+    if kernel.host_error:
+        problems.append(f"the node's probe rules are not in place: {kernel.host_error}")
+    failing = sorted(f"{s.ref}: {s.reported}" for s in pods if s.reported)
+    report: dict[str, Any] = {
+        "netnsDir": netns_dir,
+        "netnsDirReadable": readable,
+        "netnsUnseen": dict(sorted(netns_unseen.items())),
+        "nodeProxies": proxies,
+        "failing": failing,
+    }
+    if dry_run:
+        report["dryRun"] = await _dry_run(pods, kernel, ipv6, problems)
+    report["problems"] = problems
+    return report
+
+
+async def _dry_run(
+    pods: Collection[PodState], kernel: Kernel, ipv6: bool, problems: list[str]
+) -> dict[str, Any]:
+    captured = [s for s in pods if s.captured and s.netns][:DRY_RUN_LIMIT]
+    drifted: list[str] = []
+    try:
+        for state in captured:
+            args = ambient.capture_args(state.pod or {}, ipv6=ipv6)
+            if await kernel.dry_run_pod(state.netns, args):
+                drifted.append(state.ref)
+        if not captured:
+            await kernel.dry_run_pod(None, ambient.capture_args({}))
+    except KernelError as exc:
+        problems.append(f"a dry-run enrollment failed: {exc}")
+        return {"ok": False, "error": str(exc)}
+    if drifted:
+        problems.append(
+            f"{len(drifted)} captured pod(s) lack their capture rules: {', '.join(drifted)}"
+        )
+    return {"ok": not drifted, "pods": len(captured), "drifted": drifted}
