@@ -361,11 +361,4 @@ def _report(message: str, hint: str | None, code: int) -> int:
     return code
 
 
-def run() -> None:
-    """Entrypoint kept for callers that import it; the console script uses ``meshctl.entry``."""
-    from meshctl.entry import run as entry_run
-
-    entry_run()
-
-
-__all__ = ["__version__", "app", "main", "run"]
+__all__ = ["__version__", "app", "main"]

@@ -26,8 +26,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from meshctl.entry import COMPLETE_VAR  # the name the scripts set (entry reads it first)
-
 CACHE_FORMAT = 1
 _CHOICES = re.compile(r"^[A-Za-z0-9_.-]+(?:\|[A-Za-z0-9_.-]+)+$")
 
@@ -35,15 +33,10 @@ Spec = dict[str, Any]  # {"help", "options": [...], "args": [...], "commands": {
 Item = tuple[str, str]  # a candidate and its help
 
 
-def requested(env: Mapping[str, str]) -> bool:
-    """Whether this process is a shell asking for candidates (not for its script)."""
-    return env.get(COMPLETE_VAR, "").startswith("complete_")
-
-
-def answer(env: Mapping[str, str], out: Any = None) -> int:
-    """Print the candidates for the request in ``env``; the exit status the shell expects."""
+def answer(env: Mapping[str, str], shell: str, out: Any = None) -> int:
+    """Print the candidates for ``shell``'s request in ``env`` (``meshctl.entry`` saw the
+    scripts' variable and names the shell); the exit status the shell expects."""
     out = out or sys.stdout
-    shell = env.get(COMPLETE_VAR, "").removeprefix("complete_")
     try:
         args, incomplete = _request(shell, env)
         items = candidates(tree(), args, incomplete)

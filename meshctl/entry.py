@@ -80,11 +80,12 @@ def raw_plugin(argv: Sequence[str]) -> tuple[RawMain, list[str]] | None:
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one return per way in)
     """Run meshctl with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args and os.environ.get(COMPLETE_VAR, "").startswith("complete_"):
+    request = os.environ.get(COMPLETE_VAR, "")
+    if not args and request.startswith("complete_"):
         # A shell's <TAB>: answered from the cached command tree, without typer or a plugin.
         from meshctl.completion import answer
 
-        return answer(os.environ)
+        return answer(os.environ, request.removeprefix("complete_"))
     try:
         if argv is None and cni_invocation(sys.argv[0], args, os.environ):
             return int(cni_plugin()(args))

@@ -3,7 +3,9 @@
 Owns grpcio (``grpc.aio``): a server whose TLS certificate can be swapped while it runs
 (``Server``), a client channel to a control plane with its trust roots, alternate server name and
 the per-call ``authorization: Bearer <token>`` / ``clusterid`` headers Istio's proxies send
-(``connect``), and the translation of a failed call into a one-line ``RpcError``. Invariants: every
+(``connect``), and the translation of a failed call into a one-line ``RpcError`` (``unary``,
+``read``: no caller outside this module handles a grpc exception or sentinel; a status travels as
+its name, servers abort with ``abort``). Invariants: every
 listener is TLS-only (a plaintext client fails the handshake); messages above the configured limit
 are refused with RESOURCE_EXHAUSTED by grpcio before any handler runs; a token file is read on every
 call, so a rotated projected token is used as soon as the kubelet writes it; no token, key or PEM is
@@ -16,10 +18,10 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeAlias, TypeVar
 
 # As in meshctl/proto/__init__.py: grpc's C core would log next to our one-line errors (a failed
 # bind, a refused handshake) unless asked to (GRPC_VERBOSITY). Must run before grpc loads.
@@ -32,6 +34,11 @@ from meshctl.errors import MeshctlError, listen_failed
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+# grpc's types, named here so that callers annotate with them without importing grpc.
+Channel: TypeAlias = grpc.aio.Channel
+ServicerContext: TypeAlias = grpc.aio.ServicerContext
+
 # Istio's limits and keepalives (ztunnel: 200 MiB decoded messages, ping every 30 s, 10 s timeout).
 DEFAULT_MAX_MESSAGE = 200 * 1024 * 1024
 KEEPALIVE_MS = 30_000
@@ -39,15 +46,23 @@ KEEPALIVE_TIMEOUT_MS = 10_000
 
 
 class RpcError(MeshctlError):
-    """A gRPC call failed; ``code`` is the gRPC status name (``UNAVAILABLE``, ...).
-    ``lasting``: retrying cannot help until a certificate or a setting changes (say it once)."""
+    """A gRPC call failed; ``code`` is the gRPC status name (``UNAVAILABLE``, ...), ``detail``
+    the peer's (or grpc's) own text. ``lasting``: retrying cannot help until a certificate or a
+    setting changes (say it once)."""
 
     def __init__(
-        self, message: str, *, code: str, hint: str | None = None, lasting: bool = False
+        self,
+        message: str,
+        *,
+        code: str,
+        hint: str | None = None,
+        lasting: bool = False,
+        detail: str = "",
     ) -> None:
         super().__init__(message, hint=hint)
         self.code = code
         self.lasting = lasting
+        self.detail = detail
 
 
 # grpc's own words when the server's certificate does not name the host dialled.
@@ -255,7 +270,13 @@ def translate(
     mismatch = hostname_mismatch(detail, address, server_name)
     if mismatch is not None:
         reason, hint = mismatch
-        return RpcError(f"{what} at {address} failed: {reason}", code=code, hint=hint, lasting=True)
+        return RpcError(
+            f"{what} at {address} failed: {reason}",
+            code=code,
+            hint=hint,
+            lasting=True,
+            detail=detail,
+        )
     hints = {
         "UNAVAILABLE": f"is the control plane running and reachable at {address}?",
         "UNAUTHENTICATED": "check the service-account token (audience istio-ca) and its path",
@@ -263,8 +284,32 @@ def translate(
         "DEADLINE_EXCEEDED": f"the control plane at {address} did not answer in time",
     }
     return RpcError(
-        f"{what} at {address} failed: {code}: {detail}", code=code, hint=hints.get(code)
+        f"{what} at {address} failed: {code}: {detail}",
+        code=code,
+        hint=hints.get(code),
+        detail=detail,
     )
+
+
+async def unary(
+    call: Awaitable[T], *, what: str, address: str, server_name: str | None = None
+) -> T:
+    """The answer of a unary call (a generated stub's method, called); ``RpcError`` if it failed
+    (``translate``'s, with the same arguments)."""
+    try:
+        return await call
+    except grpc.aio.AioRpcError as exc:
+        raise translate(exc, what=what, address=address, server_name=server_name) from exc
+
+
+async def read(call: Any, *, what: str, address: str, server_name: str | None = None) -> Any | None:
+    """The next message of a streaming call, or None once the peer ended it with OK;
+    ``RpcError`` when it ended with another status."""
+    try:
+        message = await call.read()
+    except grpc.aio.AioRpcError as exc:
+        raise translate(exc, what=what, address=address, server_name=server_name) from exc
+    return None if message is grpc.aio.EOF else message
 
 
 def call_metadata(context: grpc.aio.ServicerContext[Any, Any]) -> tuple[tuple[str, Any], ...]:

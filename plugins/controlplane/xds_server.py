@@ -25,8 +25,6 @@ from typing import Any, Protocol
 from meshctl import rpc  # first: it quiets grpc's C core logging before grpc loads
 
 # isort: split
-import grpc
-import grpc.aio
 from google.protobuf import any_pb2
 
 from meshctl import xds
@@ -204,19 +202,18 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def StreamAggregatedResources(  # type: ignore[override]  # noqa: N802 (gRPC name)
         self,
         request_iterator: AsyncIterator[xds_pb2.DiscoveryRequest],
-        context: grpc.aio.ServicerContext[xds_pb2.DiscoveryRequest, xds_pb2.DiscoveryResponse],
+        context: rpc.ServicerContext[xds_pb2.DiscoveryRequest, xds_pb2.DiscoveryResponse],
     ) -> None:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
+        await rpc.abort(
+            context,
+            "UNIMPLEMENTED",
             "state-of-the-world ADS is not served; use DeltaAggregatedResources (as ztunnel does)",
         )
 
     async def DeltaAggregatedResources(  # type: ignore[override]  # noqa: N802 (gRPC name)
         self,
         request_iterator: AsyncIterator[xds_pb2.DeltaDiscoveryRequest],
-        context: grpc.aio.ServicerContext[
-            xds_pb2.DeltaDiscoveryRequest, xds_pb2.DeltaDiscoveryResponse
-        ],
+        context: rpc.ServicerContext[xds_pb2.DeltaDiscoveryRequest, xds_pb2.DeltaDiscoveryResponse],
     ) -> None:
         try:
             caller = await self._callers.authenticate(rpc.call_metadata(context))
@@ -226,7 +223,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             await rpc.abort(context, exc.status, exc.message)
         await self.synced.wait()
         if self.closing:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, _DRAINING)
+            await rpc.abort(context, "UNAVAILABLE", _DRAINING)
         stream = _Stream(caller=caller, scope=scope, view=self._view(scope))
         self._streams.add(stream)
         if self.metrics:
@@ -237,7 +234,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             await self._write(stream, context, reader)
         except _Abort as exc:
             log.warning("discovery: %s: %s", _who(caller), exc)
-            await context.abort(exc.code, str(exc))
+            await rpc.abort(context, exc.code, str(exc))
         finally:
             reader.cancel()
             self._streams.discard(stream)
@@ -255,9 +252,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def _write(
         self,
         stream: _Stream,
-        context: grpc.aio.ServicerContext[
-            xds_pb2.DeltaDiscoveryRequest, xds_pb2.DeltaDiscoveryResponse
-        ],
+        context: rpc.ServicerContext[xds_pb2.DeltaDiscoveryRequest, xds_pb2.DeltaDiscoveryResponse],
         reader: asyncio.Future[None],
     ) -> None:
         while True:
@@ -267,7 +262,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             waking.cancel()
             stream.wake.clear()
             if self.closing:
-                raise _Abort(grpc.StatusCode.UNAVAILABLE, _DRAINING)
+                raise _Abort("UNAVAILABLE", _DRAINING)
             for response in self._decide(stream):
                 await self._send(stream, context, response)
             if reader.done() and not stream.inbox:
@@ -283,7 +278,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             try:
                 outcome = stream.state.receive(request, self._catalog(stream, request.type_url))
             except delta.DeltaProtocolError as exc:
-                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from exc
+                raise _Abort("INVALID_ARGUMENT", str(exc)) from exc
             self._note(stream, request, outcome)
             if outcome.response is not None:
                 yield outcome.response, 0.0
@@ -314,9 +309,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def _send(
         self,
         stream: _Stream,
-        context: grpc.aio.ServicerContext[
-            xds_pb2.DeltaDiscoveryRequest, xds_pb2.DeltaDiscoveryResponse
-        ],
+        context: rpc.ServicerContext[xds_pb2.DeltaDiscoveryRequest, xds_pb2.DeltaDiscoveryResponse],
         decided: tuple[delta.Response, float],
     ) -> None:
         response, since = decided
@@ -336,7 +329,7 @@ _DRAINING = "the control plane is shutting down: reconnect (to another replica)"
 
 
 class _Abort(Exception):  # noqa: N818
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: str, message: str) -> None:  # code: a gRPC status name
         super().__init__(message)
         self.code = code
 

@@ -1,7 +1,6 @@
 """The data plane's HTTP endpoints: readiness (:15021), metrics (:15020), admin (127.0.0.1:15000).
 
-Owns a minimal HTTP/1.1 responder (one request per connection, ``Connection: close``, a read
-deadline, bodies up to 64 KiB) and the routes: ``/healthz/ready``; ``/metrics`` and
+Owns the routes (served by ``meshctl.proxy.responder``): ``/healthz/ready``; ``/metrics`` and
 ``/stats/prometheus``, and the app probes under ``/app-health/`` (app_probes.py);
 ``/config_dump``, ``/logging`` (GET shows, POST ``?level=`` sets),
 ``/quitquitquit`` (POST: drain and exit). Invariant: no key material is ever rendered; the
@@ -10,81 +9,60 @@ admin port is bound by the supervisor to loopback only.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from meshctl import __version__
 from meshctl.core.k8s.appprobes import is_probe_path
 from meshctl.core.wire.channel import Certs, CertSource
+from meshctl.proxy.responder import Response
 
 if TYPE_CHECKING:
-    import socket
+    from meshctl.core.mesh.store import Store
+    from meshctl.core.wire import channel
+    from meshctl.proxy.telemetry import Telemetry
 
-    from .runtime import Runtime
+    from .app_probes import AppProbes
 
 log = logging.getLogger(__name__)
 
-Response = tuple[int, str, bytes]
-# (method, path, query, headers with lower-case names) -> response
-Handler = Callable[[str, str, dict[str, list[str]], dict[str, str]], Awaitable[Response]]
-_REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    503: "Service Unavailable",
-}
-_READ_DEADLINE = 5.0
-_MAX_BODY = 64 * 1024
 
+class State(Protocol):
+    """What the routes read of the data plane (``Runtime`` is one): live, at each request."""
 
-async def serve(sock: socket.socket, handler: Handler) -> asyncio.Server:
-    """Answer HTTP requests arriving on the listening ``sock`` with ``handler``."""
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def node_mode(self) -> bool: ...
+    @property
+    def pods_synced(self) -> bool: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def config(self) -> channel.ProxyConfig: ...
+    @property
+    def telemetry(self) -> Telemetry: ...
+    @property
+    def app_probes(self) -> AppProbes: ...
+    @property
+    def xds_state(self) -> dict[str, Any]: ...
 
-    async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), _READ_DEADLINE)
-            request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-            method, target, _ = request_line.split(" ", 2)
-            headers: dict[str, str] = {}
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
-            length = min(int(headers.get("content-length") or 0), _MAX_BODY)
-            if length:
-                await asyncio.wait_for(reader.readexactly(length), _READ_DEADLINE)
-            url = urlsplit(target)
-            status, ctype, body = await handler(method, url.path, parse_qs(url.query), headers)
-        except (
-            ValueError,  # a request line or header that is not HTTP, or a bad content-length
-            asyncio.IncompleteReadError,
-            asyncio.LimitOverrunError,  # a head longer than the reader's 64 KiB limit
-            TimeoutError,
-            ConnectionError,
-        ):
-            status, ctype, body = 400, "text/plain", b"bad request\n"
-        try:
-            writer.write(
-                f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}\r\n"
-                f"Content-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-                "Connection: close\r\n\r\n".encode("latin-1")
-                + body
-            )
-            await asyncio.wait_for(writer.drain(), _READ_DEADLINE)
-        except (ConnectionError, TimeoutError):
-            pass
-        finally:
-            writer.close()
-
-    return await asyncio.start_server(one, sock=sock)
+    def served_identity(self) -> str | None: ...
+    def not_ready_reason(self) -> str: ...
+    def certificate_problem(self) -> str | None: ...
+    def renewal_warning(self) -> str | None: ...
+    def certificate_summary(self) -> list[dict[str, Any]]: ...
+    def connection_report(self) -> dict[str, Any]: ...
+    def workload_state(self) -> dict[str, Any]: ...
+    async def gather_reports(self, timeout: float = 2.0) -> channel.Gathered: ...
+    def request_quit(self) -> None: ...
 
 
 def text(status: int, body: str) -> Response:
@@ -94,7 +72,7 @@ def text(status: int, body: str) -> Response:
 class Endpoints:
     """The route table of the three ports, reading live state from the runtime."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: State) -> None:
         self.rt = rt
 
     async def readiness(
@@ -193,9 +171,9 @@ class Endpoints:
             ],
             "workersMissing": list(gathered.missing),
         }
-        served = rt.locals.get("")
-        if served is not None:
-            dump["identity"] = str(served.identity)
+        identity = rt.served_identity()
+        if identity is not None:
+            dump["identity"] = identity
         if rt.node_mode:
             # ztunnel's in-pod section: uid -> info, state, plus the netns, listeners and
             # certificate of each enrolled pod.

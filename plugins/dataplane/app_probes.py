@@ -37,7 +37,7 @@ from meshctl.core.k8s.appprobes import (
 )
 
 if TYPE_CHECKING:
-    from .admin import Response
+    from meshctl.proxy.responder import Response
 
 log = logging.getLogger("meshctl.probes")
 

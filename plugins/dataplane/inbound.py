@@ -24,14 +24,13 @@ from meshctl.core.mesh.inbound_service import inbound_service
 from meshctl.core.pki.identity import IdentityError, SpiffeId, peer_identity
 from meshctl.core.wire.hbone import TunnelRequested
 from meshctl.core.wire.hbone.headers import parse_forwarded_host
-
-from . import tls
-from .metrics import Flow, Peer
-from .relay import Accepted, AppStream, dial
-from .tunnel import TunnelProtocol
+from meshctl.proxy import tls
+from meshctl.proxy.relay import Accepted, AppStream, dial
+from meshctl.proxy.telemetry import Flow, Peer
+from meshctl.proxy.tunnel import TunnelProtocol
 
 if TYPE_CHECKING:
-    from .local import Local
+    from .served import Served
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ log = logging.getLogger(__name__)
 class Inbound:
     """The :15008 listener."""
 
-    def __init__(self, rt: Local) -> None:
+    def __init__(self, rt: Served) -> None:
         self.rt = rt
         self.tunnels: set[TunnelProtocol] = set()
 

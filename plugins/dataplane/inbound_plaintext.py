@@ -15,20 +15,20 @@ from typing import TYPE_CHECKING
 from meshctl.core.mesh.addresses import ip as parse_ip
 from meshctl.core.mesh.authz import ConnectionFacts, evaluate
 from meshctl.core.mesh.inbound_service import inbound_service
+from meshctl.proxy.original_dst import original_dst
+from meshctl.proxy.relay import Accepted
+from meshctl.proxy.telemetry import Flow, Peer
 
-from .metrics import Flow, Peer
-from .orig_dst import original_dst
 from .outbound import splice
-from .relay import Accepted
 
 if TYPE_CHECKING:
-    from .local import Local
+    from .served import Served
 
 
 class InboundPlaintext:
     """The :15006 listener."""
 
-    def __init__(self, rt: Local) -> None:
+    def __init__(self, rt: Served) -> None:
         self.rt = rt
 
     def accepted(self, acc: Accepted) -> None:

@@ -27,21 +27,21 @@ from meshctl.core.mesh.records import Workload
 from meshctl.core.mesh.store import Store
 from meshctl.core.pki.identity import SpiffeId
 from meshctl.core.wire.hbone.headers import format_baggage
+from meshctl.proxy import tls
+from meshctl.proxy.pool import Pool
+from meshctl.proxy.relay import Accepted, accept_loop, stop_accepting
 
-from . import tls
 from .inbound import Inbound
 from .inbound_plaintext import InboundPlaintext
 from .outbound import Outbound
-from .pool import Pool
-from .relay import Accepted, accept_loop, stop_accepting
 
 if TYPE_CHECKING:
     from meshctl.core.wire import channel
     from meshctl.core.wire.hbone import TunnelSettings
     from meshctl.net.inpod import InPod
+    from meshctl.proxy.telemetry import Telemetry
 
-    from .metrics import Telemetry
-    from .runtime import Runtime
+    from .served import Process
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Local:
 
     def __init__(
         self,
-        rt: Runtime,
+        rt: Process,
         *,
         uid: str,
         ref: tuple[str, str, str],

@@ -17,14 +17,13 @@ from typing import TYPE_CHECKING
 from meshctl.core.mesh.addresses import ip as parse_ip
 from meshctl.core.mesh.store import NoHealthyEndpointError
 from meshctl.core.wire.hbone.headers import format_authority, format_forwarded
-
-from .metrics import Flow, Peer
-from .orig_dst import original_dst
-from .pool import DialError
-from .relay import Accepted, AppStream, Splice, dial
+from meshctl.proxy.original_dst import original_dst
+from meshctl.proxy.pool import DialError
+from meshctl.proxy.relay import Accepted, AppStream, Splice, dial
+from meshctl.proxy.telemetry import Flow, Peer
 
 if TYPE_CHECKING:
-    from .local import Local
+    from .served import Served
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ log = logging.getLogger(__name__)
 class Outbound:
     """The :15001 listener's routing."""
 
-    def __init__(self, rt: Local) -> None:
+    def __init__(self, rt: Served) -> None:
         self.rt = rt
 
     def accepted(self, acc: Accepted) -> None:
@@ -155,7 +154,7 @@ class _OutboundStream(AppStream):
 
 
 async def splice(
-    rt: Local, acc: Accepted, flow: Flow, addr: tuple[str, int], *, inbound: bool = False
+    rt: Served, acc: Accepted, flow: Flow, addr: tuple[str, int], *, inbound: bool = False
 ) -> None:
     """Plain TCP to ``addr`` for ``acc`` (passthrough, TCP workloads; ``inbound`` plaintext)."""
     client = Splice(flow.request_bytes, on_done=flow.close)

@@ -29,11 +29,13 @@ from meshctl.core.mesh.store import Store
 from meshctl.core.pki.identity import parse_workload_ref
 from meshctl.core.wire import channel
 from meshctl.core.wire.hbone import TunnelSettings
+from meshctl.proxy import tls
+from meshctl.proxy.responder import serve
+from meshctl.proxy.telemetry import PUBLISH_INTERVAL, Telemetry
 
-from . import admin, tls
+from . import admin
 from .app_probes import AppProbes
 from .local import PROXY_ROLES, Local
-from .metrics import PUBLISH_INTERVAL, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,12 @@ class Runtime:
             waiting = ", ".join(self.xds_state.get("waitingFor", ())) or "its first response"
             missing[missing.index("workloads")] = f"workloads (discovery: waiting for {waiting})"
         return "waiting for " + ", ".join(missing) if missing else "starting"
+
+    def served_identity(self) -> str | None:
+        """The sidecar's own workload identity (``/config_dump``'s ``identity``); None in node
+        mode, whose pods each have theirs."""
+        own = self.locals.get("")
+        return None if own is None else str(own.identity)
 
     def certificate_summary(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -341,7 +349,7 @@ class Runtime:
                 continue
             if base in http:
                 sock.setblocking(False)
-                self._http.append(await admin.serve(sock, http[base]))
+                self._http.append(await serve(sock, http[base]))
             else:
                 log.warning("unknown listener role %r", role)
                 sock.close()

@@ -144,7 +144,7 @@ def run(
     from . import rundir
     from .listeners import bind_all
     from .supervisor import modes
-    from .supervisor.main import Handover, become_supervisor
+    from .supervisor.handover import Handover, become_supervisor
 
     file, file_name = config.file_section(ctx.meta, "ztunnel")
     # The pod's ProxyConfig from the injector (Istio's PROXY_CONFIG): below flags and env.
@@ -273,7 +273,7 @@ def certs(
     ca_dir = (ca_dir or out.parent / "ca").resolve()
     ca_cert, ca_key = ca_dir / certs_mod.CA_CERT_FILE, ca_dir / certs_mod.CA_KEY_FILE
     if ca_cert.exists() and ca_key.exists():
-        from .identities import read_signing_ca
+        from meshctl.proxy.identities import read_signing_ca
 
         ca = read_signing_ca(ca_dir, trust_domain)
         ca_facts = certs_mod.describe(ca.signer.cert_pem)[0]

@@ -1,21 +1,13 @@
-"""The ingress gateway's part of install (the demo profile): its Service and Deployment shape.
+"""The node proxy's part of install (the ambient profile): its DaemonSet and verify check.
 
-Istio's demo gateway, with meshctl's names: Service ``meshctl-ingressgateway`` (LoadBalancer;
-80 -> 8080 ``http2``, 443 -> 8443 ``https``, 31400 ``tcp``, 15443 ``tls``, and the status port
-15021) in front of a Deployment whose ``istio-proxy`` container is the proxy the injector renders
-(``meshctl ztunnel run``: an identity from the control plane of its revision, discovery, readiness
-on 15021), as a regular container without capture. The gateway's own routing of those ports is a
-later issue: today the pods come up Ready with their identity and the Service's shape is fixed,
-but nothing listens on 8080/8443/31400/15443 yet (connections there are refused).
+The objects are ``manifest.objects`` (also ``meshctl ztunnel manifest``), with the control plane of
+the installed revision as CA and discovery and the install's image pull policy.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from meshctl.core.k8s.inject import annotations as ann
-from meshctl.core.k8s.inject import render
-from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.core.k8s.install.checks import Check, Result
 from meshctl.core.k8s.install.components import Component, Values
 from meshctl.core.k8s.install.context import CheckContext, rollout
@@ -23,105 +15,6 @@ from meshctl.core.k8s.install.values import Field
 
 from . import manifest as node_manifest
 from .settings import MAX_WORKERS
-
-NAME = "meshctl-ingressgateway"
-MAX_GATEWAY_REPLICAS = 100
-# (name, service port, target port): the seed's demo gateway ports.
-PORTS = (
-    ("http2", 80, 8080),
-    ("https", 443, 8443),
-    ("tcp", 31400, 31400),
-    ("tls", 15443, 15443),
-)
-STATUS_PORT = 15021
-
-
-def _render(values: Values) -> list[dict[str, Any]]:
-    own = values.component("gateway")
-    name = values.revisioned(NAME)
-    labels = {"app": NAME, "istio": "ingressgateway", "app.kubernetes.io/name": NAME}
-    settings = InjectSettings(
-        image=values.image,
-        image_pull_policy=values.image_pull_policy,
-        revision=values.revision,
-        trust_domain=values.trust_domain,
-        ca_address=f"{values.revisioned('meshctl-controlplane')}.{values.namespace}.svc:15012",
-    )
-    options = render.pod_options({ann.NATIVE_SIDECAR: "false"}, settings)
-    proxy = render.proxy_container(
-        options, settings, workload_name=name, app_containers=[], probers={}
-    )
-    proxy["ports"] = [
-        *({"name": n, "containerPort": t, "protocol": "TCP"} for n, _, t in PORTS),
-        *proxy["ports"],
-    ]
-    selector = {"app": NAME, "istio.io/rev": values.revision}
-    meta = {"name": name, "namespace": values.namespace, "labels": dict(labels)}
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": meta,
-        "spec": {
-            "replicas": own["replicas"],
-            "selector": {"matchLabels": dict(selector)},
-            "template": {
-                "metadata": {
-                    # Not injected: the gateway's proxy is its main container.
-                    "labels": {**labels, **selector, "sidecar.istio.io/inject": "false"},
-                },
-                "spec": {
-                    "serviceAccountName": name,
-                    "containers": [proxy],
-                    "volumes": render.volumes(settings, options),
-                },
-            },
-        },
-    }
-    service = {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": dict(meta, labels=dict(labels)),
-        "spec": {
-            "type": own["serviceType"],
-            "selector": dict(selector),
-            "ports": [
-                {
-                    "name": "status-port",
-                    "port": STATUS_PORT,
-                    "targetPort": STATUS_PORT,
-                    "protocol": "TCP",
-                },
-                *({"name": n, "port": p, "targetPort": t, "protocol": "TCP"} for n, p, t in PORTS),
-            ],
-        },
-    }
-    account = {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": dict(meta, labels=dict(labels)),
-    }
-    return [account, service, deployment]
-
-
-gateway = Component(
-    name="gateway",
-    title="Ingress gateway",
-    phase=30,
-    revisioned=True,
-    schema={
-        "replicas": Field(
-            kind="int", default=1, minimum=1, maximum=MAX_GATEWAY_REPLICAS, help="gateway replicas"
-        ),
-        "serviceType": Field(
-            kind="string",
-            default="LoadBalancer",
-            choices=("ClusterIP", "NodePort", "LoadBalancer"),
-            help="the gateway Service's type",
-        ),
-    },
-    profiles={"demo": {"enabled": True}},
-    render=_render,
-)
 
 
 def _render_node_proxy(values: Values) -> list[dict[str, Any]]:

@@ -31,9 +31,8 @@ from meshctl.errors import MeshctlError
 from meshctl.net import zds as wire
 from meshctl.net.inpod import InPod
 from meshctl.process import Feed, PodFeed
-
-from .identities import Identities
-from .sources import LocalConfigSource
+from meshctl.proxy.file_sources import LocalConfigSource
+from meshctl.proxy.identities import Identities
 
 log = logging.getLogger(__name__)
 

@@ -99,7 +99,7 @@ def bench_offline(count: int, runs: int) -> dict[str, float]:
         source = Path(tmp) / "deployments.yaml"
         source.write_text(text)
         out = Path(tmp) / "out.yaml"
-        cli = [sys.executable, "-c", "from meshctl.cli import run; run()", "inject"]
+        cli = [sys.executable, "-c", "from meshctl.entry import run; run()", "inject"]
         cli += ["-f", str(source), "-O", str(out), "--image", "registry.example/meshctl:bench"]
         rows = {
             "baseline: yaml load+dump": timed(

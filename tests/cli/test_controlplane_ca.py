@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
-from meshctl_plugins.ztunnel.caclient import CaClient
 
 from meshctl import rpc
 from meshctl.core.pki import certs
 from meshctl.core.pki.identity import SpiffeId
+from meshctl.proxy.ca_client import CaClient
 from tests.harness.cli import run_meshctl as meshctl
 
 TOKENS = (
@@ -250,7 +250,7 @@ def test_the_ca_serves_the_names_it_listens_on_so_the_laptop_flow_verifies(tmp_p
 def test_a_client_that_can_never_verify_the_ca_says_why_once_with_a_hint(tmp_path, caplog):
     import logging
 
-    from meshctl_plugins.ztunnel.caclient import CaFeed
+    from meshctl.proxy.ca_client import CaFeed
 
     port = _free_port()
     proc = _start_plain(tmp_path, f"127.0.0.1:{port}", port)
@@ -277,7 +277,7 @@ def test_a_client_that_can_never_verify_the_ca_says_why_once_with_a_hint(tmp_pat
         return feed
 
     try:
-        with caplog.at_level(logging.DEBUG, logger="meshctl_plugins.ztunnel.caclient"):
+        with caplog.at_level(logging.DEBUG, logger="meshctl.proxy.ca_client"):
             feed = asyncio.run(scenario())
     finally:
         proc.terminate()

@@ -164,7 +164,7 @@ def test_bad_input_exits_1_and_writes_nothing(case, tmp_path):
         runs.append(["--uninject", "-f", "bad.yaml", "-O", "out.yaml"])
     for args in runs:
         result = subprocess.run(
-            [sys.executable, "-c", "from meshctl.cli import run; run()", "inject", *args],
+            [sys.executable, "-c", "from meshctl.entry import run; run()", "inject", *args],
             capture_output=True,
             text=True,
             timeout=60,

@@ -30,7 +30,7 @@ def run(capsys, monkeypatch, tmp_path):
 def test_group_help_lists_every_subcommand_in_a_fresh_interpreter():
     # click's rule for lazily loaded commands: only a real --help run catches import errors.
     result = subprocess.run(
-        [sys.executable, "-c", "from meshctl.cli import run; run()", "iptables", "--help"],
+        [sys.executable, "-c", "from meshctl.entry import run; run()", "iptables", "--help"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -169,7 +169,7 @@ def start(
     ports = [grpc_port or free_port(), *(free_port() for _ in range(3))]
     log = workdir / f"controlplane-{revision}-{secrets.token_hex(2)}.log"
     argv = [
-        *(sys.executable, "-c", "from meshctl.cli import run; run()"),
+        *(sys.executable, "-c", "from meshctl.entry import run; run()"),
         *(("--log-level", log_level) if log_level else ()),
         *("--kubeconfig", str(kubeconfig or cluster.kubeconfig)),
         *("controlplane", "run", "--namespace", namespace, "--revision", revision),

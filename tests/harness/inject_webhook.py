@@ -72,7 +72,7 @@ def start_webhook(
     ca_file.write_bytes(ca.cert_pem)
     cert, key = ca.issue("webhook", server=True, ip_sans=["127.0.0.1"]).write(workdir, "serving")
     port = free_port()
-    argv = [sys.executable, "-c", "from meshctl.cli import run; run()", "inject", *group]
+    argv = [sys.executable, "-c", "from meshctl.entry import run; run()", "inject", *group]
     argv += ["webhook", "--address", "127.0.0.1", "--port", str(port), "--tls-cert", str(cert)]
     argv += ["--tls-key", str(key), *(("--image", image) if image else ()), *extra]
     # stderr is read when the start fails, or by a test; the server logs a few lines at most.

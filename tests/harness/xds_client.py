@@ -1,5 +1,5 @@
 """A Delta ADS test client written from the protos alone (it shares no code with the product's
-client in ``meshctl_plugins.ztunnel.xds``), to drive a discovery server the way ztunnel does and
+client in ``meshctl.proxy.xds_client``), to drive a discovery server the way ztunnel does and
 look at exactly what comes back.
 
 Owns: one stream (``open``), sending requests, reading responses with a deadline, ACK/NACK, and

@@ -24,7 +24,7 @@ def test_version_server_reports_the_api_server_version(kube_cluster: KubeCluster
         [
             sys.executable,
             "-c",
-            "from meshctl.cli import run; run()",
+            "from meshctl.entry import run; run()",
             "version",
             "-o",
             "json",

@@ -216,7 +216,7 @@ def run_validation(
     assert container.command == ["meshctl"]
     context = container.security_context
     ids = [f"--reuid={context.run_as_user}", f"--regid={context.run_as_group}", "--clear-groups"]
-    meshctl = [sys.executable, "-c", "from meshctl.cli import run; run()"]
+    meshctl = [sys.executable, "-c", "from meshctl.entry import run; run()"]
     argv = ["ip", "netns", "exec", netns, "setpriv", *ids, "--", *meshctl, *container.args]
     env = {
         "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",

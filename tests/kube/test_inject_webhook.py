@@ -41,7 +41,7 @@ def webhook_config(webhook: WebhookProcess) -> dict[str, Any]:
     """What ``meshctl inject webhook-config`` prints for this webhook, as JSON."""
     result = subprocess.run(
         [
-            *(sys.executable, "-c", "from meshctl.cli import run; run()"),
+            *(sys.executable, "-c", "from meshctl.entry import run; run()"),
             *("inject", "webhook-config", "--url", webhook.url),
             *("--ca-bundle", str(webhook.ca_file), "-o", "json"),
         ],

@@ -148,7 +148,7 @@ def no_exception_escapes_the_data_plane() -> Iterator[None]:
 
 
 def meshctl_argv(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from meshctl.cli import run; run()", *args]
+    return [sys.executable, "-c", "from meshctl.entry import run; run()", *args]
 
 
 def http_get(

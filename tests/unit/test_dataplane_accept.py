@@ -12,7 +12,8 @@ import asyncio
 import socket
 
 import uvloop
-from meshctl_plugins.dataplane.relay import accept_loop, stop_accepting
+
+from meshctl.proxy.relay import accept_loop, stop_accepting
 
 
 async def _reuse_after_stop() -> None:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 
 import pytest
-from meshctl_plugins.dataplane.metrics import Flow, Peer, Telemetry
+
+from meshctl.proxy.telemetry import Flow, Peer, Telemetry
 
 REQUEST, RESPONSE = 1001, 1032  # client -> server, server -> client
 

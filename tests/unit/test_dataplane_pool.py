@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 import uvloop
-from meshctl_plugins.dataplane.pool import DialError, Pool
 
 from meshctl.core.pki.identity import SpiffeId
 from meshctl.core.wire.hbone import TunnelSettings
+from meshctl.proxy.pool import DialError, Pool
 
 KEY = (
     SpiffeId("cluster.local", "a", "a"),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from meshctl_plugins.dataplane.relay import AppStream
+from meshctl.proxy.relay import AppStream
 
 
 class Transport:

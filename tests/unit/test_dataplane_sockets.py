@@ -10,7 +10,8 @@ import socket
 
 import pytest
 import uvloop
-from meshctl_plugins.dataplane.relay import Accepted, accept_loop, adopt, connect
+
+from meshctl.proxy.relay import Accepted, accept_loop, adopt, connect
 
 
 class _AbortsAtOnce(asyncio.Protocol):

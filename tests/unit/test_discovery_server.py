@@ -322,7 +322,7 @@ def test_refusals_and_protocol_errors_end_only_that_stream():
 
 
 def test_the_proxys_client_syncs_reconnects_and_receives_removals(tmp_path: Path):
-    from meshctl_plugins.ztunnel.xds import NodeInfo, XdsClient, XdsConfig
+    from meshctl.proxy.xds_client import NodeInfo, XdsClient, XdsConfig
 
     async def scenario():
         h = Harness({"node": NODE_PROXY})

@@ -8,16 +8,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from meshctl_plugins.ztunnel.identities import LocalCa
 from meshctl_plugins.ztunnel.settings import ZtunnelSettings
 from meshctl_plugins.ztunnel.supervisor import modes
-from meshctl_plugins.ztunnel.supervisor.main import Handover
+from meshctl_plugins.ztunnel.supervisor.handover import Handover
 
 from meshctl import config
 from meshctl.core.pki import certs
 from meshctl.core.pki.identity import SpiffeId
 from meshctl.core.wire import channel
 from meshctl.errors import UserError
+from meshctl.proxy.identities import LocalCa
 from tests.harness.cacerts import write_istio_cacerts
 
 

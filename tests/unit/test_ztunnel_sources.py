@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 
 import pytest
-from meshctl_plugins.ztunnel.sources import read_certs, read_local_config
 
 from meshctl.errors import UserError
+from meshctl.proxy.file_sources import read_certs, read_local_config
 
 
 def test_a_file_ztunnel_reads_differently_loads_with_a_warning_per_field(tmp_path, caplog):

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 from meshctl_plugins.ztunnel.settings import ZtunnelSettings
-from meshctl_plugins.ztunnel.xds import address_of, build_config
 
 from meshctl import config
 from meshctl.errors import ConfigError
+from meshctl.proxy.xds_client import address_of, build_config
 
 
 def settings(tmp_path: Path, **env: str) -> ZtunnelSettings:

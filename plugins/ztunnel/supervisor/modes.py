@@ -29,18 +29,17 @@ from meshctl.core.pki.identity import IdentityError, SpiffeId, is_trust_domain, 
 from meshctl.core.wire import channel
 from meshctl.errors import UserError
 from meshctl.process import Feed, PodFeed
+from meshctl.proxy.file_sources import LocalConfigSource
 
 from .. import rundir
 from ..settings import ZtunnelSettings
-from ..sources import LocalConfigSource
+from .handover import Handover
 
 if TYPE_CHECKING:
     from meshctl.process import Supervisor
-
-    from ..caclient import CaClient
-    from ..identities import Issuer
-    from ..xds import XdsConfig
-    from .main import Handover
+    from meshctl.proxy.ca_client import CaClient
+    from meshctl.proxy.identities import Issuer
+    from meshctl.proxy.xds_client import XdsConfig
 
 log = logging.getLogger("meshctl_plugins.ztunnel.cli")  # the messages users know from 'run'
 
@@ -74,7 +73,7 @@ def identity_for(trust_domain: str, namespace: str, service_account: str) -> Spi
 def mounted_certs(settings: ZtunnelSettings) -> bool:
     """Whether the sidecar's certificates come from ``cert_dir``: mounted files win over a CA
     (as Istio's file-mounted certs), and without a CA they are the only source."""
-    from ..sources import has_cert_files
+    from meshctl.proxy.file_sources import has_cert_files
 
     return has_cert_files(Path(settings.cert_dir)) or not settings.ca_address
 
@@ -84,7 +83,7 @@ def read_mounted_certs(
 ) -> tuple[channel.Certs, str] | None:
     """The mounted certificates, read and checked, with the files' digest taken before reading
     (a change in between is then still noticed); None when they are not the source."""
-    from ..sources import certificate_digest, read_certs
+    from meshctl.proxy.file_sources import certificate_digest, read_certs
 
     if not mounted_certs(settings):
         return None
@@ -106,7 +105,7 @@ def sidecar_feed(
     files' digest then (they are then not read again). ``quiet``: the check before the exec
     (nothing logged; the supervisor builds it again and logs).
     """
-    from ..sources import FileFeed
+    from meshctl.proxy.file_sources import FileFeed
 
     local_config = Path(settings.local_config) if settings.local_config else None
     feed: Feed
@@ -121,7 +120,7 @@ def sidecar_feed(
             warn=not quiet,
         )
     else:
-        from ..caclient import CaFeed  # grpc: only for a proxy with a CA
+        from meshctl.proxy.ca_client import CaFeed  # grpc: only for a proxy with a CA
 
         ttl = _ttl(settings)
         if not quiet:
@@ -136,7 +135,7 @@ def sidecar_feed(
         )
     xds = _xds_config(settings)
     if xds is not None:
-        from ..xds import XdsFeed
+        from meshctl.proxy.xds_client import XdsFeed
 
         feed = XdsFeed(certs=feed, client_config=xds)
     return feed
@@ -171,7 +170,7 @@ def _xds_config(settings: ZtunnelSettings) -> XdsConfig | None:
     explicit file wins: ``ztunnel run`` warns that discovery is not used)."""
     if not settings.xds_address or settings.local_config:
         return None
-    from ..xds import build_config  # grpc: only for a proxy with a control plane
+    from meshctl.proxy.xds_client import build_config  # grpc: only for a proxy with a control plane
 
     return build_config(settings)
 
@@ -181,25 +180,18 @@ def _ttl(settings: ZtunnelSettings) -> float:
 
 
 def _ca_client(settings: ZtunnelSettings) -> CaClient:
+    from meshctl.proxy.ca_client import CaClient
     from meshctl.rpc import CallAuth
 
-    from ..caclient import CaClient
-
     assert settings.ca_address  # noqa: S101 (callers checked)
-    token = Path(settings.auth_token)
     # ztunnel's AUTH_TOKEN: a path when such a file exists (read on every call), else the token.
-    looks_like_path = "/" in settings.auth_token or token.exists()
-    auth = (
-        CallAuth(token_file=token, cluster_id=settings.cluster_id)
-        if looks_like_path
-        else CallAuth(token=settings.auth_token, cluster_id=settings.cluster_id)
-    )
+    auth = CallAuth.from_setting(settings.auth_token, cluster_id=settings.cluster_id)
     return CaClient(settings.ca_address, auth=auth, server_name=settings.ca_server_name)
 
 
 def _issuer(settings: ZtunnelSettings) -> Issuer:
     """Node mode's pod certificates: the mesh CA by impersonation, else a development CA."""
-    from ..identities import CaIssuer, LocalCa
+    from meshctl.proxy.identities import CaIssuer, LocalCa
 
     if settings.ca_address:
         return CaIssuer(_ca_client(settings), root_file=Path(settings.ca_root))
@@ -240,7 +232,8 @@ def run_sidecar(handover: Handover) -> int:
 
 def run_node(handover: Handover) -> int:
     """Supervise the node proxy (the node's ambient pods, handed over by ZDS) until drained."""
-    from ..identities import Identities
+    from meshctl.proxy.identities import Identities
+
     from ..listeners import pod_ports
     from ..node import NodeFeed, Pods, ZdsClient
 
@@ -259,7 +252,7 @@ def run_node(handover: Handover) -> int:
         )
         run.feed = NodeFeed(sources.files, identities)
         if sources.xds is not None:
-            from ..xds import XdsFeed
+            from meshctl.proxy.xds_client import XdsFeed
 
             # Workloads from discovery; the pods' certificates as before (broadcast as issued).
             run.feed = XdsFeed(certs=run.feed, client_config=sources.xds)

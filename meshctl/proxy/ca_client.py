@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 from meshctl import rpc
 from meshctl.core.pki import certs as certs_mod
@@ -31,7 +30,7 @@ from meshctl.core.wire import channel
 from meshctl.process import Feed
 from meshctl.proto import citadel_pb2, citadel_pb2_grpc
 
-from .sources import LocalConfigSource, cert_facts
+from .file_sources import LocalConfigSource, cert_facts
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ class CaClient:
         self._auth = auth
         self._server_name = server_name
         self._timeout = timeout
-        self._channel: Any = None
+        self._channel: rpc.Channel | None = None
         self._roots = b""
 
     async def create(
@@ -78,18 +77,19 @@ class CaClient:
         if impersonate is not None:
             request.metadata.update({"ImpersonatedIdentity": str(impersonate)})
         stub = citadel_pb2_grpc.IstioCertificateServiceStub(self._channel)
-        import grpc.aio  # deferred with the rest of grpc: only CA clients load it
-
         try:
-            response = await stub.CreateCertificate(request, timeout=self._timeout)
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            response = await rpc.unary(
+                stub.CreateCertificate(request, timeout=self._timeout),
+                what="CreateCertificate",
+                address=self.address,
+                server_name=self._server_name,
+            )
+        except rpc.RpcError as exc:
+            if exc.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
                 # A fresh channel next time: grpc's own reconnect backoff (up to 2 minutes)
                 # would otherwise outlast a short outage.
                 await self.close()
-            raise rpc.translate(
-                exc, what="CreateCertificate", address=self.address, server_name=self._server_name
-            ) from exc
+            raise
         return list(response.cert_chain)
 
     async def close(self) -> None:

@@ -27,7 +27,7 @@ from meshctl.core.wire import channel
 from meshctl.errors import UserError
 
 if TYPE_CHECKING:
-    from .caclient import CaClient
+    from .ca_client import CaClient
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class CaIssuer:
         self._root_file = root_file
 
     async def issue(self, identity: SpiffeId, ttl: timedelta) -> Issued:
-        from .caclient import read_roots
+        from .ca_client import read_roots
 
         roots = read_roots(self._root_file)
         from meshctl import rpc  # grpc (~20 MB) only in a proxy that talks to a CA
@@ -230,7 +230,7 @@ class Identities:
             await asyncio.sleep(self._rotation_delay(certs))
 
     def _certs(self, identity: SpiffeId, issued: Issued) -> channel.Certs:
-        from .sources import certs_message  # the one place PEMs become a Certs message
+        from .file_sources import certs_message  # the one place PEMs become a Certs message
 
         self._generation += 1
         return certs_message(

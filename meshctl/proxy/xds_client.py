@@ -19,13 +19,11 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from meshctl import rpc  # first: it quiets grpc's C core logging before grpc loads
 
 # isort: split
-import grpc
-import grpc.aio
 from google.protobuf import json_format, struct_pb2
 
 from meshctl import config, xds
@@ -40,22 +38,41 @@ from meshctl.process import Feed
 from meshctl.proto import xds_pb2, xds_pb2_grpc
 from meshctl.structured import InputError, load_json
 
-from .settings import ZtunnelSettings
-
 log = logging.getLogger(__name__)
 
 # Waits before the n-th connection since the last clean end (the first: 10 ms).
 RECONNECT = Backoff(first=0.01, cap=15.0)
 # ztunnel: these end a stream without backoff (a server recycling streams, or a GOAWAY).
-_CHEAP_ENDS = (
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.CANCELLED,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-)
+_CHEAP_ENDS = ("UNKNOWN", "CANCELLED", "DEADLINE_EXCEEDED")
 _CHEAP_UNAVAILABLE = ("transport is closing", "received prior goaway", "goaway")
 
 
 DEFAULT_INSTANCE_IP = "1.1.1.1"  # ztunnel's default when INSTANCE_IP is unset
+
+
+class DiscoverySettings(Protocol):
+    """What ``build_config`` reads of a proxy's resolved settings (ztunnel's env names)."""
+
+    @property
+    def xds_address(self) -> str | None: ...  # XDS_ADDRESS
+    @property
+    def xds_root_ca(self) -> str: ...  # XDS_ROOT_CA: a path or PEM
+    @property
+    def alt_xds_hostname(self) -> str | None: ...  # ALT_XDS_HOSTNAME
+    @property
+    def xds_on_demand(self) -> bool: ...  # XDS_ON_DEMAND
+    @property
+    def auth_token(self) -> str: ...  # AUTH_TOKEN: a path or the token
+    @property
+    def cluster_id(self) -> str: ...  # ISTIO_META_CLUSTER_ID
+    @property
+    def instance_ip(self) -> str: ...  # INSTANCE_IP
+    @property
+    def pod_name(self) -> str | None: ...  # POD_NAME
+    @property
+    def pod_namespace(self) -> str | None: ...  # POD_NAMESPACE
+    @property
+    def node_name(self) -> str: ...  # NODE_NAME
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,12 +205,12 @@ class XdsClient:
         )
         try:
             await self._stream(channel, stop)
-        except grpc.aio.AioRpcError as exc:
-            code, detail = exc.code(), exc.details() or ""
+        except rpc.RpcError as exc:
+            code, detail = exc.code, exc.detail
             mismatch = rpc.hostname_mismatch(detail, self.config.address, self.config.server_name)
-            self._fail(f"{code.name}: {detail}" if mismatch is None else "; ".join(mismatch))
+            self._fail(f"{code}: {detail}" if mismatch is None else "; ".join(mismatch))
             cheap = code in _CHEAP_ENDS or (
-                code is grpc.StatusCode.UNAVAILABLE
+                code == "UNAVAILABLE"
                 and any(s in detail.lower() for s in _CHEAP_UNAVAILABLE)
                 and self._got_response
             )
@@ -216,7 +233,7 @@ class XdsClient:
         self.connected = False
         self._on_state()
 
-    async def _stream(self, channel: grpc.aio.Channel, stop: asyncio.Event) -> None:
+    async def _stream(self, channel: rpc.Channel, stop: asyncio.Event) -> None:
         stub = xds_pb2_grpc.AggregatedDiscoveryServiceStub(channel)
         outbox: asyncio.Queue[xds_pb2.DeltaDiscoveryRequest | None] = asyncio.Queue()
         for type_url in TYPES:
@@ -239,7 +256,9 @@ class XdsClient:
         stopping = asyncio.ensure_future(stop.wait())
         try:
             while True:
-                reading = asyncio.ensure_future(call.read())
+                reading = asyncio.ensure_future(
+                    rpc.read(call, what="DeltaAggregatedResources", address=self.config.address)
+                )
                 done, _ = await asyncio.wait(
                     {reading, stopping}, return_when=asyncio.FIRST_COMPLETED
                 )
@@ -248,7 +267,7 @@ class XdsClient:
                     call.cancel()
                     return
                 response = reading.result()
-                if response is grpc.aio.EOF:
+                if response is None:
                     return  # ended with OK (a failed call raises from read())
                 assert isinstance(response, xds_pb2.DeltaDiscoveryResponse)  # noqa: S101
                 if not self.connected:
@@ -344,7 +363,7 @@ def address_of(url: str) -> str:
     return address
 
 
-def build_config(settings: ZtunnelSettings, env: Mapping[str, str] | None = None) -> XdsConfig:
+def build_config(settings: DiscoverySettings, env: Mapping[str, str] | None = None) -> XdsConfig:
     """The client's configuration from the proxy's settings and Istio's env families
     (``ISTIO_META_*``, ``ISTIO_METAJSON_*``, ``XDS_HEADER_*``); ``ConfigError`` says what is
     wrong."""

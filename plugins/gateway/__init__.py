@@ -1,0 +1,1 @@
+"""The ingress gateway: its install component (``meshctl.components``: ``gateway``)."""
