@@ -103,6 +103,16 @@ def test_without_arguments_on_a_terminal_it_does_not_wait_for_input():
     assert "CNI_COMMAND=VERSION" in str(error["details"])
 
 
+@pytest.fixture
+def fresh_logging(monkeypatch):
+    """The plugin runs in a process of its own: no handler an earlier in-process test left on
+    the root logger (writing to a capture stream closed since) may take its records."""
+    import logging
+
+    monkeypatch.setattr(logging.root, "handlers", [])
+
+
+@pytest.mark.usefixtures("fresh_logging")
 def test_our_own_bug_is_code_199_with_the_exception(monkeypatch, capsys):
     import importlib
 
@@ -122,6 +132,7 @@ def test_our_own_bug_is_code_199_with_the_exception(monkeypatch, capsys):
     assert error["cniVersion"] == "1.0.0"
 
 
+@pytest.mark.usefixtures("fresh_logging")
 def test_a_bug_before_the_config_is_read_is_code_199_too(monkeypatch, capsys):
     import importlib
 

@@ -291,15 +291,15 @@ def test_the_plugin_event_socket_answers_hostile_requests_with_http_errors(tmp_p
 
 
 def test_the_proxys_http_ports_answer_hostile_requests_with_400(tmp_path: Path):
-    admin = importlib.import_module("meshctl_plugins.dataplane.admin")
+    from meshctl.proxy import responder
 
     async def handler(method: str, path: str, query: object, headers: object) -> Any:
-        return admin.text(200, "ok\n")
+        return 200, "text/plain", b"ok\n"
 
     async def scenario() -> dict[str, bytes]:
         listener = socket.create_server(("127.0.0.1", 0))
         port = listener.getsockname()[1]
-        server = await admin.serve(listener, handler)
+        server = await responder.serve(listener, handler)
         loop = asyncio.get_running_loop()
         answers = {}
 
