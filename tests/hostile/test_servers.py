@@ -30,7 +30,7 @@ from tests.cli import test_controlplane_ca as ca_tests
 from tests.harness.inject_webhook import WebhookProcess, start_webhook
 from tests.hostile.corpus import SMALL
 from tests.netns.zds_peer import ProxyPeer
-from tests.unit import test_discovery_server as xds_tests
+from tests.unit.plugins.controlplane import test_discovery_server as xds_tests
 
 ITEMS = list(SMALL)
 GOOD_REVIEW = review_body(1)

@@ -22,7 +22,7 @@ from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.errors import ConfigError
 from tests.harness.cli import run_meshctl
 
-INJECT = Path(__file__).parents[1] / "testdata" / "inject"
+INJECT = Path(__file__).parents[4] / "testdata" / "inject"
 _key = st.text(
     st.characters(blacklist_characters=";=", min_codepoint=33, max_codepoint=126), min_size=1
 )

@@ -13,9 +13,7 @@ from meshctl.core.mesh.localconfig import local_config_warnings, parse_local_con
 from meshctl.core.mesh.records import Action, LocalConfigError, Protocol, Scope
 from meshctl.core.mesh.store import NoHealthyEndpointError
 
-DOC = yaml.safe_load(
-    (Path(__file__).parent.parent / "testdata/ztunnel/local-config.yaml").read_text()
-)
+DOC = yaml.safe_load((Path(__file__).parents[3] / "testdata/ztunnel/local-config.yaml").read_text())
 
 
 def store():

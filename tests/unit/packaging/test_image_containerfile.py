@@ -25,7 +25,7 @@ from meshctl import __version__
 from meshctl import tree as trees
 from meshctl.core.tree import MANIFEST_NAME
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 IMAGE_DIR = ROOT / "packaging" / "image"
 KNOWN = {"FROM", "RUN", "COPY", "ENV", "LABEL", "USER", "WORKDIR", "ENTRYPOINT"}
 

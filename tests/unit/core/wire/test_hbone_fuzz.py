@@ -41,7 +41,7 @@ from meshctl.core.wire.hbone import (
     TunnelRequested,
     TunnelSettings,
 )
-from tests.unit.test_hbone import received
+from tests.unit.core.wire.test_hbone import received
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 SMALL = TunnelSettings(

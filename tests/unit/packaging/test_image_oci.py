@@ -16,7 +16,7 @@ from types import ModuleType
 
 import pytest
 
-IMAGE_DIR = Path(__file__).resolve().parents[2] / "packaging" / "image"
+IMAGE_DIR = Path(__file__).resolve().parents[3] / "packaging" / "image"
 
 
 def load(name: str) -> ModuleType:

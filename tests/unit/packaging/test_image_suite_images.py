@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-IMAGE_DIR = Path(__file__).resolve().parents[2] / "packaging" / "image"
+IMAGE_DIR = Path(__file__).resolve().parents[3] / "packaging" / "image"
 ECHO = "registry.k8s.io/gateway-api/echo-basic"
 
 
