@@ -26,16 +26,14 @@ from .apply import NEVER_PRUNED, all_kinds, enabled_by_records
 log = logging.getLogger(__name__)
 
 # An object as the cluster returned it (read only: its shape is the server's).
-Object = Mapping[str, object]
+Live = Mapping[str, object]
 _FOREGROUND = frozenset({"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"})
 
 
-def targets(
-    inventory: Inventory, registry: Registry, values: Values, *, purge: bool
-) -> list[Object]:
+def targets(inventory: Inventory, registry: Registry, values: Values, *, purge: bool) -> list[Live]:
     """What uninstall deletes, in deletion order."""
     if purge:
-        found: list[Object] = []
+        found: list[Live] = []
         selector = f"{mf.MANAGED_BY_LABEL}={mf.MANAGED_BY}"
         for resource in inventory.mapper.listable():
             if resource.kind in ("Event",):
@@ -59,7 +57,7 @@ def targets(
     return sorted(unique.values(), key=lambda o: mf.kind_rank(str(o.get("kind"))), reverse=True)
 
 
-def _owned_by_another(obj: Object) -> bool:
+def _owned_by_another(obj: Live) -> bool:
     """Objects a controller made from ours (an EndpointSlice of our Service): their owner's
     deletion removes them, and deleting them first only makes the controller recreate them."""
     refs = mf.lookup(obj, "metadata", "ownerReferences")
@@ -67,7 +65,7 @@ def _owned_by_another(obj: Object) -> bool:
     return any(isinstance(ref, Mapping) and ref.get("controller") for ref in listed)
 
 
-def stages(items: list[Object]) -> list[list[Object]]:
+def stages(items: list[Live]) -> list[list[Live]]:
     """Webhook configurations and workloads first, the rest once those are gone: a control
     plane still draining would recreate the root ConfigMaps deleted beside it."""
     first_rank = mf.kind_rank("DaemonSet")
@@ -76,7 +74,7 @@ def stages(items: list[Object]) -> list[list[Object]]:
     return [group for group in (early, late) if group]
 
 
-def delete(inventory: Inventory, items: list[Object], say: Callable[[str], None]) -> None:
+def delete(inventory: Inventory, items: list[Live], say: Callable[[str], None]) -> None:
     for obj in items:
         resource = inventory.resource(obj)
         key = mf.key_of(obj)
