@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import logging
+from typing import Any
 
 from meshctl.core.k8s.install.checks import Check
 from meshctl.core.k8s.install.components import Component, Registry
@@ -44,7 +45,7 @@ def _load(ep: importlib.metadata.EntryPoint, what: str) -> object:
 
 def load() -> Registry:
     """Every contributed component, imported now."""
-    found: dict[str, Component] = {}
+    found: dict[str, Component[Any]] = {}
     for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist = ep.dist.name if ep.dist is not None else "?"
         if ep.name in found:

@@ -91,7 +91,7 @@ def resolve(
     env = os.environ if env is None else env
     file = file or {}
     hints = typing.get_type_hints(cls)
-    resolved: dict[str, Any] = {}
+    resolved: dict[str, object] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         meta = f.metadata
         flag_name = meta.get("flag") or "--" + f.name.replace("_", "-")
@@ -139,7 +139,7 @@ def env_with_prefix(prefix: str, env: Mapping[str, str] | None = None) -> dict[s
 
 def load_file(
     path: str | None, *, env: Mapping[str, str] | None = None
-) -> tuple[dict[str, Any], str]:
+) -> tuple[dict[str, object], str]:
     """Read the settings file: ``path``, else ``$MESHCTL_CONFIG``, else the default if it exists.
 
     Returns the mapping and a name for messages. A file named explicitly must exist.
@@ -187,7 +187,7 @@ def _is_file(path: Path) -> bool:
 SETTINGS_FILE_META = "meshctl.settings_file"
 
 
-def file_section(meta: Mapping[str, Any], name: str) -> tuple[dict[str, Any], str]:
+def file_section(meta: Mapping[str, Any], name: str) -> tuple[dict[str, object], str]:
     """A subcommand's section of the settings file the root command loaded, and its name.
 
     ``meta`` is the click context's ``meta`` mapping (shared by every nested command).
@@ -196,7 +196,7 @@ def file_section(meta: Mapping[str, Any], name: str) -> tuple[dict[str, Any], st
     return section(data, name, file_name), f"{file_name} section {name!r}"
 
 
-def section(data: Mapping[str, Any], name: str, file_name: str) -> dict[str, Any]:
+def section(data: Mapping[str, object], name: str, file_name: str) -> dict[str, object]:
     """The mapping under ``name`` in a settings file (a subcommand's own settings)."""
     value = data.get(name, {})
     if not isinstance(value, dict):

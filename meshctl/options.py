@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -517,7 +517,7 @@ def _hand_down(ctx: click.Context, own: list[click.Parameter], sub: str, group: 
         for p in own
         if p.name is not None and ctx.get_parameter_source(p.name) is ParameterSource.COMMANDLINE
     ]
-    defaults: dict[str, Any] = {}
+    defaults: dict[str, object] = {}
     for param in given:
         flag = _flag(param)
         if param.name not in by_name:
@@ -541,7 +541,7 @@ def _check_handed_down(ctx: click.Context) -> None:
     parent = ctx.parent
     if parent is None or ctx.info_name is None:
         return
-    handed: dict[str, Any] = parent.meta.get(_handed_down_key(ctx.info_name), {})
+    handed: Mapping[str, object] = parent.meta.get(_handed_down_key(ctx.info_name), {})
     for name, value in handed.items():
         source = ctx.get_parameter_source(name)
         if source is ParameterSource.COMMANDLINE and ctx.params.get(name) != value:

@@ -13,11 +13,15 @@ values out; no files; env only as a mapping handed in); every failure is an ``In
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 from meshctl.errors import UserError
+
+# A JSON value, as these readers return it and as manifests are built: read-only containers
+# (covariant), so a ``dict[str, str]`` or a list of them is one as it is, without a copy.
+Json: TypeAlias = "str | int | float | bool | Sequence[Json] | Mapping[str, Json] | None"
 
 DEFAULT_MAX_BYTES = 32 << 20
 DEFAULT_MAX_DEPTH = 100

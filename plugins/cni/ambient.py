@@ -376,11 +376,15 @@ class AmbientAgent:
             except OSError as exc:
                 raise self.netns_dir.vanished(state, exc) from exc
         if not state.captured:
-            args = ambient.capture_args(
-                state.pod or {}, dns=self._dns(state), ipv6=self.settings.ipv6
-            )
             try:
-                await self.kernel.apply_pod(state.netns, args)
+                capture = ambient.capture_settings(
+                    state.pod or {}, dns=self._dns(state), ipv6=self.settings.ipv6
+                )
+                await self.kernel.apply_pod(state.netns, capture)
+            except InvalidAnnotationError as exc:
+                raise EnrollmentError(
+                    f"pod {state.ref}: {exc.message} ({exc.hint})", retry=True
+                ) from exc
             except KernelError as exc:
                 raise EnrollmentError(f"pod {state.ref}: {exc}", retry=True) from exc
             state.ips = state.ips or tuple(ambient.pod_ips(state.pod or {}))

@@ -17,7 +17,7 @@ from meshctl.core.k8s.install.checks import Result
 from meshctl.core.k8s.install.context import CheckContext
 from meshctl.errors import KubeError
 
-from .manifest import NAME, READINESS_PORT
+from .manifest import NAME, READINESS_PORT, CniValues
 
 
 def agent_status(ctx: CheckContext, pod: dict[str, Any], *, dry_run: bool = False) -> Any:
@@ -41,7 +41,7 @@ def running_agents(ctx: CheckContext) -> list[dict[str, Any]]:
 
 
 def _ambient(ctx: CheckContext) -> bool:
-    return ctx.values.enabled("cni") and bool(ctx.values.component("cni").get("ambient"))
+    return ctx.values.enabled("cni") and ctx.values.own("cni", CniValues).ambient
 
 
 def enrollable(ctx: CheckContext) -> Result:

@@ -8,11 +8,13 @@ The CNI plugin itself is the raw ``cni-plugin`` entry point, in ``meshctl_plugin
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from meshctl import config, options
+from meshctl.core.k8s import layout
 from meshctl.output import OutputFormat, render_objects
 
 from .installer import Installer, InstallSettings
@@ -36,7 +38,7 @@ def _setting(field: str, help: str, metavar: str | None = None) -> Any:  # noqa:
     return options.from_setting(InstallSettings, field, help=help, metavar=metavar)
 
 
-def _settings(ctx: typer.Context, flags: dict[str, Any]) -> InstallSettings:
+def _settings(ctx: typer.Context, flags: Mapping[str, object]) -> InstallSettings:
     section, name = config.file_section(ctx.meta, SECTION)
     return config.resolve(InstallSettings, flags=flags, file=section, file_name=name)
 
@@ -212,15 +214,15 @@ def uninstall_cmd(
 @app.command("manifest")
 def manifest_cmd(
     namespace: Annotated[str, options.namespace("Namespace of the node agents.")] = (
-        "meshctl-system"
+        layout.MESH_NAMESPACE
     ),
     image: options.ImageOption = None,
     cni_bin_dir: Annotated[
         str, typer.Option("--cni-bin-dir", metavar="DIR", help="Host path.")
-    ] = "/opt/cni/bin",
+    ] = layout.HOST_CNI_BIN_DIR,
     cni_conf_dir: Annotated[
         str, typer.Option("--cni-conf-dir", metavar="DIR", help="Host path.")
-    ] = "/etc/cni/net.d",
+    ] = layout.HOST_CNI_CONF_DIR,
     output: options.OutputOption = OutputFormat.YAML,
     output_file: options.OutputFileOption = None,
     ambient: Annotated[
@@ -233,17 +235,17 @@ def manifest_cmd(
             metavar="DIR",
             help="Ambient: where the runtime pins pod netns (host path).",
         ),
-    ] = "/var/run/netns",
+    ] = layout.HOST_NETNS_DIR,
 ) -> None:
     """Print the Namespace, RBAC and DaemonSet that run 'meshctl cni install' on every node."""
-    from .manifest import objects
+    from meshctl.core.k8s.install.components import standalone
+    from meshctl.core.k8s.install.manifest import namespace_object
 
-    items = objects(
-        namespace=namespace,
-        image=image,
-        cni_bin_dir=cni_bin_dir,
-        cni_conf_dir=cni_conf_dir,
-        ambient=ambient,
-        netns_dir=netns_dir,
+    from .manifest import CniValues, objects
+
+    # The install's values type (components.cni.*), whose defaults are these options' defaults.
+    own = CniValues(
+        cni_bin_dir=cni_bin_dir, cni_conf_dir=cni_conf_dir, ambient=ambient, netns_dir=netns_dir
     )
+    items = [namespace_object(namespace), *objects(standalone(namespace, image), own)]
     options.write_output(render_objects(items, output), output_file)

@@ -11,39 +11,26 @@ rewriting the config; in ambient mode every node's agent can enroll a pod (``che
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
 
 from meshctl.core.k8s.install.checks import Check, Result
-from meshctl.core.k8s.install.components import Component, Values
+from meshctl.core.k8s.install.components import Component, Object, Values
 from meshctl.core.k8s.install.context import CheckContext, rollout
-from meshctl.core.k8s.install.values import Field, dns_label
+from meshctl.core.k8s.install.manifest import Rendered
 from meshctl.errors import KubeError
 
 from .checks import agent_status, enrollable, leftovers
-from .manifest import NAME, objects
+from .manifest import NAME, CniValues, objects
 
 CATEGORY = "meshctl-cni"
 
 
-def _render(values: Values) -> list[dict[str, Any]]:
-    own = values.component("cni")
-    excluded = tuple(dict.fromkeys([*own["excludeNamespaces"], values.namespace]))
-    items = objects(
-        namespace=values.namespace,
-        image=values.image,
-        cni_bin_dir=own["cniBinDir"],
-        cni_conf_dir=own["cniConfDir"],
-        exclude_namespaces=excluded,
-        image_pull_policy=values.image_pull_policy,
-        ambient=own["ambient"],
-        netns_dir=own["netnsDir"],
-    )
-    # The install renders the mesh's Namespace itself (with its install record); 'cni manifest'
-    # carries one only so that it applies on its own.
-    return [o for o in items if o["kind"] != "Namespace"]
+def _render(values: Values, own: CniValues) -> list[Object]:
+    # The install renders the mesh's Namespace itself (with its install record).
+    return objects(values.install, own)
 
 
-def _daemonset(ctx: CheckContext) -> tuple[Any, dict[str, Any] | None]:
+def _daemonset(ctx: CheckContext) -> tuple[Rendered | None, Mapping[str, object] | None]:
     items = ctx.of("cni", "DaemonSet")
     return (items[0], ctx.live(items[0])) if items else (None, None)
 
@@ -116,34 +103,11 @@ cni = Component(
     title="CNI node agent",
     phase=10,
     revisioned=False,
-    schema={
-        "cniBinDir": Field(
-            kind="string", default="/opt/cni/bin", help="the nodes' CNI plugin directory"
-        ),
-        "cniConfDir": Field(
-            kind="string", default="/etc/cni/net.d", help="the nodes' CNI config directory"
-        ),
-        "excludeNamespaces": Field(
-            kind="strings",
-            default=["kube-system"],
-            help="namespaces whose pods are never captured (the mesh's own is always added)",
-            check=dns_label,
-        ),
-        "ambient": Field(
-            kind="bool",
-            default=False,
-            help="also run the ambient node agent (enrolls pods for the node proxy)",
-        ),
-        "netnsDir": Field(
-            kind="string",
-            default="/var/run/netns",
-            help="ambient: where the runtime pins pod network namespaces on the nodes",
-        ),
-    },
+    values_type=CniValues,
     profiles={
-        "default": {"enabled": True},
-        "ambient": {"enabled": True, "ambient": True},
-        "demo": {"enabled": True},
+        "default": CniValues(),
+        "ambient": CniValues(ambient=True),
+        "demo": CniValues(),
     },
     render=_render,
     checks=(

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from meshctl.core.k8s import ambient
+from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 
 from .kernelsteps import Kernel, KernelError
 from .podstate import PodState
@@ -72,12 +73,12 @@ async def _dry_run(
     drifted: list[str] = []
     try:
         for state in captured:
-            args = ambient.capture_args(state.pod or {}, ipv6=ipv6)
-            if await kernel.dry_run_pod(state.netns, args):
+            capture = ambient.capture_settings(state.pod or {}, ipv6=ipv6)
+            if await kernel.dry_run_pod(state.netns, capture):
                 drifted.append(state.ref)
         if not captured:
-            await kernel.dry_run_pod(None, ambient.capture_args({}))
-    except KernelError as exc:
+            await kernel.dry_run_pod(None, ambient.capture_settings({}))
+    except (KernelError, InvalidAnnotationError) as exc:
         problems.append(f"a dry-run enrollment failed: {exc}")
         return {"ok": False, "error": str(exc)}
     if drifted:

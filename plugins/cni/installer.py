@@ -28,11 +28,11 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from meshctl import tree as trees
 from meshctl import values
 from meshctl.config import setting
+from meshctl.core.k8s import layout
 from meshctl.core.k8s.cni import netconf
 from meshctl.core.k8s.cni.spec import (
     DEFAULT_EXCLUDED_NAMESPACES,
@@ -42,7 +42,9 @@ from meshctl.core.k8s.cni.spec import (
 )
 from meshctl.core.tree import MANIFEST_NAME, Manifest, ManifestError
 from meshctl.core.tree import parse as parse_manifest
+from meshctl.core.wire import zds
 from meshctl.errors import ConfigError, MeshctlError
+from meshctl.structured import Json
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +58,14 @@ SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 class InstallSettings:
     """Where the node's CNI files live and how the plugin is configured (Istio's env names)."""
 
-    cni_bin_dir: str = setting("/host/opt/cni/bin", env="CNI_BIN_DIR", flag="--cni-bin-dir")
+    # The DaemonSet mounts the host's CNI dirs here (meshctl.core.k8s.layout.HOST_MOUNT).
+    cni_bin_dir: str = setting(
+        layout.mounted(layout.HOST_CNI_BIN_DIR), env="CNI_BIN_DIR", flag="--cni-bin-dir"
+    )
     cni_conf_dir: str = setting(
-        "/host/etc/cni/net.d", env=("MOUNTED_CNI_NET_DIR", "CNI_NET_DIR"), flag="--cni-conf-dir"
+        layout.mounted(layout.HOST_CNI_CONF_DIR),
+        env=("MOUNTED_CNI_NET_DIR", "CNI_NET_DIR"),
+        flag="--cni-conf-dir",
     )
     # Empty: the lexically first valid file, as the runtime picks it.
     cni_conf_name: str = setting("", env="CNI_CONF_NAME", flag="--cni-conf-name")
@@ -118,7 +125,7 @@ class InstallSettings:
     # Ambient mode (Istio's istio-cni node agent): enroll this node's pods for the node proxy.
     ambient: bool = setting(False, env="AMBIENT_ENABLED", flag="--ambient")
     ztunnel_socket: str = setting(
-        "/var/run/ztunnel/ztunnel.sock", env="ZTUNNEL_UDS_ADDRESS", flag="--ztunnel-socket"
+        zds.DEFAULT_SOCKET, env="ZTUNNEL_UDS_ADDRESS", flag="--ztunnel-socket"
     )
     node_name: str = setting("", env="NODE_NAME", flag="--node-name")
     ambient_dns_capture: bool = setting(False, env="AMBIENT_DNS_CAPTURE")
@@ -159,7 +166,7 @@ class InstallSettings:
     def binary_path(self) -> Path:
         return Path(self.cni_bin_dir) / PLUGIN_TYPE
 
-    def entry(self) -> dict[str, Any]:
+    def entry(self) -> dict[str, Json]:
         """Our plugin's entry in the node's conflist (its keys: ``meshctl.core.k8s.cni.spec``)."""
         return {
             "type": PLUGIN_TYPE,

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from meshctl.core.capture.plan import plan
-from meshctl.core.capture.settings import settings_from_args
+from meshctl.core.capture.settings import CaptureSettings
 from meshctl.errors import MeshctlError
 from meshctl.net import capture as kernel
 from meshctl.net.netns import NetnsRef
@@ -40,13 +40,13 @@ class Kernel(Protocol):
 
     host_error: str  # the last failure writing the node's rules ("" when in line)
 
-    async def apply_pod(self, netns: str, args: list[str]) -> None:
-        """Write the pod's capture rules (``iptables apply`` arguments) into ``netns``."""
+    async def apply_pod(self, netns: str, capture: CaptureSettings) -> None:
+        """Write the pod's capture rules (``capture``'s) into ``netns``."""
 
     async def clean_pod(self, netns: str) -> None:
         """Remove every rule of ours from ``netns``."""
 
-    async def dry_run_pod(self, netns: str | None, args: list[str]) -> str:
+    async def dry_run_pod(self, netns: str | None, capture: CaptureSettings) -> str:
         """What an enrollment would write into ``netns`` ("" = in place); nothing written."""
 
     def sync_host(self, ips: frozenset[str]) -> None:
@@ -84,20 +84,20 @@ class KernelSteps:
 
     # -- a pod's namespace -------------------------------------------------------------------
 
-    async def apply_pod(self, netns: str, args: list[str]) -> None:
-        await self.run(self._apply_pod, netns, args)
+    async def apply_pod(self, netns: str, capture: CaptureSettings) -> None:
+        await self.run(self._apply_pod, netns, capture)
 
     async def clean_pod(self, netns: str) -> None:
         await self.run(self._clean_pod, netns)
 
-    async def dry_run_pod(self, netns: str | None, args: list[str]) -> str:
+    async def dry_run_pod(self, netns: str | None, capture: CaptureSettings) -> str:
         """The restore input an enrollment would write into ``netns`` now ("" = in place);
         ``None``: into a fresh namespace of the agent's own (nothing enrolled to try on)."""
-        return await self.run(self._dry_run, netns, args)
+        return await self.run(self._dry_run, netns, capture)
 
-    def _apply_pod(self, netns: str, args: list[str]) -> None:
+    def _apply_pod(self, netns: str, capture: CaptureSettings) -> None:
         kernel.apply(
-            plan(settings_from_args(args)),
+            plan(capture),
             target=NetnsRef(netns, netns),
             backend=self.pod_backend,
         )
@@ -105,10 +105,10 @@ class KernelSteps:
     def _clean_pod(self, netns: str) -> None:
         kernel.clean(target=NetnsRef(netns, netns), backend="auto", in_process=True)
 
-    def _dry_run(self, netns: str | None, args: list[str]) -> str:
+    def _dry_run(self, netns: str | None, capture: CaptureSettings) -> str:
         from meshctl.net import netns as namespaces
 
-        rules = plan(settings_from_args(args))
+        rules = plan(capture)
         backend = self.pod_backend
         if netns is None:
             with namespaces.scratch():

@@ -1,4 +1,5 @@
-"""The objects that run ``meshctl cni install`` on every node: RBAC and the DaemonSet, as data.
+"""The objects that run ``meshctl cni install`` on every node: RBAC and the DaemonSet, as data,
+from the install's values and the component's own (``CniValues``: ``components.cni.*``).
 
 Invariants: the installer runs unprivileged (root only to write the host's CNI dirs, every
 capability dropped, read-only root filesystem); it mounts exactly the three host paths it writes;
@@ -11,46 +12,64 @@ annotate pods, record events and read DaemonSets (is its own going away?); nothi
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
+from meshctl.core.k8s import layout
 from meshctl.core.k8s.ambient import AGENT_ENV
 from meshctl.core.k8s.cni.spec import DEFAULT_RUN_DIR
-from meshctl.core.k8s.image import default_image
-from meshctl.core.k8s.install.manifest import namespace_object
+from meshctl.core.k8s.install.components import InstallValues, Object
+from meshctl.core.k8s.install.values import dns_label, value
 from meshctl.core.k8s.podspec import node_security_context
+from meshctl.core.wire import zds
 
 NAME = "meshctl-cni-node"
 READINESS_PORT = 8000
 XTABLES_LOCK = "/run/xtables.lock"
+# Where the installer's container sees the host's CNI directories (whatever their host paths).
+MOUNTED_BIN_DIR = layout.mounted(layout.HOST_CNI_BIN_DIR)
+MOUNTED_CONF_DIR = layout.mounted(layout.HOST_CNI_CONF_DIR)
 
 
-def objects(
-    *,
-    namespace: str = "meshctl-system",
-    image: str | None = None,
-    cni_bin_dir: str = "/opt/cni/bin",
-    cni_conf_dir: str = "/etc/cni/net.d",
-    run_dir: str = DEFAULT_RUN_DIR,
-    exclude_namespaces: tuple[str, ...] = ("kube-system", "meshctl-system"),
-    image_pull_policy: str | None = None,
-    ambient: bool = False,
-    ztunnel_dir: str = "/var/run/ztunnel",
-    netns_dir: str = "/var/run/netns",
-) -> list[dict[str, Any]]:
-    """Namespace, ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply
-    order (the namespace first, so ``kubectl apply -f`` of the output works on a new cluster)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CniValues:
+    """The CNI node agent's values (``components.cni.*``)."""
+
+    cni_bin_dir: str = value(layout.HOST_CNI_BIN_DIR, help="the nodes' CNI plugin directory")
+    cni_conf_dir: str = value(layout.HOST_CNI_CONF_DIR, help="the nodes' CNI config directory")
+    exclude_namespaces: tuple[str, ...] = value(
+        ("kube-system",),
+        help="namespaces whose pods are never captured (the mesh's own is always added)",
+        check=dns_label,
+    )
+    ambient: bool = value(
+        False, help="also run the ambient node agent (enrolls pods for the node proxy)"
+    )
+    netns_dir: str = value(
+        layout.HOST_NETNS_DIR,
+        help="ambient: where the runtime pins pod network namespaces on the nodes",
+    )
+
+
+def objects(install: InstallValues, own: CniValues) -> list[Object]:
+    """ServiceAccount, ClusterRole, ClusterRoleBinding and DaemonSet, in apply order (a
+    stand-alone manifest puts the namespace first, so ``kubectl apply -f`` of it works on a new
+    cluster). The mesh's own namespace is never captured."""
+    namespace = install.namespace
+    ambient = own.ambient
+    run_dir, ztunnel_dir, netns_dir = DEFAULT_RUN_DIR, zds.DEFAULT_DIR, own.netns_dir
+    excluded = tuple(dict.fromkeys([*own.exclude_namespaces, namespace]))
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "meshctl"}
-    meta = {"name": NAME, "namespace": namespace, "labels": labels}
-    env: list[dict[str, Any]] = [
-        {"name": "CNI_BIN_DIR", "value": "/host/opt/cni/bin"},
-        {"name": "MOUNTED_CNI_NET_DIR", "value": "/host/etc/cni/net.d"},
+    meta: Object = {"name": NAME, "namespace": namespace, "labels": labels}
+    env: list[Object] = [
+        {"name": "CNI_BIN_DIR", "value": MOUNTED_BIN_DIR},
+        {"name": "MOUNTED_CNI_NET_DIR", "value": MOUNTED_CONF_DIR},
         {"name": "CNI_AGENT_RUN_DIR", "value": run_dir},
-        {"name": "EXCLUDE_NAMESPACES", "value": ",".join(exclude_namespaces)},
+        {"name": "EXCLUDE_NAMESPACES", "value": ",".join(excluded)},
         {"name": "MESHCTL_CNI_READINESS_ADDRESS", "value": f":{READINESS_PORT}"},
     ]
     mounts = [
-        ("cni-bin-dir", cni_bin_dir, "/host/opt/cni/bin"),
-        ("cni-net-dir", cni_conf_dir, "/host/etc/cni/net.d"),
+        ("cni-bin-dir", own.cni_bin_dir, MOUNTED_BIN_DIR),
+        ("cni-net-dir", own.cni_conf_dir, MOUNTED_CONF_DIR),
         # Same path inside and out: the conflist entry names it for the plugin on the host.
         ("cni-run-dir", run_dir, run_dir),
     ]
@@ -81,10 +100,11 @@ def objects(
         ]
     else:
         files = []
-    container = {
+    pull = install.image_pull_policy
+    container: Object = {
         "name": "install-cni",
-        "image": image or default_image(),
-        **({"imagePullPolicy": image_pull_policy} if image_pull_policy else {}),
+        "image": install.image,
+        **({"imagePullPolicy": pull} if pull else {}),
         "command": ["meshctl"],
         "args": ["--log-level", "info", "--log-format", "json", "cni", "install"],
         "env": env,
@@ -110,7 +130,7 @@ def objects(
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
         ],
     }
-    daemonset = {
+    daemonset: Object = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
         "metadata": meta,
@@ -149,7 +169,6 @@ def objects(
         },
     }
     return [
-        namespace_object(namespace),
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -175,14 +194,13 @@ def objects(
 _HOST_NETWORK = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
 
 
-def _mount(name: str, path: str) -> dict[str, Any]:
-    mount: dict[str, Any] = {"name": name, "mountPath": path}
-    if name == "cni-netns-dir":
-        mount["mountPropagation"] = "HostToContainer"  # namespaces pinned after we started
-    return mount
+def _mount(name: str, path: str) -> Object:
+    if name == "cni-netns-dir":  # namespaces pinned after we started
+        return {"name": name, "mountPath": path, "mountPropagation": "HostToContainer"}
+    return {"name": name, "mountPath": path}
 
 
-def rules(*, ambient: bool) -> list[dict[str, Any]]:
+def rules(*, ambient: bool) -> list[Object]:
     """The plugin's and (ambient) the node agent's permissions."""
     if not ambient:
         return [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]

@@ -9,15 +9,17 @@ revision following the control plane's own unless set there.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from meshctl import config, options, values
+from meshctl.core.k8s import layout
 from meshctl.output import OutputFormat, render_objects
 
-from .settings import MAX_REPLICAS, ControlPlaneSettings
+from .settings import DEFAULT_REPLICAS, MAX_REPLICAS, ControlPlaneSettings
 
 SECTION = "controlplane"
 
@@ -30,7 +32,7 @@ app = typer.Typer(
 )
 
 
-def _settings(ctx: typer.Context, flags: dict[str, Any]) -> ControlPlaneSettings:
+def _settings(ctx: typer.Context, flags: Mapping[str, object]) -> ControlPlaneSettings:
     section, name = config.file_section(ctx.meta, SECTION)
     return config.resolve(ControlPlaneSettings, flags=flags, file=section, file_name=name)
 
@@ -42,15 +44,22 @@ def inject_settings(ctx: typer.Context, settings: ControlPlaneSettings) -> Any:
     section, name = config.file_section(ctx.meta, "inject")
     base = config.resolve(InjectSettings, file=section, file_name=name)
     defaults = InjectSettings()
-    own: dict[str, Any] = {
-        "revision": settings.revision,
-        "trust_domain": settings.trust_domain,
-        "cluster_id": settings.cluster_id,
+
+    def follow(name: str, ours: str) -> str:
+        """``ours``, unless the ``inject:`` section set ``name``."""
+        theirs: str = getattr(base, name)
+        return ours if theirs == getattr(defaults, name) else theirs
+
+    return dataclasses.replace(
+        base,
+        revision=follow("revision", settings.revision),
+        trust_domain=follow("trust_domain", settings.trust_domain),
+        cluster_id=follow("cluster_id", settings.cluster_id),
         # This replica's own Service (its namespace may not be meshctl-system).
-        "ca_address": f"{settings.service_name}.{settings.namespace}.svc:15012",
-    }
-    changes = {k: v for k, v in own.items() if getattr(base, k) == getattr(defaults, k)}
-    return dataclasses.replace(base, **changes)
+        ca_address=follow(
+            "ca_address", layout.control_plane_address(settings.namespace, settings.revision)
+        ),
+    )
 
 
 def _setting(field: str, *names: str, help: str, metavar: str | None = None) -> Any:  # noqa: A002
@@ -215,12 +224,12 @@ def ca_cmd(
 def manifest_cmd(
     ctx: typer.Context,
     namespace: Annotated[str, options.namespace("Namespace of the control plane.")] = (
-        "meshctl-system"
+        layout.MESH_NAMESPACE
     ),
     image: options.ImageOption = None,
     revision: Annotated[
         str, typer.Option("--revision", metavar="NAME", help="Control-plane revision.")
-    ] = "default",
+    ] = layout.DEFAULT_REVISION,
     replicas: Annotated[
         int,
         options.option(
@@ -228,25 +237,18 @@ def manifest_cmd(
             help="Replicas of the Deployment (one leads).",
             parse=values.Integer(1, MAX_REPLICAS, what="a replica count"),
         ),
-    ] = 2,
+    ] = DEFAULT_REPLICAS,
     output: options.OutputOption = OutputFormat.YAML,
     output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the control plane's objects (RBAC, Service, Deployment, webhook configuration)."""
-    from meshctl.core.k8s.image import default_image
+    from meshctl.core.k8s.install.components import standalone
     from meshctl.core.k8s.install.manifest import namespace_object
 
-    from .manifest import ManifestSettings, objects
+    from .manifest import ControlPlaneValues, objects
 
-    items = [
-        namespace_object(namespace),
-        *objects(
-            ManifestSettings(
-                namespace=namespace,
-                image=image or default_image(),
-                revision=revision,
-                replicas=replicas,
-            )
-        ),
-    ]
+    install = dataclasses.replace(standalone(namespace, image), revision=revision)
+    # The install's values type (components.controlplane.*), whose defaults are these options'.
+    own = ControlPlaneValues(replicas=replicas)
+    items = [namespace_object(namespace), *objects(install, own)]
     options.write_output(render_objects(items, output), output_file)

@@ -10,7 +10,6 @@ webhook really injects (a server-side dry-run Pod comes back with the sidecar).
 from __future__ import annotations
 
 import datetime
-from typing import Any
 
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject.webhook_config import (
@@ -19,16 +18,15 @@ from meshctl.core.k8s.inject.webhook_config import (
     configuration_name,
 )
 from meshctl.core.k8s.install.checks import Check, Result
-from meshctl.core.k8s.install.components import Component, Values
+from meshctl.core.k8s.install.components import Component, NoValues, Object, Values
 from meshctl.core.k8s.install.context import CheckContext
+from meshctl.core.k8s.install.manifest import count
 from meshctl.core.k8s.install.readiness import readiness
-from meshctl.core.k8s.install.values import Field
 from meshctl.errors import KubeError
 
 from . import crds
-from .manifest import ManifestSettings, objects
+from .manifest import ControlPlaneValues, objects
 from .roots import ROOT_CONFIGMAP, ROOT_KEY
-from .settings import MAX_REPLICAS
 
 CATEGORY = "meshctl-controlplane"
 ALL_PROFILES = ("default", "ambient", "minimal", "demo")
@@ -36,12 +34,11 @@ ALL_PROFILES = ("default", "ambient", "minimal", "demo")
 ROOT_GRACE = 0.2
 
 
-def _crds(values: Values) -> list[dict[str, Any]]:
+def _crds(values: Values, own: NoValues) -> list[Object]:
     return crds.objects()
 
 
-def _controlplane(values: Values) -> list[dict[str, Any]]:
-    own = values.component("controlplane")
+def _controlplane(values: Values, own: ControlPlaneValues) -> list[Object]:
     env = [
         # The webhook's injector follows the install: the image, and CNI mode when the CNI
         # node agent captures traffic (no privileged init container in application pods).
@@ -49,19 +46,7 @@ def _controlplane(values: Values) -> list[dict[str, Any]]:
         ("MESHCTL_INJECT_IMAGE_PULL_POLICY", values.image_pull_policy),
         ("MESHCTL_INJECT_CNI", "true" if values.enabled("cni") else "false"),
     ]
-    return objects(
-        ManifestSettings(
-            namespace=values.namespace,
-            image=values.image,
-            revision=values.revision,
-            replicas=own["replicas"],
-            trust_domain=values.trust_domain,
-            image_pull_policy=values.image_pull_policy,
-            extra_env=tuple(env),
-            cpu=own["cpu"],
-            memory=own["memory"],
-        )
-    )
+    return objects(values.install, own, extra_env=env)
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -78,9 +63,9 @@ def _deployment(ctx: CheckContext) -> Result:
             f"{item.key} not found",
             hint="run 'meshctl install' again with the same profile and revision",
         )
-    wanted = (item.object.get("spec") or {}).get("replicas", 1)
-    spec_replicas = (live.get("spec") or {}).get("replicas", 1)
-    available = (live.get("status") or {}).get("availableReplicas") or 0
+    wanted = ctx.values.own("controlplane", ControlPlaneValues).replicas
+    spec_replicas = count(live, "spec", "replicas", default=1)
+    available = count(live, "status", "availableReplicas")
     if spec_replicas == 0:
         return Result.fail(
             f"{item.key} is scaled to 0: nothing issues certificates, serves discovery or injects",
@@ -195,7 +180,7 @@ def _roots_everywhere(ctx: CheckContext) -> Result:
     return Result.ok(f"{len(active)} namespaces")
 
 
-def _probe_pod(ctx: CheckContext) -> tuple[str, dict[str, Any], str]:
+def _probe_pod(ctx: CheckContext) -> tuple[str, dict[str, str], str]:
     """Where to create the dry-run pod: a namespace labelled for this revision, else the
     mesh's namespace with the pod itself labelled istio.io/rev (the rev.object webhook)."""
     from meshctl.kube import objects as kube_objects
@@ -266,8 +251,8 @@ crds_component = Component(
     title="CRDs",
     phase=0,
     revisioned=False,
-    schema={},
-    profiles={p: {"enabled": True} for p in ALL_PROFILES},
+    values_type=NoValues,
+    profiles=dict.fromkeys(ALL_PROFILES, NoValues()),
     render=_crds,
 )
 
@@ -276,18 +261,8 @@ controlplane = Component(
     title="Control plane",
     phase=20,
     revisioned=True,
-    schema={
-        "replicas": Field(
-            kind="int",
-            default=2,
-            minimum=1,
-            maximum=MAX_REPLICAS,
-            help="control plane replicas (spread over nodes)",
-        ),
-        "cpu": Field(kind="string", default="100m", help="CPU request of each replica"),
-        "memory": Field(kind="string", default="128Mi", help="memory request of each replica"),
-    },
-    profiles={p: {"enabled": True} for p in ALL_PROFILES},
+    values_type=ControlPlaneValues,
+    profiles=dict.fromkeys(ALL_PROFILES, ControlPlaneValues()),
     render=_controlplane,
     checks=(
         Check(category=CATEGORY, description="control plane pods are ready", run=_deployment),

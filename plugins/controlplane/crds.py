@@ -11,23 +11,26 @@ Istio's).
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+
+from meshctl.core.k8s.install.components import Object
+from meshctl.structured import Json
 
 GROUP = "security.istio.io"
 PLURAL = "authorizationpolicies"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 
-def _strings() -> dict[str, Any]:
+def _strings() -> Object:
     # A fresh dict each time: shared ones would render as YAML anchors and aliases.
     return {"type": "array", "items": {"type": "string"}}
 
 
-def _object(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
+def _object(properties: Mapping[str, Json], **extra: Json) -> Object:
     return {"type": "object", "properties": properties, **extra}
 
 
-def _source() -> dict[str, Any]:
+def _source() -> Object:
     names = (
         "principals",
         "notPrincipals",
@@ -45,12 +48,12 @@ def _source() -> dict[str, Any]:
     return _object({n: _strings() for n in names})
 
 
-def _operation() -> dict[str, Any]:
+def _operation() -> Object:
     names = ("hosts", "notHosts", "ports", "notPorts", "methods", "notMethods", "paths", "notPaths")
     return _object({n: _strings() for n in names})
 
 
-def _target_ref() -> dict[str, Any]:
+def _target_ref() -> Object:
     return _object(
         {
             "group": {"type": "string"},
@@ -62,7 +65,7 @@ def _target_ref() -> dict[str, Any]:
     )
 
 
-def _spec() -> dict[str, Any]:
+def _spec() -> Object:
     rule = _object(
         {
             "from": {"type": "array", "items": _object({"source": _source()})},
@@ -91,9 +94,9 @@ def _spec() -> dict[str, Any]:
     )
 
 
-def authorization_policy_crd() -> dict[str, Any]:
+def authorization_policy_crd() -> Object:
     """The ``authorizationpolicies.security.istio.io`` CRD."""
-    schema = {
+    schema: Object = {
         "openAPIV3Schema": _object(
             {
                 "spec": _spec(),
@@ -101,11 +104,11 @@ def authorization_policy_crd() -> dict[str, Any]:
             }
         )
     }
-    columns = [
+    columns: list[Object] = [
         {"name": "Action", "type": "string", "jsonPath": ".spec.action"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]
-    versions = [
+    versions: list[Object] = [
         {
             "name": name,
             "served": True,
@@ -139,6 +142,6 @@ def authorization_policy_crd() -> dict[str, Any]:
     }
 
 
-def objects() -> list[dict[str, Any]]:
+def objects() -> list[Object]:
     """Every CRD the control plane needs, in apply order."""
     return [authorization_policy_crd()]

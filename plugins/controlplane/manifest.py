@@ -1,7 +1,8 @@
 """The control plane's Kubernetes objects as data: RBAC, Service, Deployment, PDB, webhook config.
 
-A pure function of ``ManifestSettings`` returning plain dicts in apply order (the install command
-collects every plugin's list). Invariants: least privilege (cluster-wide only what every
+A pure function of the install's values and the component's own (``ControlPlaneValues``:
+``components.controlplane.*``) returning plain dicts in apply order (the install command collects
+every plugin's list). Invariants: least privilege (cluster-wide only what every
 namespace needs: reading namespaces and pods, the root ConfigMap, TokenReviews; Secrets and the
 Lease only in the control plane's namespace; the webhook configuration by name); the process runs
 unprivileged with a read-only root filesystem; two replicas spread over nodes by default; the
@@ -10,21 +11,22 @@ MutatingWebhookConfiguration carries no caBundle (the leader patches the mesh ro
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from meshctl.core.k8s.image import default_image
+from meshctl.core.k8s import layout
 from meshctl.core.k8s.inject.webhook_config import (
     WebhookTarget,
     configuration_name,
     webhook_configuration,
 )
+from meshctl.core.k8s.install.components import InstallValues, Object
+from meshctl.core.k8s.install.values import value
 
 from .authority import PLUG_IN_SECRET, SELF_SIGNED_SECRET
-from .settings import SERVICE
+from .settings import DEFAULT_REPLICAS, MAX_REPLICAS, SERVICE
 
-GRPC_PORT = 15012
+GRPC_PORT = layout.CONTROL_PLANE_PORT
 WEBHOOK_PORT = 15017
 MONITORING_PORT = 15014
 READINESS_PORT = 8080
@@ -32,32 +34,37 @@ PROXY_UID = 1337
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ManifestSettings:
-    namespace: str = "meshctl-system"
-    image: str = dataclasses.field(default_factory=default_image)
-    revision: str = "default"
-    replicas: int = 2
-    trust_domain: str = "cluster.local"
-    image_pull_policy: str | None = None  # None: the cluster's default for the tag
-    # More env for the process (install passes the injector's settings: CNI mode, image).
-    extra_env: tuple[tuple[str, str], ...] = ()
-    cpu: str = "100m"
-    memory: str = "128Mi"
+class ControlPlaneValues:
+    """The control plane's values (``components.controlplane.*``)."""
+
+    replicas: int = value(
+        DEFAULT_REPLICAS,
+        minimum=1,
+        maximum=MAX_REPLICAS,
+        help="control plane replicas (spread over nodes)",
+    )
+    cpu: str = value("100m", help="CPU request of each replica")
+    memory: str = value("128Mi", help="memory request of each replica")
 
 
-def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
-    """ServiceAccount, RBAC, Service, Deployment, PodDisruptionBudget and the webhook config."""
-    ns = settings.namespace
-    name = SERVICE if settings.revision == "default" else f"{SERVICE}-{settings.revision}"
+def objects(
+    install: InstallValues, own: ControlPlaneValues, extra_env: Sequence[tuple[str, str]] = ()
+) -> list[Object]:
+    """ServiceAccount, RBAC, Service, Deployment, PodDisruptionBudget and the webhook config;
+    ``extra_env`` is more env for the process (install passes the injector's settings: CNI mode,
+    image)."""
+    ns = install.namespace
+    revision = install.revision
+    name = layout.revisioned(SERVICE, revision)
     labels = {
         "app.kubernetes.io/name": SERVICE,
         "app.kubernetes.io/part-of": "meshctl",
-        "istio.io/rev": settings.revision,
+        "istio.io/rev": revision,
     }
-    selector = {"app.kubernetes.io/name": SERVICE, "istio.io/rev": settings.revision}
-    meta = {"name": name, "namespace": ns, "labels": labels}
-    webhook_name = configuration_name(settings.revision)
-    cluster_rules = [
+    selector = {"app.kubernetes.io/name": SERVICE, "istio.io/rev": revision}
+    meta: Object = {"name": name, "namespace": ns, "labels": labels}
+    webhook_name = configuration_name(revision)
+    cluster_rules: list[Object] = [
         {"apiGroups": [""], "resources": ["namespaces", "pods"], "verbs": ["get", "list", "watch"]},
         # Discovery watches what becomes workloads, services and policies.
         {"apiGroups": [""], "resources": ["services"], "verbs": ["get", "list", "watch"]},
@@ -90,7 +97,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
             "verbs": ["get", "list", "watch", "patch"],
         },
     ]
-    namespace_rules = [
+    namespace_rules: list[Object] = [
         {
             "apiGroups": [""],
             "resources": ["secrets"],
@@ -107,7 +114,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
     ]
 
-    def binding(kind: str) -> dict[str, Any]:
+    def binding(kind: str) -> Object:
         scoped = kind == "RoleBinding"
         return {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -121,21 +128,22 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
             "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ns}],
         }
 
-    def env_field(var: str, path: str) -> dict[str, Any]:
+    def env_field(var: str, path: str) -> Object:
         return {"name": var, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
-    container: dict[str, Any] = {
+    pull = install.image_pull_policy
+    container: Object = {
         "name": "discovery",
-        "image": settings.image,
-        **({"imagePullPolicy": settings.image_pull_policy} if settings.image_pull_policy else {}),
+        "image": install.image,
+        **({"imagePullPolicy": pull} if pull else {}),
         "command": ["meshctl"],
         "args": ["--log-level", "info", "--log-format", "json", "controlplane", "run"],
         "env": [
             env_field("POD_NAME", "metadata.name"),
             env_field("POD_NAMESPACE", "metadata.namespace"),
-            {"name": "REVISION", "value": settings.revision},
-            {"name": "TRUST_DOMAIN", "value": settings.trust_domain},
-            *({"name": k, "value": v} for k, v in settings.extra_env),
+            {"name": "REVISION", "value": revision},
+            {"name": "TRUST_DOMAIN", "value": install.trust_domain},
+            *({"name": k, "value": v} for k, v in extra_env),
         ],
         "ports": [
             {"name": "grpc-xds", "containerPort": GRPC_PORT, "protocol": "TCP"},
@@ -149,7 +157,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
             "periodSeconds": 3,
             "timeoutSeconds": 5,
         },
-        "resources": {"requests": {"cpu": settings.cpu, "memory": settings.memory}},
+        "resources": {"requests": {"cpu": own.cpu, "memory": own.memory}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
@@ -161,12 +169,12 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
         # TLS pairs are loaded through a private temp file (ssl reads only files).
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],  # noqa: S108 -- an emptyDir
     }
-    deployment = {
+    deployment: Object = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": meta,
         "spec": {
-            "replicas": settings.replicas,
+            "replicas": own.replicas,
             "selector": {"matchLabels": dict(selector)},
             "strategy": {"rollingUpdate": {"maxSurge": "100%", "maxUnavailable": "25%"}},
             "template": {
@@ -199,7 +207,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
             },
         },
     }
-    service = {
+    service: Object = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": meta,
@@ -212,7 +220,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
             ],
         },
     }
-    budget = {
+    budget: Object = {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": meta,
@@ -221,7 +229,7 @@ def objects(settings: ManifestSettings) -> list[dict[str, Any]]:
     configuration = webhook_configuration(
         ca_bundle=None,
         target=WebhookTarget(service=name, namespace=ns, port=443),
-        revision=settings.revision,
+        revision=revision,
     )
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},

@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from meshctl.core.k8s import layout
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.informer import Informers, subscribe
@@ -28,7 +29,7 @@ from meshctl.kube.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 
-ROOT_CONFIGMAP = "meshctl-ca-root-cert"
+ROOT_CONFIGMAP = layout.ROOT_CONFIGMAP
 ROOT_KEY = "root-cert.pem"
 LABELS = {"app.kubernetes.io/managed-by": "meshctl", "meshctl.io/config": "true"}
 

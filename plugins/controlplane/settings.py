@@ -10,13 +10,15 @@ from datetime import timedelta
 
 from meshctl import values
 from meshctl.config import setting
+from meshctl.core.k8s import layout
 from meshctl.core.pki import ca, callers
 from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import ConfigError
 
 # Replicas beyond this are a typo, not a plan (install values and `manifest --replicas`).
 MAX_REPLICAS = 100
-SERVICE = "meshctl-controlplane"  # the Service (and the name in the serving certificate)
+DEFAULT_REPLICAS = 2  # one leads, one stands by
+SERVICE = layout.CONTROL_PLANE_SERVICE  # the Service (and the name in the serving certificate)
 
 _LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1123 label
 _DNS_NAME = re.compile(r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -67,9 +69,9 @@ def address(value: str, name: str) -> tuple[str, int]:
 class ControlPlaneSettings:
     """Everything ``controlplane run`` needs beyond the global options."""
 
-    namespace: str = setting("meshctl-system", env="POD_NAMESPACE")
+    namespace: str = setting(layout.MESH_NAMESPACE, env="POD_NAMESPACE")
     trust_domain: str = setting("cluster.local", env="TRUST_DOMAIN")
-    revision: str = setting("default", env="REVISION")
+    revision: str = setting(layout.DEFAULT_REVISION, env="REVISION")
     cluster_id: str = setting("Kubernetes", env="CLUSTER_ID")
     pod_name: str = setting("", env="POD_NAME")  # this replica's name in the leader lease
     grpc_address: str = _listen(":15012", "MESHCTL_GRPC_ADDRESS")
@@ -166,7 +168,7 @@ class ControlPlaneSettings:
     @property
     def service_name(self) -> str:
         """``meshctl-controlplane`` or ``meshctl-controlplane-<rev>``."""
-        return SERVICE if self.revision == "default" else f"{SERVICE}-{self.revision}"
+        return layout.revisioned(SERVICE, self.revision)
 
     def serving_dns_and_ips(self) -> tuple[list[str], list[str]]:
         """The serving certificate's DNS names and IP addresses."""

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from meshctl.core.k8s.cni.spec import PLUGIN_EVENT_SOCKET_NAME
+from meshctl.core.k8s.layout import MESH_NAMESPACE
 from meshctl.errors import UserError
 from meshctl.net import netns
 from meshctl.process import self_command
@@ -30,7 +31,7 @@ from .mesh import http, proxy_command, start_in, wait_ok
 
 NODE_NAME = "demo-node"
 # The node proxy's service account: the one 'meshctl install' gives the ztunnel DaemonSet.
-NODE_ACCOUNT = ("meshctl-system", "meshctl-ztunnel")
+NODE_ACCOUNT = (MESH_NAMESPACE, "meshctl-ztunnel")
 AGENT_ADDRESS = ("127.0.0.1", 8000)  # istio-cni's readiness port, on the node's loopback
 CONFLIST = "10-meshctl-demo.conflist"
 AMBIENT_LABEL = {"istio.io/dataplane-mode": "ambient"}

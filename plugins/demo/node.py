@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshctl.core.k8s import layout
 from meshctl.errors import MeshctlError, NetError
 from meshctl.net import netns
 
 CNI_VERSION = "1.0.0"
 NETWORK = "meshctl-demo"
 BRIDGE = "mdbr0"
-CNI_DIRS = ("/usr/lib/cni", "/opt/cni/bin")
+CNI_DIRS = ("/usr/lib/cni", layout.HOST_CNI_BIN_DIR)
 
 
 @dataclass(frozen=True, slots=True)

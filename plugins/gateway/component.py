@@ -11,13 +11,14 @@ but nothing listens on 8080/8443/31400/15443 yet (connections there are refused)
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject import render
 from meshctl.core.k8s.inject.settings import InjectSettings
-from meshctl.core.k8s.install.components import Component, Values
-from meshctl.core.k8s.install.values import Field
+from meshctl.core.k8s.install.components import Component, Object, Values
+from meshctl.core.k8s.install.values import value
+from meshctl.structured import Json
 
 NAME = "meshctl-ingressgateway"
 MAX_GATEWAY_REPLICAS = 100
@@ -31,8 +32,19 @@ PORTS = (
 STATUS_PORT = 15021
 
 
-def _render(values: Values) -> list[dict[str, Any]]:
-    own = values.component("gateway")
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayValues:
+    """The ingress gateway's values (``components.gateway.*``)."""
+
+    replicas: int = value(1, minimum=1, maximum=MAX_GATEWAY_REPLICAS, help="gateway replicas")
+    service_type: str = value(
+        "LoadBalancer",
+        choices=("ClusterIP", "NodePort", "LoadBalancer"),
+        help="the gateway Service's type",
+    )
+
+
+def _render(values: Values, own: GatewayValues) -> list[Object]:
     name = values.revisioned(NAME)
     labels = {"app": NAME, "istio": "ingressgateway", "app.kubernetes.io/name": NAME}
     settings = InjectSettings(
@@ -40,7 +52,7 @@ def _render(values: Values) -> list[dict[str, Any]]:
         image_pull_policy=values.image_pull_policy,
         revision=values.revision,
         trust_domain=values.trust_domain,
-        ca_address=f"{values.revisioned('meshctl-controlplane')}.{values.namespace}.svc:15012",
+        ca_address=values.control_plane_address,
     )
     options = render.pod_options({ann.NATIVE_SIDECAR: "false"}, settings)
     proxy = render.proxy_container(
@@ -51,13 +63,13 @@ def _render(values: Values) -> list[dict[str, Any]]:
         *proxy["ports"],
     ]
     selector = {"app": NAME, "istio.io/rev": values.revision}
-    meta = {"name": name, "namespace": values.namespace, "labels": dict(labels)}
-    deployment = {
+    meta: dict[str, Json] = {"name": name, "namespace": values.namespace, "labels": dict(labels)}
+    deployment: Object = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": meta,
         "spec": {
-            "replicas": own["replicas"],
+            "replicas": own.replicas,
             "selector": {"matchLabels": dict(selector)},
             "template": {
                 "metadata": {
@@ -72,12 +84,12 @@ def _render(values: Values) -> list[dict[str, Any]]:
             },
         },
     }
-    service = {
+    service: Object = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": dict(meta, labels=dict(labels)),
         "spec": {
-            "type": own["serviceType"],
+            "type": own.service_type,
             "selector": dict(selector),
             "ports": [
                 {
@@ -90,7 +102,7 @@ def _render(values: Values) -> list[dict[str, Any]]:
             ],
         },
     }
-    account = {
+    account: Object = {
         "apiVersion": "v1",
         "kind": "ServiceAccount",
         "metadata": dict(meta, labels=dict(labels)),
@@ -103,17 +115,7 @@ gateway = Component(
     title="Ingress gateway",
     phase=30,
     revisioned=True,
-    schema={
-        "replicas": Field(
-            kind="int", default=1, minimum=1, maximum=MAX_GATEWAY_REPLICAS, help="gateway replicas"
-        ),
-        "serviceType": Field(
-            kind="string",
-            default="LoadBalancer",
-            choices=("ClusterIP", "NodePort", "LoadBalancer"),
-            help="the gateway Service's type",
-        ),
-    },
-    profiles={"demo": {"enabled": True}},
+    values_type=GatewayValues,
+    profiles={"demo": GatewayValues()},
     render=_render,
 )

@@ -27,6 +27,7 @@ from meshctl.core.k8s.inject.webhook_config import (
     WebhookTarget,
     webhook_configuration,
 )
+from meshctl.core.k8s.layout import MESH_NAMESPACE
 from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render_objects
 from meshctl.structured import Limits
@@ -317,7 +318,7 @@ def webhook_config(
     service: Annotated[
         str | None, typer.Option("--service", metavar="NAME", help="Or: the webhook's Service.")
     ] = None,
-    namespace: Annotated[str, options.namespace("The Service's namespace.")] = "meshctl-system",
+    namespace: Annotated[str, options.namespace("The Service's namespace.")] = MESH_NAMESPACE,
     service_port: Annotated[int, options.port("--service-port", help="The Service's port.")] = 443,
     revision: RevisionOption = None,
     reinvocation_policy: Annotated[

@@ -16,10 +16,9 @@ import datetime
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from meshctl import config
 from meshctl.core.k8s.install import manifest as mf
@@ -43,7 +42,7 @@ class Problem:
 
     key: mf.Key
     text: str  # one line: what it is and why it is in the way
-    live: dict[str, Any]
+    live: Mapping[str, object]
     action: str  # "replace": take over an object with our name; "delete": a foreign webhook
 
 
@@ -56,12 +55,7 @@ class Applied:
 def all_kinds(registry: Registry, values: Values) -> list[tuple[str, str]]:
     """(apiVersion, kind) of everything any component renders with every component enabled:
     what prune and uninstall list (a kind no current component renders may still be live)."""
-    every = [f"components.{c.name}.enabled=true" for c in registry.components]
-    full = registry.resolve(
-        profile=values.profile,
-        files=[("install values", dict(values.data))],
-        assignments=every,
-    )
+    full = values.with_enabled(c.name for c in registry.components)
     kinds = [(r.api_version, r.kind) for r in mf.render(registry, full)]
     return list(dict.fromkeys(kinds))
 
@@ -82,7 +76,7 @@ class Installer:
         self.values = values
         self.rendered = list(rendered)
         self.say = say
-        self.live: dict[mf.Key, dict[str, Any] | None] = {}
+        self.live: dict[mf.Key, Mapping[str, object] | None] = {}
 
     # -- preflight -------------------------------------------------------------------------
 
@@ -127,9 +121,14 @@ class Installer:
                     problems.append(Problem(key, text, live, "delete"))
         return problems
 
-    def _targets(self, configuration: dict[str, Any]) -> str:
+    def _targets(self, configuration: Mapping[str, object]) -> str:
         """'; it sends pods to service ns/name (which does not exist: ...)' for a webhook config."""
-        hooks = [h for h in configuration.get("webhooks") or () if h.get("clientConfig")]
+        listed = configuration.get("webhooks")
+        hooks = [
+            h
+            for h in (listed if isinstance(listed, list) else ())
+            if isinstance(h, Mapping) and h.get("clientConfig")
+        ]
         if not hooks:
             return "; it has no webhooks"
         hook = hooks[0]
@@ -154,7 +153,9 @@ class Installer:
                 continue
             ours = next(r.object for r in self.rendered if r.key == problem.key)
             body = json.loads(json.dumps(ours))
-            body["metadata"]["resourceVersion"] = problem.live["metadata"]["resourceVersion"]
+            body["metadata"]["resourceVersion"] = mf.lookup(
+                problem.live, "metadata", "resourceVersion"
+            )
             # A replace drops every field the other owner set; the apply below then owns ours.
             self.live[problem.key] = objects.replace(
                 self.kube, resource, body, namespace, field_manager=mf.FIELD_MANAGER
@@ -176,7 +177,7 @@ class Installer:
             answer = objects.apply(
                 self.kube,
                 resource,
-                item.object,
+                dict(item.object),
                 namespace,
                 field_manager=mf.FIELD_MANAGER,
                 force=True,
@@ -210,12 +211,12 @@ class Installer:
                     )
                 time.sleep(0.2)
 
-    def dry_run(self) -> tuple[list[dict[str, Any]], list[str]]:
+    def dry_run(self) -> tuple[list[Mapping[str, object]], list[str]]:
         """``--dry-run=server``: every object as the API server would persist it (defaulted,
         admitted; nothing persisted), in manifest order; an object the server cannot check yet
         (its namespace or its CRD comes with this install) is kept as rendered and named in the
         second list with why."""
-        answers: list[dict[str, Any]] = []
+        answers: list[Mapping[str, object]] = []
         unchecked: list[str] = []
         namespaces: dict[str, bool] = {}
         for item in self.rendered:
@@ -232,7 +233,7 @@ class Installer:
             answer = objects.apply(
                 self.kube,
                 resource,
-                item.object,
+                dict(item.object),
                 namespace,
                 field_manager=mf.FIELD_MANAGER,
                 force=True,
@@ -288,18 +289,18 @@ def enabled_by_records(inventory: Inventory, namespace: str, exclude: str | None
     )
     enabled: set[str] = set()
     for record in records:
-        data = record.get("data") or {}
-        if data.get("revision") == exclude:
+        if mf.lookup(record, "data", "revision") == exclude:
             continue
-        enabled.update(filter(None, str(data.get("components", "")).split(",")))
+        listed = mf.lookup(record, "data", "components") or ""
+        enabled.update(filter(None, str(listed).split(",")))
     return enabled
 
 
-def _version(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+def _version(obj: Mapping[str, object]) -> str:
+    return str(mf.lookup(obj, "metadata", "resourceVersion") or "")
 
 
-def save_copy(live: dict[str, Any]) -> Path:
+def save_copy(live: Mapping[str, object]) -> Path:
     """A YAML copy of an object install is about to replace or delete, under the state dir."""
     import yaml
 

@@ -10,7 +10,7 @@ progress goes to stderr, data to stdout.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -90,7 +90,8 @@ def resolve(
         profile=profile,
         files=options.values_sources(files or ()),
         assignments=list(sets or ()),
-        flags={"revision": revision, "namespace": namespace},
+        revision=revision,
+        namespace=namespace,
     )
     return registry, values, mf.render(registry, values)
 
@@ -204,7 +205,7 @@ def install(
     _say(f"✔ meshctl {values.profile} profile installed (revision {values.revision})")
 
 
-def _delete_dry_run(inventory: Any, items: Sequence[dict[str, Any]], *, server: bool) -> None:
+def _delete_dry_run(inventory: Any, items: Sequence[Mapping[str, object]], *, server: bool) -> None:
     """``uninstall --dry-run``: what would be deleted, one ``kind.group/name`` a line as
     ``kubectl delete --dry-run`` says it; ``server``: each delete also goes through the API
     server's admission (``dryRun=All``), and nothing is deleted either way."""
@@ -213,11 +214,11 @@ def _delete_dry_run(inventory: Any, items: Sequence[dict[str, Any]], *, server: 
 
     lines = []
     for obj in items:
-        meta = obj["metadata"]
+        key = mf.key_of(obj)
         resource = inventory.resource(obj)
-        namespace = meta.get("namespace") if resource.namespaced else None
+        namespace = key.namespace or None if resource.namespaced else None
         if server:
-            objects.delete(inventory.kube, resource, meta["name"], namespace, dry_run=True)
+            objects.delete(inventory.kube, resource, key.name, namespace, dry_run=True)
         where = f" -n {namespace}" if namespace else ""
         lines.append(f"{object_name(obj)}{where} deleted ({'server ' if server else ''}dry run)")
     typer.echo("\n".join(lines))
@@ -233,7 +234,7 @@ def _refuse(problems: Sequence[Any]) -> None:
     )
 
 
-def _server_dry_run(installer: Installer, force: bool) -> list[dict[str, Any]]:
+def _server_dry_run(installer: Installer, force: bool) -> list[Mapping[str, object]]:
     """``--dry-run=server``: what an install would refuse (as it would: exit 1), then every
     object as the API server would persist it; nothing is written, nothing taken over."""
     problems = installer.preflight()
@@ -276,9 +277,7 @@ def profiles(
     rows = [
         {
             "profile": name,
-            "components": ",".join(
-                c.name for c in registry.components if c.profiles.get(name, {}).get("enabled")
-            ),
+            "components": ",".join(c.name for c in registry.components if name in c.profiles),
             "description": PROFILE_HELP.get(name, ""),
         }
         for name in registry.profiles()
@@ -323,7 +322,7 @@ def uninstall(
     from .wait import wait_gone
 
     registry = components.load()
-    values = registry.resolve(profile=None, flags={"revision": revision, "namespace": namespace})
+    values = registry.resolve(profile=None, revision=revision, namespace=namespace)
     kube = _connect(ctx)
     inventory = Inventory(kube)
     items = remove.targets(inventory, registry, values, purge=purge)
@@ -340,7 +339,7 @@ def uninstall(
         return
     _confirm(f"This removes {what}: {len(items)} objects from {kube.source}. Proceed?", yes)
     for stage in remove.stages(items):
-        by_component: dict[str, list[dict[str, Any]]] = {}
+        by_component: dict[str, list[Mapping[str, object]]] = {}
         for obj in stage:
             by_component.setdefault(mf.component_of(obj) or "other", []).append(obj)
         titles = {c.name: c.title for c in registry.components}

@@ -12,8 +12,7 @@ means their pods are gone, so the CNI DaemonSet's cleanup on each node has run).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.install import manifest as mf
@@ -26,16 +25,15 @@ from .apply import NEVER_PRUNED, all_kinds, enabled_by_records
 
 log = logging.getLogger(__name__)
 
-Object = dict[str, Any]
+# An object as the cluster returned it (read only: its shape is the server's).
+Live = Mapping[str, object]
 _FOREGROUND = frozenset({"Deployment", "DaemonSet", "StatefulSet", "ReplicaSet", "Job"})
 
 
-def targets(
-    inventory: Inventory, registry: Registry, values: Values, *, purge: bool
-) -> list[Object]:
+def targets(inventory: Inventory, registry: Registry, values: Values, *, purge: bool) -> list[Live]:
     """What uninstall deletes, in deletion order."""
     if purge:
-        found = []
+        found: list[Live] = []
         selector = f"{mf.MANAGED_BY_LABEL}={mf.MANAGED_BY}"
         for resource in inventory.mapper.listable():
             if resource.kind in ("Event",):
@@ -48,7 +46,7 @@ def targets(
             found += items
     else:
         kinds = all_kinds(registry, values)
-        found = inventory.list_labelled(kinds, mf.selector(values.revision))
+        found = list(inventory.list_labelled(kinds, mf.selector(values.revision)))
         still_needed = enabled_by_records(inventory, values.namespace, exclude=values.revision)
         for live in inventory.list_labelled(kinds, mf.selector(None)):
             if live.get("kind") in NEVER_PRUNED:
@@ -59,15 +57,15 @@ def targets(
     return sorted(unique.values(), key=lambda o: mf.kind_rank(str(o.get("kind"))), reverse=True)
 
 
-def _owned_by_another(obj: Object) -> bool:
+def _owned_by_another(obj: Live) -> bool:
     """Objects a controller made from ours (an EndpointSlice of our Service): their owner's
     deletion removes them, and deleting them first only makes the controller recreate them."""
-    return any(
-        ref.get("controller") for ref in (obj.get("metadata") or {}).get("ownerReferences") or ()
-    )
+    refs = mf.lookup(obj, "metadata", "ownerReferences")
+    listed = refs if isinstance(refs, list) else ()
+    return any(isinstance(ref, Mapping) and ref.get("controller") for ref in listed)
 
 
-def stages(items: list[Object]) -> list[list[Object]]:
+def stages(items: list[Live]) -> list[list[Live]]:
     """Webhook configurations and workloads first, the rest once those are gone: a control
     plane still draining would recreate the root ConfigMaps deleted beside it."""
     first_rank = mf.kind_rank("DaemonSet")
@@ -76,16 +74,16 @@ def stages(items: list[Object]) -> list[list[Object]]:
     return [group for group in (early, late) if group]
 
 
-def delete(inventory: Inventory, items: list[Object], say: Callable[[str], None]) -> None:
+def delete(inventory: Inventory, items: list[Live], say: Callable[[str], None]) -> None:
     for obj in items:
         resource = inventory.resource(obj)
-        meta = obj["metadata"]
-        namespace = meta.get("namespace") if resource.namespaced else None
+        key = mf.key_of(obj)
+        namespace = key.namespace or None if resource.namespaced else None
         kind = str(obj.get("kind"))
         gone = objects.delete(
             inventory.kube,
             resource,
-            meta["name"],
+            key.name,
             namespace,
             propagation="Foreground" if kind in _FOREGROUND else "Background",
         )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from meshctl.core.k8s.install import manifest as mf
 from meshctl.core.k8s.install.readiness import readiness, waits
@@ -28,7 +27,7 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{rest}s" if minutes else f"{rest}s"
 
 
-def explain(inventory: Inventory, obj: Mapping[str, Any], reason: str) -> str:
+def explain(inventory: Inventory, obj: Mapping[str, object], reason: str) -> str:
     """``reason`` with the evidence: the first pod not ready and the newest event."""
     parts = [reason]
     if obj.get("kind") in ("Deployment", "DaemonSet", "StatefulSet"):
@@ -56,7 +55,7 @@ def wait_ready(
     """Until every component's objects are ready; raises naming the first one that is not."""
     deadline = time.monotonic() + timeout
     pending = {name: [r for r in items if waits(r.kind)] for name, items in by_component.items()}
-    stuck: dict[str, tuple[mf.Rendered, dict[str, Any] | None, str]] = {}
+    stuck: dict[str, tuple[mf.Rendered, Mapping[str, object] | None, str]] = {}
     while True:
         for name in list(pending):
             blocking = None
@@ -76,8 +75,8 @@ def wait_ready(
         if not pending:
             return
         if time.monotonic() >= deadline:
-            name, (item, live, reason) = next(iter(stuck.items()))
-            detail = explain(inventory, live or item.object, reason)
+            name, (item, last, reason) = next(iter(stuck.items()))
+            detail = explain(inventory, last or item.object, reason)
             for other in pending:
                 progress.update(other, FAILED, "not ready")
             progress.close()
@@ -92,7 +91,7 @@ def wait_ready(
 
 def wait_gone(
     inventory: Inventory,
-    by_component: Mapping[str, Sequence[dict[str, Any]]],
+    by_component: Mapping[str, Sequence[Mapping[str, object]]],
     progress: Progress,
     timeout: float,
 ) -> None:
@@ -104,9 +103,9 @@ def wait_gone(
             left = []
             for obj in pending[name]:
                 resource = inventory.resource(obj)
-                meta = obj["metadata"]
-                namespace = meta.get("namespace") if resource.namespaced else None
-                if objects.get(inventory.kube, resource, meta["name"], namespace) is not None:
+                key = mf.key_of(obj)
+                namespace = key.namespace or None if resource.namespaced else None
+                if objects.get(inventory.kube, resource, key.name, namespace) is not None:
                     left.append(obj)
             pending[name] = left
             if left:

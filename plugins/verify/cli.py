@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -30,9 +30,13 @@ from meshctl.core.k8s.install.checks import (
     selected,
 )
 from meshctl.core.k8s.install.components import PROFILE_HELP
+from meshctl.core.k8s.install.manifest import key_of, lookup
 from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render
 from meshctl.values import Duration, format_duration
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.install.components import Registry, Values
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -129,22 +133,22 @@ def verify(
     if workload is not None and pre:
         raise UserError("--workload checks a running pod: not with --pre", hint="drop one of them")
     registry = components.load()
-    flags = {"revision": revision, "namespace": namespace}
     record = None
     if pre:  # what the user gave is checked before anything connects (a bad -f is exit 2)
         values = registry.resolve(
             profile=profile,
             files=options.values_sources(files or ()),
             assignments=list(sets or ()),
-            flags=flags,
+            revision=revision,
+            namespace=namespace,
         )
     kube = _reach(ctx, deadline)
     if isinstance(kube, Ran):  # no cluster: its failed check is the whole report
         _report([kube], output, output_file)
     if not pre:
-        base = registry.resolve(profile=None, flags=flags)
+        base = registry.resolve(profile=None, revision=revision, namespace=namespace)
         record = _record(kube, base.revisioned(mf.RECORD_NAME), base.namespace)
-        values = _installed_values(registry, record, flags) if record else base
+        values = _installed_values(registry, record, revision, namespace) if record else base
     checks = list(builtin.CHECKS)
     for component in registry.components:
         checks += component.checks
@@ -211,25 +215,31 @@ def _reach(ctx: typer.Context, wait: float) -> Any:
         return kube
 
 
-def _record(kube: Any, name: str, namespace: str) -> dict[str, Any] | None:
+def _record(kube: Any, name: str, namespace: str) -> Mapping[str, object] | None:
     from meshctl.kube import objects
     from meshctl.kube.resources import CONFIG_MAPS
 
     return objects.get(kube, CONFIG_MAPS, name, namespace)
 
 
-def _installed_values(registry: Any, record: dict[str, Any], flags: dict[str, Any]) -> Any:
+def _installed_values(
+    registry: Registry,
+    record: Mapping[str, object],
+    revision: str | None,
+    namespace: str | None,
+) -> Values:
     """The values the install record holds: its profile, with what the user changed."""
-    data = record.get("data") or {}
+    name = key_of(record).name
     try:
-        changed = json.loads(data.get("values.json") or "{}")
+        changed = json.loads(str(lookup(record, "data", "values.json") or "{}"))
     except ValueError as exc:
         raise MeshctlError(
-            f"install record {record['metadata']['name']}: values.json is not JSON",
+            f"install record {name}: values.json is not JSON",
             hint="run 'meshctl install' again to rewrite it",
         ) from exc
     return registry.resolve(
-        profile=str(data.get("profile") or "default"),
-        files=[(f"install record {record['metadata']['name']}", changed)],
-        flags=flags,
+        profile=str(lookup(record, "data", "profile") or "default"),
+        files=[(f"install record {name}", changed)],
+        revision=revision,
+        namespace=namespace,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -10,7 +10,7 @@ from meshctl import options
 from meshctl.errors import MeshctlError
 from meshctl.output import OutputFormat, render
 
-from .info import client_info
+from .info import VersionInfo, client_info
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
 
@@ -25,7 +25,7 @@ def version(
     ] = False,
 ) -> None:
     """Print meshctl's version, Python and key dependency versions (and the API server's)."""
-    data: dict[str, Any] = client_info()
+    data = client_info()
     failure: MeshctlError | None = None
     if server:
         # Deferred: only --server pays for the Kubernetes client.
@@ -41,23 +41,24 @@ def version(
         raise failure
 
 
-def _table(data: dict[str, Any]) -> dict[str, Any]:
+def _table(data: VersionInfo) -> dict[str, str | bool]:
     """One row per component: meshctl, the interpreter, each dependency, the server."""
-    rows: dict[str, Any] = {
+    rows: dict[str, str | bool] = {
         "meshctl": data["meshctl"],
         "python": f"{data['python']} ({data['implementation']})",
         "platform": data["platform"],
         "frozen": data["frozen"],
     }
     rows.update({name: v or "not installed" for name, v in data["dependencies"].items()})
-    if "server" in data:
-        facts = data["server"]
+    facts = data.get("server")
+    if facts is not None:
         rows["server"] = f"{facts.get('gitVersion', '?')} ({facts.get('platform', '?')})"
     return rows
 
 
-def _names(data: dict[str, Any]) -> list[str]:
+def _names(data: VersionInfo) -> list[str]:
     names = [f"meshctl/{data['meshctl']}"]
-    if "server" in data:
-        names.append(f"kubernetes/{data['server'].get('gitVersion', '?')}")
+    facts = data.get("server")
+    if facts is not None:
+        names.append(f"kubernetes/{facts.get('gitVersion', '?')}")
     return names

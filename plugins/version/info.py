@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.metadata
 import platform
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import NotRequired, TypedDict
 
 import meshctl
 
@@ -24,7 +25,19 @@ KEY_DEPENDENCIES = (
 )
 
 
-def client_info() -> dict[str, Any]:
+class VersionInfo(TypedDict):
+    """What ``meshctl version`` reports (its JSON/YAML keys)."""
+
+    meshctl: str
+    python: str
+    implementation: str  # CPython, PyPy
+    platform: str  # sys.platform/machine
+    frozen: bool  # the PyInstaller binary
+    dependencies: dict[str, str | None]  # distribution -> version (None: not installed)
+    server: NotRequired[Mapping[str, str]]  # the API server's /version (--server)
+
+
+def client_info() -> VersionInfo:
     """meshctl's version, the interpreter, the platform, frozen or not, and dependency versions."""
     return {
         "meshctl": meshctl.__version__,

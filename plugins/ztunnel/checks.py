@@ -14,6 +14,7 @@ import json
 import re
 from typing import Any
 
+from meshctl.core.k8s import layout
 from meshctl.core.k8s.inject.render import PROXY_CONTAINER
 from meshctl.core.k8s.install.checks import Check, Result
 from meshctl.errors import KubeError
@@ -103,7 +104,7 @@ def _mesh_root_serials(ctx: Any) -> set[str]:
     from meshctl.kube import objects
     from meshctl.kube.resources import CONFIG_MAPS
 
-    live = objects.get(ctx.kube, CONFIG_MAPS, "meshctl-ca-root-cert", ctx.values.namespace)
+    live = objects.get(ctx.kube, CONFIG_MAPS, layout.ROOT_CONFIGMAP, ctx.values.namespace)
     bundle = ((live or {}).get("data") or {}).get("root-cert.pem")
     if not bundle:
         return set()

@@ -11,14 +11,14 @@ from typing import Annotated, Any
 import typer
 
 from meshctl import config, options, values
-from meshctl.core.k8s import proxyconfig
+from meshctl.core.k8s import layout, proxyconfig
 from meshctl.core.pki import certs as certs_mod
 from meshctl.core.pki.identity import IdentityError, parse_workload_ref
 from meshctl.errors import ConfigError, MeshctlError, UserError
 from meshctl.output import OutputFormat, render_objects
 from meshctl.values import format_duration
 
-from .settings import MAX_WORKERS, InjectedConfig, ZtunnelSettings
+from .settings import DEFAULT_WORKERS, MAX_WORKERS, InjectedConfig, ZtunnelSettings
 
 app = typer.Typer(
     add_completion=False,
@@ -321,7 +321,7 @@ def _write(folder: Path, name: str, data: bytes, mode: int) -> None:
 @app.command("manifest")
 def manifest_cmd(
     namespace: Annotated[str, options.namespace("Namespace of the node proxies.")] = (
-        "meshctl-system"
+        layout.MESH_NAMESPACE
     ),
     image: options.ImageOption = None,
     ca_address: Annotated[
@@ -347,24 +347,25 @@ def manifest_cmd(
             help=f"Data-plane worker processes per node, 1-{MAX_WORKERS}.",
             parse=values.Integer(1, MAX_WORKERS, what="a count"),
         ),
-    ] = 1,
+    ] = DEFAULT_WORKERS,
     output: options.OutputOption = OutputFormat.YAML,
     output_file: options.OutputFileOption = None,
 ) -> None:
     """Print the DaemonSet that runs the ambient node proxy ('ztunnel run --mode node')."""
-    from meshctl.core.k8s.image import default_image
+    from meshctl.core.k8s.install.components import standalone
     from meshctl.core.k8s.install.manifest import namespace_object
 
-    from .manifest import objects
+    from .manifest import NodeProxyValues, objects
 
+    # The install's values type (components.ztunnel.*), whose defaults are these options'.
+    own = NodeProxyValues(workers=workers)
     items = [
         namespace_object(namespace),
         *objects(
-            namespace=namespace,
-            image=image or default_image(),
+            standalone(namespace, image),
+            own,
             ca_address=ca_address or "",
             xds_address=xds_address or "",
-            workers=workers,
         ),
     ]
     options.write_output(render_objects(items, output), output_file)

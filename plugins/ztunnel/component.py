@@ -6,32 +6,17 @@ the installed revision as CA and discovery and the install's image pull policy.
 
 from __future__ import annotations
 
-from typing import Any
-
 from meshctl.core.k8s.install.checks import Check, Result
-from meshctl.core.k8s.install.components import Component, Values
+from meshctl.core.k8s.install.components import Component, Object, Values
 from meshctl.core.k8s.install.context import CheckContext, rollout
-from meshctl.core.k8s.install.values import Field
 
-from . import manifest as node_manifest
-from .settings import MAX_WORKERS
+from .manifest import NodeProxyValues, objects
 
 
-def _render_node_proxy(values: Values) -> list[dict[str, Any]]:
-    own = values.component("ztunnel")
-    plane = f"{values.revisioned('meshctl-controlplane')}.{values.namespace}.svc:15012"
-    items = node_manifest.objects(
-        namespace=values.namespace,
-        image=values.image,
-        ca_address=plane,
-        xds_address=plane,
-        workers=own["workers"],
-    )
-    for item in items:
-        if item["kind"] == "DaemonSet":
-            for container in item["spec"]["template"]["spec"]["containers"]:
-                container["imagePullPolicy"] = values.image_pull_policy
-    return items
+def _render_node_proxy(values: Values, own: NodeProxyValues) -> list[Object]:
+    # The control plane of the installed revision is CA and discovery.
+    plane = values.control_plane_address
+    return objects(values.install, own, ca_address=plane, xds_address=plane)
 
 
 def _node_proxy_ready(ctx: CheckContext) -> Result:
@@ -49,16 +34,8 @@ node_proxy = Component(
     title="Node proxy",
     phase=20,
     revisioned=False,
-    schema={
-        "workers": Field(
-            kind="int",
-            default=1,
-            minimum=1,
-            maximum=MAX_WORKERS,
-            help="data-plane workers per node",
-        ),
-    },
-    profiles={"ambient": {"enabled": True}},
+    values_type=NodeProxyValues,
+    profiles={"ambient": NodeProxyValues()},
     render=_render_node_proxy,
     checks=(
         Check(

@@ -12,33 +12,42 @@ root filesystem with a ``/tmp`` of its own (the one-file binary unpacks there), 
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
-from meshctl.core.k8s.image import default_image
+from meshctl.core.k8s import layout
+from meshctl.core.k8s.install.components import InstallValues, Object
+from meshctl.core.k8s.install.values import value
 from meshctl.core.k8s.podspec import node_security_context
+from meshctl.core.wire import zds
+
+from .settings import DEFAULT_WORKERS, MAX_WORKERS
 
 NAME = "meshctl-ztunnel"
-CONTROL_PLANE = "meshctl-controlplane"
 READINESS_PORT = 15021
 TOKEN_SECONDS = 43200
+TOKEN_AUDIENCE = "meshctl-ca"  # noqa: S105 -- an audience name, not a secret
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeProxyValues:
+    """The node proxy's values (``components.ztunnel.*``)."""
+
+    workers: int = value(
+        DEFAULT_WORKERS, minimum=1, maximum=MAX_WORKERS, help="data-plane workers per node"
+    )
 
 
 def objects(
-    *,
-    namespace: str = "meshctl-system",
-    image: str = "",
-    ca_address: str = "",
-    xds_address: str = "",
-    root_configmap: str = "meshctl-ca-root-cert",
-    token_audience: str = "meshctl-ca",  # noqa: S107 -- an audience name, not a secret
-    ztunnel_dir: str = "/var/run/ztunnel",
-    workers: int = 1,
-) -> list[dict[str, Any]]:
+    install: InstallValues, own: NodeProxyValues, *, ca_address: str = "", xds_address: str = ""
+) -> list[Object]:
     """ServiceAccount and DaemonSet; the CA and discovery default to this namespace's
     control plane (``meshctl-controlplane.<namespace>.svc:15012``)."""
-    plane = f"{CONTROL_PLANE}.{namespace}.svc:15012"
+    namespace = install.namespace
+    ztunnel_dir = zds.DEFAULT_DIR
+    plane = layout.control_plane_address(namespace)
+    service = f"{layout.CONTROL_PLANE_SERVICE}.{namespace}.svc"
     labels = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/part-of": "meshctl"}
-    meta = {"name": NAME, "namespace": namespace, "labels": labels}
+    meta: Object = {"name": NAME, "namespace": namespace, "labels": labels}
     field = [
         ("POD_NAME", "metadata.name"),
         ("POD_NAMESPACE", "metadata.namespace"),
@@ -46,7 +55,7 @@ def objects(
         ("INSTANCE_IP", "status.podIP"),
         ("SERVICE_ACCOUNT", "spec.serviceAccountName"),
     ]
-    env: list[dict[str, Any]] = [
+    env: list[Object] = [
         {"name": "PROXY_MODE", "value": "node"},
         {"name": "INPOD_UDS", "value": f"{ztunnel_dir}/ztunnel.sock"},
         {"name": "CA_ADDRESS", "value": ca_address or plane},
@@ -55,14 +64,15 @@ def objects(
         {"name": "XDS_ROOT_CA", "value": "/var/run/secrets/istio/root-cert.pem"},
         {"name": "AUTH_TOKEN", "value": "/var/run/secrets/tokens/istio-token"},
         # The name the control plane's certificate carries, also when reached by address.
-        {"name": "ALT_CA_HOSTNAME", "value": f"{CONTROL_PLANE}.{namespace}.svc"},
-        {"name": "ALT_XDS_HOSTNAME", "value": f"{CONTROL_PLANE}.{namespace}.svc"},
-        {"name": "ZTUNNEL_WORKER_THREADS", "value": str(workers)},
-        *({"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}} for n, f in field),
+        {"name": "ALT_CA_HOSTNAME", "value": service},
+        {"name": "ALT_XDS_HOSTNAME", "value": service},
+        {"name": "ZTUNNEL_WORKER_THREADS", "value": str(own.workers)},
     ]
-    container = {
+    env += [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}} for n, f in field]
+    pull = install.image_pull_policy
+    container: Object = {
         "name": "ztunnel",
-        "image": image or default_image(),
+        "image": install.image,
         "command": ["meshctl"],
         "args": ["--log-level", "info", "--log-format", "json", "ztunnel", "run"],
         "env": env,
@@ -82,15 +92,16 @@ def objects(
             {"name": "istiod-ca-cert", "mountPath": "/var/run/secrets/istio", "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
         ],
+        **({"imagePullPolicy": pull} if pull else {}),
     }
-    token = {
+    token: Object = {
         "serviceAccountToken": {
             "path": "istio-token",
-            "audience": token_audience,
+            "audience": TOKEN_AUDIENCE,
             "expirationSeconds": TOKEN_SECONDS,
         }
     }
-    daemonset = {
+    daemonset: Object = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
         "metadata": meta,
@@ -116,7 +127,7 @@ def objects(
                             "hostPath": {"path": ztunnel_dir, "type": "DirectoryOrCreate"},
                         },
                         {"name": "istio-token", "projected": {"sources": [token]}},
-                        {"name": "istiod-ca-cert", "configMap": {"name": root_configmap}},
+                        {"name": "istiod-ca-cert", "configMap": {"name": layout.ROOT_CONFIGMAP}},
                         {"name": "tmp", "emptyDir": {}},
                     ],
                 },

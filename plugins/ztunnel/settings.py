@@ -13,6 +13,7 @@ from meshctl.errors import ConfigError
 _DURATION_HINT = f"write a duration, {values.DURATION_EXAMPLES}"
 _ADDRESS_HINT = "write HOST:PORT, e.g. meshctl-controlplane.meshctl-system.svc:15012"
 MAX_WORKERS = 64
+DEFAULT_WORKERS = 1
 
 
 def _probers(text: str) -> str:
@@ -106,7 +107,9 @@ class ZtunnelSettings:
     )
     # Data-plane worker processes (ztunnel's worker threads); they share the listeners.
     workers: int = setting(
-        1, env="ZTUNNEL_WORKER_THREADS", parse=values.Integer(1, MAX_WORKERS, what="a count")
+        DEFAULT_WORKERS,
+        env="ZTUNNEL_WORKER_THREADS",
+        parse=values.Integer(1, MAX_WORKERS, what="a count"),
     )
     reload_interval: float = setting(
         1.0,

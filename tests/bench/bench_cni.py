@@ -32,13 +32,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from kubernetes import client as k8s
 from meshctl_plugins.cni.installer import Installer, InstallSettings, PluginTree
-from meshctl_plugins.cni.manifest import objects
+from meshctl_plugins.cni.manifest import CniValues, objects
 
 from meshctl.core.capture.plan import plan
 from meshctl.core.capture.settings import settings_from_args
 from meshctl.core.k8s.cni.pod import decide
 from meshctl.core.k8s.inject.pipeline import inject_pod
 from meshctl.core.k8s.inject.settings import InjectSettings
+from meshctl.core.k8s.install.components import standalone
 from meshctl.core.tree import MANIFEST_NAME
 from meshctl.core.tree import parse as parse_manifest
 from meshctl.kube import pods, rest
@@ -122,7 +123,8 @@ def main() -> int:  # noqa: PLR0915 (one linear script)
         with cluster.api_client() as api:
             create_namespace(api, "bench")
             # The plugin's own RBAC, as `meshctl cni manifest` grants it.
-            by_kind = {o["kind"]: o for o in objects(namespace="bench")}
+            rendered = objects(standalone("bench", None), CniValues())
+            by_kind = {o["kind"]: o for o in rendered}
             role, binding = by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]
             binding["subjects"][0]["name"] = "cni"
             rbac = k8s.RbacAuthorizationV1Api(api)

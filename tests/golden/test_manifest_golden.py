@@ -109,3 +109,49 @@ def test_a_revision_names_every_revisioned_object_and_the_webhook_selectors(caps
     deployment = next(d for d in documents if d["kind"] == "Deployment")
     assert deployment["metadata"]["name"] == "meshctl-controlplane-canary"
     assert deployment["metadata"]["labels"]["istio.io/rev"] == "canary"
+
+
+def _as_installed(documents: list[Any]) -> list[Any]:
+    """Objects with what only an install adds taken out: its labels, the image pull policy, the
+    injector's settings (the control plane's MESHCTL_INJECT_* env) and the namespace."""
+    out = []
+    for doc in documents:
+        if doc["kind"] in ("Namespace", "ConfigMap", "CustomResourceDefinition"):
+            continue
+        labels = doc["metadata"].get("labels", {})
+        stamped = ("managed-by", "part-of")  # install's own labels (part-of where none is)
+        for key in (*(f"app.kubernetes.io/{k}" for k in stamped), "install.meshctl.io/component"):
+            labels.pop(key, None)
+        spec = doc.get("spec", {})
+        for container in spec.get("template", {}).get("spec", {}).get("containers", []):
+            container.pop("imagePullPolicy", None)
+            container["env"] = [
+                e for e in container.get("env", []) if not e["name"].startswith("MESHCTL_INJECT_")
+            ]
+        out.append(doc)
+    return sorted(out, key=lambda d: (d["kind"], d["metadata"]["name"]))
+
+
+@pytest.mark.parametrize(
+    ("profile", "commands"),
+    [
+        ("minimal", [["controlplane", "manifest"]]),
+        ("default", [["controlplane", "manifest"], ["cni", "manifest"]]),
+        (
+            "ambient",
+            [
+                ["controlplane", "manifest"],
+                ["cni", "manifest", "--ambient"],
+                ["ztunnel", "manifest"],
+            ],
+        ),
+    ],
+)
+def test_the_stand_alone_manifests_are_what_install_renders_from_the_same_defaults(
+    capsys, profile, commands
+):
+    """``cni|controlplane|ztunnel manifest`` and ``install`` start from the same values types:
+    with defaults, each prints exactly its component's objects of the install."""
+    installed = list(yaml.safe_load_all(printed(capsys, "manifest", "generate", "-p", profile)))
+    alone = [d for c in commands for d in yaml.safe_load_all(printed(capsys, *c))]
+    assert _as_installed(alone) == _as_installed(installed)

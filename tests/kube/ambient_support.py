@@ -25,10 +25,11 @@ from typing import Any
 
 import pytest
 from kubernetes import client as k8s
-from meshctl_plugins.cni.manifest import objects
+from meshctl_plugins.cni.manifest import CniValues, objects
 
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.cni import netconf
+from meshctl.core.k8s.install.components import standalone
 from tests.harness.cni import mesh_rules
 from tests.harness.kube import (
     SA_ISSUER,
@@ -76,7 +77,8 @@ def seed_conflist(kubelet: Kubelet) -> dict[str, Any]:
 def agent_rbac(api: k8s.ApiClient, namespace: str, *, ambient: bool = True) -> Iterator[None]:
     """The manifest's ClusterRole/Binding for the node agent's SA (``ambient``: with the
     ambient agent's permissions); unique names, as they are cluster-scoped."""
-    by_kind = {o["kind"]: o for o in objects(namespace=namespace, ambient=ambient)}
+    rendered = objects(standalone(namespace, None), CniValues(ambient=ambient))
+    by_kind = {o["kind"]: o for o in rendered}
     role, binding = by_kind["ClusterRole"], by_kind["ClusterRoleBinding"]
     name = f"{SA_NAME}-{secrets.token_hex(3)}"
     role["metadata"]["name"] = binding["metadata"]["name"] = binding["roleRef"]["name"] = name

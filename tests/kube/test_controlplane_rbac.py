@@ -17,9 +17,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
-from meshctl_plugins.controlplane.manifest import ManifestSettings
+from meshctl_plugins.controlplane.manifest import ControlPlaneValues
 from meshctl_plugins.controlplane.manifest import objects as manifest_objects
 
+from meshctl.core.k8s.install.components import InstallValues
 from meshctl.kube import api as raw
 from meshctl.kube import objects
 from meshctl.kube.client import KubeSettings, connect
@@ -75,7 +76,8 @@ _APPLIED = {
 def installed(kube_cluster: KubeCluster) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
     home, revision = f"cp-{secrets.token_hex(3)}", f"r{secrets.token_hex(3)}"
     kube = connect(KubeSettings(kubeconfig=str(kube_cluster.kubeconfig)))
-    items = manifest_objects(ManifestSettings(namespace=home, revision=revision))
+    install = InstallValues(namespace=home, revision=revision, image_pull_policy="")
+    items = manifest_objects(install, ControlPlaneValues())
     with kube_cluster.api_client() as api, contextlib.ExitStack() as undo:
         create_namespace(api, home)
         undo.callback(delete_namespace, api, home)

@@ -26,9 +26,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 from meshctl_plugins.controlplane import crds
-from meshctl_plugins.controlplane.manifest import ManifestSettings
+from meshctl_plugins.controlplane.manifest import ControlPlaneValues
 from meshctl_plugins.controlplane.manifest import objects as controlplane_objects
 
+from meshctl.core.k8s.install.components import InstallValues
 from tests.harness import workloads as wl
 from tests.harness.controlplane import remove_published_roots
 from tests.harness.node import TestNode, report_namespace
@@ -52,9 +53,8 @@ def control_plane(
 ) -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """The manifest, applied (ClusterIP named in the serving certificate); yields the ClusterIP."""
     image = kube_node.image("meshctl")
-    items = controlplane_objects(
-        ManifestSettings(namespace=home, image=image, revision=revision, replicas=2)
-    )
+    install = InstallValues(namespace=home, image=image, revision=revision, image_pull_policy="")
+    items = controlplane_objects(install, ControlPlaneValues(replicas=2))
     with kube_node.cluster.api_client() as api:
         service = next(i for i in items if i["kind"] == "Service")
         try:

@@ -42,10 +42,12 @@ def control_plane(kube_node: TestNode) -> Iterator[dict[str, str]]:
     """The CRDs and the control plane's manifest applied; yields its namespace and address."""
     from meshctl_plugins.controlplane import crds, manifest
 
+    from meshctl.core.k8s.install.components import standalone
+
     image = kube_node.image("meshctl")
     namespace = f"mesh-{os.urandom(3).hex()}"
     objects = manifest.objects(
-        manifest.ManifestSettings(namespace=namespace, image=image, replicas=2)
+        standalone(namespace, image), manifest.ControlPlaneValues(replicas=2)
     )
     with kube_node.cluster.api_client() as api:
         k8s.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})

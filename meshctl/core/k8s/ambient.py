@@ -3,8 +3,8 @@
 Owns Istio's rules for ambient mode as pure decisions over pod and namespace objects (plain JSON):
 a pod is enrolled when it or its namespace carries ``istio.io/dataplane-mode=ambient``, the pod
 does not carry ``istio.io/dataplane-mode=none``, is not hostNetwork, has no sidecar and is not
-finished or being deleted; and the ``meshctl iptables apply`` arguments of its in-pod rules (the
-pod's annotations: DNS capture, virtual interfaces, ingress mode). Invariants: a decision is a
+finished or being deleted; and the capture settings of its in-pod rules (the pod's annotations:
+DNS capture, virtual interfaces) as a ``CaptureSettings`` value. Invariants: a decision is a
 function of the two objects alone and always says why; the annotation values are Istio's.
 """
 
@@ -14,7 +14,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.core.capture.settings import CaptureSettings, parse_interfaces
 from meshctl.core.k8s.inject import annotations as ann
+from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 from meshctl.core.k8s.inject.render import PROXY_CONTAINER
 
 DATAPLANE_MODE = "istio.io/dataplane-mode"
@@ -163,19 +165,28 @@ def dns_requested(pod: Mapping[str, Any], *, default: bool) -> bool:
     return default if value is None else ann.parse_bool(DNS_CAPTURE, str(value))
 
 
-def capture_args(pod: Mapping[str, Any], *, dns: bool = False, ipv6: bool = False) -> list[str]:
-    """``meshctl iptables apply`` arguments of the pod's in-pod rules: DNS capture when ``dns``
-    (see ``dns_requested``), Istio's virtual interfaces annotation, both families with ``ipv6``."""
+def capture_settings(
+    pod: Mapping[str, Any], *, dns: bool = False, ipv6: bool = False
+) -> CaptureSettings:
+    """The capture settings of the pod's in-pod rules: ambient mode, DNS capture when ``dns``
+    (see ``dns_requested``), Istio's virtual interfaces annotation, both families with ``ipv6``.
+    Raises ``InvalidAnnotationError`` for a virtual interfaces annotation that names no
+    interface."""
     annotations = _mapping(_mapping(pod.get("metadata")).get("annotations"))
-    args = ["--mode", "ambient"]
-    if dns:
-        args += ["--redirect-dns", "--capture-all-dns"]
-    virtual = [v.strip() for v in str(annotations.get(VIRTUAL_INTERFACES, "")).split(",")]
-    if any(virtual):
-        args += ["--kube-virt-interfaces", ",".join(v for v in virtual if v)]
-    if ipv6:
-        args.append("--dual-stack")
-    return args
+    virtual = str(annotations.get(VIRTUAL_INTERFACES, ""))
+    try:
+        interfaces = parse_interfaces(virtual)
+    except ValueError as exc:
+        raise InvalidAnnotationError(
+            VIRTUAL_INTERFACES, virtual, expected=f"comma separated interface names ({exc})"
+        ) from exc
+    return CaptureSettings(
+        mode="ambient",
+        redirect_dns=dns,
+        capture_all_dns=dns,
+        kube_virt_interfaces=interfaces,
+        dual_stack=ipv6,
+    )
 
 
 def pod_ips(pod: Mapping[str, Any]) -> list[str]:

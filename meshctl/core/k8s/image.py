@@ -15,6 +15,8 @@ DEFAULT_REPOSITORY = "localhost/meshctl"
 # The suite's own images, built beside it (never referenced by a manifest meshctl prints).
 PAUSE_REPOSITORY = "localhost/meshctl-pause"
 TESTAPP_REPOSITORY = "localhost/meshctl-testapp"
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+DEFAULT_PULL_POLICY = "IfNotPresent"
 
 
 def default_image(version: str = __version__) -> str:

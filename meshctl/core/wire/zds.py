@@ -17,7 +17,8 @@ from enum import Enum
 
 VERSION_V1 = 1
 MAX_PACKET = 1024  # ztunnel reads each request into a buffer of this size; longer is truncated
-DEFAULT_SOCKET = "/var/run/ztunnel/ztunnel.sock"
+DEFAULT_DIR = "/var/run/ztunnel"  # the node agents share it (a hostPath on every node)
+DEFAULT_SOCKET = f"{DEFAULT_DIR}/ztunnel.sock"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from meshctl.core.k8s.layout import MESH_NAMESPACE
 from meshctl.structured import InputError, Limits, load_json
 
 SUPPORTED_VERSIONS: Final = ("0.3.1", "0.4.0", "1.0.0", "1.1.0")
@@ -47,7 +48,7 @@ PLUGIN_EVENT_SOCKET_NAME: Final = "pluginevent.sock"  # the node agent's (ambien
 # How the node agent's answer to a DEL begins when it released the pod (its rules removed).
 AGENT_RELEASED: Final = "released"
 AGENT_UNAVAILABLE: Final = 104  # ambient: the node agent could not capture the pod
-DEFAULT_EXCLUDED_NAMESPACES: Final = ("kube-system", "meshctl-system")
+DEFAULT_EXCLUDED_NAMESPACES: Final = ("kube-system", MESH_NAMESPACE)
 _REQUIRED_ENV: Final = {
     "ADD": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),
     "CHECK": ("CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"),

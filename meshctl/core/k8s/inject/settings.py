@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 from meshctl import values
 from meshctl.config import setting
-from meshctl.core.k8s.image import default_image
+from meshctl.core.k8s import layout
+from meshctl.core.k8s.image import DEFAULT_PULL_POLICY, PULL_POLICIES, default_image
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 from meshctl.errors import ConfigError
 
-PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # The proxy runs as a non-root id (Istio's default 1337).
 PROXY_ID = values.Integer(1, 2**31 - 1, what="a non-root uid/gid", metavar="ID")
 # A label value (the revision lands in the `istio.io/rev` selector of the webhook configuration).
@@ -31,9 +31,11 @@ class InjectSettings:
 
     image: str = setting(default_image(), env="MESHCTL_INJECT_IMAGE", flag="--image")
     image_pull_policy: str = setting(
-        "IfNotPresent", env="MESHCTL_INJECT_IMAGE_PULL_POLICY", choices=PULL_POLICIES
+        DEFAULT_PULL_POLICY, env="MESHCTL_INJECT_IMAGE_PULL_POLICY", choices=PULL_POLICIES
     )
-    revision: str = setting("default", env="MESHCTL_INJECT_REVISION", flag="--revision")
+    revision: str = setting(
+        layout.DEFAULT_REVISION, env="MESHCTL_INJECT_REVISION", flag="--revision"
+    )
     proxy_uid: int = setting(
         1337, env="MESHCTL_INJECT_PROXY_UID", flag="--proxy-uid", parse=PROXY_ID
     )
@@ -54,7 +56,7 @@ class InjectSettings:
     # Empty: the control plane of this revision (``meshctl controlplane run``'s Service).
     ca_address: str = setting("", env="MESHCTL_CA_ADDRESS")
     token_audience: str = setting("meshctl-ca", env="MESHCTL_TOKEN_AUDIENCE")
-    root_ca_configmap: str = setting("meshctl-ca-root-cert", env="MESHCTL_ROOT_CA_CONFIGMAP")
+    root_ca_configmap: str = setting(layout.ROOT_CONFIGMAP, env="MESHCTL_ROOT_CA_CONFIGMAP")
     # Proxy resources unless the pod's sidecar.istio.io/proxy* annotations say otherwise.
     proxy_cpu: str = setting("100m", env="MESHCTL_INJECT_PROXY_CPU")
     proxy_memory: str = setting("128Mi", env="MESHCTL_INJECT_PROXY_MEMORY")
@@ -117,10 +119,7 @@ class InjectSettings:
         (``meshctl-controlplane[-<rev>].meshctl-system.svc:15012``, as istiod[-<rev>])."""
         if self.ca_address:
             return self.ca_address
-        service = "meshctl-controlplane" + (
-            "" if self.revision == "default" else f"-{self.revision}"
-        )
-        return f"{service}.meshctl-system.svc:15012"
+        return layout.control_plane_address(layout.MESH_NAMESPACE, self.revision)
 
     @property
     def gid(self) -> int:

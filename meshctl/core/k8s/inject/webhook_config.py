@@ -22,6 +22,7 @@ from typing import Any
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject.admission import INJECT_PATH
 from meshctl.core.k8s.inject.pipeline import IGNORED_NAMESPACES
+from meshctl.core.k8s.layout import MESH_NAMESPACE
 from meshctl.errors import ConfigError
 
 NAMESPACE_LABEL = "meshctl-injection"
@@ -37,7 +38,7 @@ class WebhookTarget:
 
     url: str | None = None
     service: str | None = None
-    namespace: str = "meshctl-system"
+    namespace: str = MESH_NAMESPACE
     port: int = 443
     path: str = INJECT_PATH
 

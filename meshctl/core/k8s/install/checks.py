@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict
 
 from meshctl.errors import EXIT_CHECK_FAILED
 
@@ -63,6 +63,27 @@ class Check:
     # A fatal failure ends the run: nothing after it can give a meaningful answer.
     fatal: bool = False
     workload: bool = False  # only with --workload
+
+
+class ReportedCheck(TypedDict):
+    """One check in the JSON report (``linkerd check -o json``'s fields)."""
+
+    description: str
+    result: str  # an Outcome's value
+    message: NotRequired[str]
+    error: NotRequired[str]  # failures and warnings: what was found
+    hint: NotRequired[str]
+    details: NotRequired[list[str]]
+
+
+class ReportedCategory(TypedDict):
+    categoryName: str
+    checks: list[ReportedCheck]
+
+
+class Report(TypedDict):
+    success: bool
+    categories: list[ReportedCategory]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,14 +142,14 @@ def report_text(ran: Sequence[Ran]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report_json(ran: Sequence[Ran]) -> dict[str, Any]:
+def report_json(ran: Sequence[Ran]) -> Report:
     """``linkerd check -o json``'s shape: success, then categories of checks with results."""
-    categories: list[dict[str, Any]] = []
+    categories: list[ReportedCategory] = []
     for item in ran:
         if not categories or categories[-1]["categoryName"] != item.check.category:
             categories.append({"categoryName": item.check.category, "checks": []})
         result = _sane(item.result)
-        entry: dict[str, Any] = {
+        entry: ReportedCheck = {
             "description": item.check.description,
             "result": result.outcome.value,
         }

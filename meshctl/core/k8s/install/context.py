@@ -6,7 +6,7 @@ read (a Deployment, the root certificate) so each object is fetched once per run
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,12 +35,12 @@ class CheckContext:
             if r.component == component and (kind is None or r.kind == kind)
         ]
 
-    def live(self, item: Rendered) -> dict[str, Any] | None:
+    def live(self, item: Rendered) -> Mapping[str, object] | None:
         """The live object behind ``item``, read once per run."""
         key = ("live", item.key)
         if key not in self.memo:
             self.memo[key] = self.cluster.get(item.object)
-        value: dict[str, Any] | None = self.memo[key]
+        value: Mapping[str, object] | None = self.memo[key]
         return value
 
 

@@ -12,7 +12,7 @@ in it).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from meshctl import __version__
 from meshctl.core.k8s.install.components import Component, Object, Registry, Values
 from meshctl.core.k8s.install.values import non_defaults
 from meshctl.errors import MeshctlError
+from meshctl.structured import Json
 
 FIELD_MANAGER = "meshctl"
 COMPONENT_LABEL = "install.meshctl.io/component"
@@ -79,10 +80,32 @@ class Key:
         return f"{self.kind} {where}"
 
 
-def key_of(obj: Object) -> Key:
-    meta = obj.get("metadata") or {}
+def key_of(obj: Mapping[str, object]) -> Key:
+    meta = _mapping(obj.get("metadata"))
     group = str(obj.get("apiVersion", "")).rpartition("/")[0]
     return Key(group, str(obj.get("kind", "")), str(meta.get("namespace") or ""), str(meta["name"]))
+
+
+def _mapping(value: object) -> Mapping[str, object]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def count(obj: Mapping[str, object], *path: str, default: int = 0) -> int:
+    """The whole number at ``path`` of a JSON object (a status count), or ``default`` where it
+    is missing or not one."""
+    found = lookup(obj, *path)
+    return found if isinstance(found, int) and not isinstance(found, bool) else default
+
+
+def lookup(obj: Mapping[str, object], *path: str) -> object:
+    """The value at ``path`` of a JSON object (read from a cluster: its shape is not ours), or
+    None where a step is missing or not a mapping."""
+    node: object = obj
+    for part in path:
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,12 +136,13 @@ def selector(revision: str | None) -> str:
     return f"{COMPONENT_LABEL},{REVISION_LABEL}={revision}"
 
 
-def stamp(obj: Object, component: str, revision: str | None) -> Object:
+def stamp(obj: Object, component: str, revision: str | None) -> dict[str, Json]:
     """A copy of ``obj`` with the install's labels on its metadata."""
     # Through JSON, not deepcopy: a manifest may share one labels dict between the object and
     # its pod template, and deepcopy would keep them shared (stamping the pods too).
-    out: Object = json.loads(json.dumps(obj))
-    labels = out.setdefault("metadata", {}).setdefault("labels", {})
+    out: dict[str, Json] = json.loads(json.dumps(obj))
+    meta = dict(_json_mapping(out.get("metadata")))
+    labels = dict(_json_mapping(meta.get("labels")))
     labels[MANAGED_BY_LABEL] = MANAGED_BY
     labels.setdefault(PART_OF_LABEL, "meshctl")
     labels[COMPONENT_LABEL] = component
@@ -126,7 +150,13 @@ def stamp(obj: Object, component: str, revision: str | None) -> Object:
         labels.pop(REVISION_LABEL, None)
     else:
         labels[REVISION_LABEL] = revision
+    meta["labels"] = labels
+    out["metadata"] = meta
     return out
+
+
+def _json_mapping(value: Json) -> Mapping[str, Json]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def namespace_object(name: str) -> Object:
@@ -141,13 +171,13 @@ def namespace_object(name: str) -> Object:
 
 def own_objects(registry: Registry, values: Values) -> list[Rendered]:
     """The namespace (shared) and this revision's install record."""
-    namespace = {
+    namespace: Object = {
         "apiVersion": "v1",
         "kind": "Namespace",
         "metadata": {"name": values.namespace},
     }
     defaults = registry.resolve(profile=values.profile)
-    record = {
+    record: Object = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": values.revisioned(RECORD_NAME), "namespace": values.namespace},
@@ -158,7 +188,9 @@ def own_objects(registry: Registry, values: Values) -> list[Rendered]:
             "components": ",".join(c.name for c in registry.enabled(values)),
             # What the user changed from the profile: verify re-renders the same manifest.
             "values.json": json.dumps(
-                non_defaults(values.data, defaults.data), sort_keys=True, separators=(",", ":")
+                non_defaults(values.data(), defaults.data()),
+                sort_keys=True,
+                separators=(",", ":"),
             ),
         },
     }
@@ -185,17 +217,17 @@ def render(registry: Registry, values: Values) -> list[Rendered]:
     return sorted(out, key=lambda r: (kind_rank(r.kind), phase.get(r.component, -1)))
 
 
-def _component_objects(component: Component, values: Values) -> list[Rendered]:
+def _component_objects(component: Component[Any], values: Values) -> list[Rendered]:
     revision = values.revision if component.revisioned else None
     rendered = []
-    for obj in component.render(values):
+    for obj in component.objects(values):
         for field in ("apiVersion", "kind"):
             if not obj.get(field):
                 raise MeshctlError(
                     f"component {component.name} rendered an object without {field}",
                     hint="report this to the component's maintainers",
                 )
-        if not (obj.get("metadata") or {}).get("name"):
+        if not _mapping(obj.get("metadata")).get("name"):
             raise MeshctlError(
                 f"component {component.name} rendered a {obj['kind']} without a name",
                 hint="report this to the component's maintainers",
@@ -219,13 +251,13 @@ def documents(items: Sequence[Rendered]) -> list[Object]:
     return [item.object for item in items]
 
 
-def revision_of(obj: Object) -> str | None:
-    labels: dict[str, Any] = (obj.get("metadata") or {}).get("labels") or {}
+def revision_of(obj: Mapping[str, object]) -> str | None:
+    labels = _mapping(_mapping(obj.get("metadata")).get("labels"))
     value = labels.get(REVISION_LABEL)
     return str(value) if value is not None else None
 
 
-def component_of(obj: Object) -> str | None:
-    labels: dict[str, Any] = (obj.get("metadata") or {}).get("labels") or {}
+def component_of(obj: Mapping[str, object]) -> str | None:
+    labels = _mapping(_mapping(obj.get("metadata")).get("labels"))
     value = labels.get(COMPONENT_LABEL)
     return str(value) if value is not None else None

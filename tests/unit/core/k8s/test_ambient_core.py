@@ -10,6 +10,7 @@ from meshctl.core.capture.render import render
 from meshctl.core.capture.rules import Family
 from meshctl.core.capture.settings import settings_from_args
 from meshctl.core.k8s import ambient
+from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 
 AMBIENT = {ambient.DATAPLANE_MODE: ambient.MODE_AMBIENT}
 NONE = {ambient.DATAPLANE_MODE: ambient.MODE_NONE}
@@ -69,18 +70,30 @@ def test_excluded_namespaces_are_never_enrolled():
     assert not decision.enrolled
 
 
-def test_capture_arguments_build_the_in_pod_rules():
-    args = ambient.capture_args(pod())
-    assert args == ["--mode", "ambient"]
-    settings = settings_from_args(args)
-    assert settings.mode == "ambient"
-    assert settings_from_args(ambient.capture_args(pod(), dns=True)).redirect_dns
+def test_capture_settings_are_what_iptables_apply_builds_from_the_same_flags():
+    ambient_mode = ["--mode", "ambient"]
+    assert ambient.capture_settings(pod()) == settings_from_args(ambient_mode)
+    assert ambient.capture_settings(pod(), dns=True) == settings_from_args(
+        [*ambient_mode, "--redirect-dns", "--capture-all-dns"]
+    )
+    assert ambient.capture_settings(pod(), ipv6=True) == settings_from_args(
+        [*ambient_mode, "--dual-stack"]
+    )
+    virt = ambient.capture_settings(pod(annotations={ambient.VIRTUAL_INTERFACES: "tun0, tun1"}))
+    assert virt == settings_from_args([*ambient_mode, "--kube-virt-interfaces", "tun0,tun1"])
+    assert virt.kube_virt_interfaces == ("tun0", "tun1")
     asks = pod(annotations={ambient.DNS_CAPTURE: "true"})
     assert ambient.dns_requested(asks, default=False)
     assert not ambient.dns_requested(pod(annotations={ambient.DNS_CAPTURE: "false"}), default=True)
     assert ambient.dns_requested(pod(), default=True)
-    virt = ambient.capture_args(pod(annotations={ambient.VIRTUAL_INTERFACES: "tun0, tun1"}))
-    assert settings_from_args(virt).kube_virt_interfaces == ("tun0", "tun1")
+
+
+def test_a_virtual_interfaces_annotation_naming_no_interface_is_refused_naming_it():
+    bad = pod(annotations={ambient.VIRTUAL_INTERFACES: "tun0, not an/interface"})
+    with pytest.raises(InvalidAnnotationError) as caught:
+        ambient.capture_settings(bad)
+    assert ambient.VIRTUAL_INTERFACES in caught.value.message
+    assert "interface name" in (caught.value.hint or "")
 
 
 def test_pod_ips_from_status():

@@ -24,6 +24,7 @@ from meshctl_plugins.cni.podstate import PodState
 from meshctl_plugins.cni.zdsserver import OnSnapshot, ProxyUnavailableError, Snapshot
 
 from meshctl.core.backoff import Backoff
+from meshctl.core.capture.settings import CaptureSettings
 from meshctl.core.k8s import ambient
 from meshctl.core.wire import zds
 from meshctl.kube.resources import NAMESPACES, PODS, Resource
@@ -33,30 +34,30 @@ NODE = "node-a"
 
 
 class StandInKernel:
-    """Each netns's rules (the ``iptables apply`` arguments last applied) and the node's."""
+    """Each netns's rules (the capture settings last applied) and the node's."""
 
     def __init__(self) -> None:
         self.host_error = ""
-        self.rules: dict[str, list[str]] = {}
+        self.rules: dict[str, CaptureSettings] = {}
         self.host_ips: frozenset[str] = frozenset()
         self.fail_apply: dict[str, str] = {}  # netns -> the error applying its rules raises
         self.fail_clean: dict[str, str] = {}
         self.applied: list[tuple[str, float]] = []  # (netns, when) of every attempt
         self.closed = False
 
-    async def apply_pod(self, netns: str, args: list[str]) -> None:
+    async def apply_pod(self, netns: str, capture: CaptureSettings) -> None:
         self.applied.append((netns, time.monotonic()))
         if netns in self.fail_apply:
             raise KernelError(self.fail_apply[netns])
-        self.rules[netns] = args
+        self.rules[netns] = capture
 
     async def clean_pod(self, netns: str) -> None:
         if netns in self.fail_clean:
             raise KernelError(self.fail_clean[netns])
         self.rules.pop(netns, None)
 
-    async def dry_run_pod(self, netns: str | None, args: list[str]) -> str:
-        return "" if netns is None or self.rules.get(netns) == args else "*nat\n"
+    async def dry_run_pod(self, netns: str | None, capture: CaptureSettings) -> str:
+        return "" if netns is None or self.rules.get(netns) == capture else "*nat\n"
 
     def sync_host(self, ips: frozenset[str]) -> None:
         self.host_ips = ips

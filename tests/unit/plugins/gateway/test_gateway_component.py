@@ -28,4 +28,4 @@ def test_the_registry_renders_the_gateway_from_its_plugin_in_the_demo_profile():
     gateway = registry.by_name["gateway"]
     assert type(gateway).__module__ == "meshctl.core.k8s.install.components"
     assert gateway.render.__module__ == "meshctl_plugins.gateway.component"
-    assert gateway.profiles == {"demo": {"enabled": True}}
+    assert list(gateway.profiles) == ["demo"]

@@ -42,7 +42,7 @@ SEED_003 = {
 
 def our_webhooks(revision: str = "default") -> list[dict]:
     registry = components.load()
-    values = registry.resolve(profile="default", flags={"revision": revision})
+    values = registry.resolve(profile="default", revision=revision)
     return [
         r.object for r in mf.render(registry, values) if r.kind == "MutatingWebhookConfiguration"
     ]

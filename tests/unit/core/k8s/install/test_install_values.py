@@ -3,23 +3,36 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import pytest
 
 from meshctl.core.k8s.install import values as v
-from meshctl.core.k8s.install.components import Component, Registry
+from meshctl.core.k8s.install.components import Component, NoValues, Registry
 from meshctl.errors import ConfigError
 
 
-def component(name: str, profiles: dict, **schema: v.Field) -> Component:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlaneValues:
+    replicas: int = v.value(2, minimum=1, help="replicas")
+    dirs: tuple[str, ...] = v.value(("a",), check=v.dns_label)
+    debug: bool = v.value(False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeValues:
+    bin_dir: str = v.value("/opt/cni/bin")
+
+
+def component(name: str, values_type: type, profiles: dict) -> Component:
     return Component(
         name=name,
         title=name.title(),
         phase=10,
         revisioned=True,
-        schema=schema,
+        values_type=values_type,
         profiles=profiles,
-        render=lambda values: [],
+        render=lambda values, own: [],
     )
 
 
@@ -29,16 +42,10 @@ def registry() -> Registry:
         [
             component(
                 "plane",
-                {"default": {"enabled": True}, "minimal": {"enabled": True, "replicas": 1}},
-                replicas=v.Field(kind="int", default=2, minimum=1, help="replicas"),
-                dirs=v.Field(kind="strings", default=["a"], check=v.dns_label),
-                debug=v.Field(kind="bool", default=False),
+                PlaneValues,
+                {"default": PlaneValues(), "minimal": PlaneValues(replicas=1)},
             ),
-            component(
-                "node",
-                {"default": {"enabled": True}},
-                binDir=v.Field(kind="string", default="/opt/cni/bin"),
-            ),
+            component("node", NodeValues, {"default": NodeValues()}),
         ]
     )
 
@@ -48,7 +55,55 @@ def test_profiles_come_from_the_components_default_first(registry):
     assert registry.resolve(profile=None).enabled("node")
     minimal = registry.resolve(profile="minimal")
     assert not minimal.enabled("node")
-    assert minimal.component("plane")["replicas"] == 1
+    assert minimal.own("plane", PlaneValues).replicas == 1
+
+
+def test_a_values_type_is_its_schema_with_camel_case_keys_and_its_defaults():
+    schema = v.schema_of(PlaneValues)
+    assert list(schema) == ["replicas", "dirs", "debug"]
+    assert (schema["replicas"].kind, schema["replicas"].default) == ("int", 2)
+    assert (schema["dirs"].kind, schema["dirs"].default) == ("strings", ["a"])
+    assert v.schema_of(NodeValues)["binDir"].default == "/opt/cni/bin"
+    assert v.from_data(NodeValues, {"binDir": "/x"}) == NodeValues(bin_dir="/x")
+    assert v.to_data(PlaneValues(dirs=("b", "c"))) == {
+        "replicas": 2,
+        "dirs": ["b", "c"],
+        "debug": False,
+    }
+
+
+def test_a_values_field_of_another_type_is_refused():
+    @dataclass(frozen=True)
+    class Odd:
+        ratio: float = v.value(0.5)
+
+    with pytest.raises(TypeError, match=r"Odd\.ratio"):
+        v.schema_of(Odd)
+
+
+def test_values_are_typed_objects_past_resolve(registry):
+    values = registry.resolve(profile=None, assignments=["components.plane.dirs=x,y"])
+    plane = values.own("plane", PlaneValues)
+    assert plane == PlaneValues(dirs=("x", "y"))
+    with pytest.raises(TypeError, match="component node's values are a NodeValues"):
+        values.own("node", PlaneValues)
+    everything = values.with_enabled(["plane"])
+    assert (everything.enabled("plane"), everything.enabled("node")) == (True, False)
+    assert everything.data()["components"] == {
+        "plane": {"enabled": True, "replicas": 2, "dirs": ["x", "y"], "debug": False},
+        "node": {"enabled": False, "binDir": "/opt/cni/bin"},
+    }
+
+
+def test_the_namespace_flag_is_checked_as_a_value_naming_the_flag(registry):
+    assert registry.resolve(profile=None, namespace="mesh").namespace == "mesh"
+    with pytest.raises(ConfigError, match=re.escape("--namespace Mesh: namespace: 'Mesh' must")):
+        registry.resolve(profile=None, namespace="Mesh")
+
+
+def test_a_component_without_values_has_only_enabled():
+    crds = component("crds", NoValues, {"default": NoValues()})
+    assert list(crds.full_schema()) == ["enabled"]
 
 
 def test_set_types_values_by_the_schema_and_later_sources_win(registry, tmp_path):
@@ -61,11 +116,12 @@ def test_set_types_values_by_the_schema_and_later_sources_win(registry, tmp_path
             "components.plane.dirs=x,y",
             "components.node.binDir=1.0",
         ],
-        flags={"revision": "canary", "namespace": None},
+        revision="canary",
+        namespace=None,
     )
-    plane = values.component("plane")
-    assert (plane["replicas"], plane["debug"], plane["dirs"]) == (3, True, ["x", "y"])
-    assert values.component("node")["binDir"] == "1.0"  # a string field keeps the text
+    plane = values.own("plane", PlaneValues)
+    assert (plane.replicas, plane.debug, plane.dirs) == (3, True, ("x", "y"))
+    assert values.own("node", NodeValues).bin_dir == "1.0"  # a string field keeps the text
     assert values.image == "r/m:1.0"
     assert values.revision == "canary"
     assert values.revisioned("meshctl-x") == "meshctl-x-canary"
@@ -116,7 +172,7 @@ def test_a_file_names_the_profile_unless_the_flag_does(registry):
         ),
         ({"profile": "ambient"}, "--profile: unknown profile 'ambient'"),
         (
-            {"flags": {"revision": "Canary"}},
+            {"revision": "Canary"},
             "--revision Canary: revision: 'Canary' must be a DNS-1123",
         ),
     ],
@@ -143,7 +199,7 @@ def test_non_defaults_keep_only_what_changed():
 
 def test_duplicate_component_names_are_refused():
     with pytest.raises(ConfigError, match="two installed components"):
-        Registry([component("x", {}), component("x", {})])
+        Registry([component("x", NoValues, {}), component("x", NoValues, {})])
 
 
 def test_every_number_an_installed_component_takes_has_both_bounds():
@@ -161,7 +217,7 @@ def test_every_number_an_installed_component_takes_has_both_bounds():
     found = [
         (f"components.{c.name}.{path}", field)
         for c in registry.components
-        for path, field in ints(c.schema)
+        for path, field in ints(c.full_schema())
     ]
     assert found
     for path, field in found:
