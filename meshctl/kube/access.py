@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshctl.core.k8s.schema import SubjectAccessReviewStatus
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import SELF_SUBJECT_ACCESS_REVIEWS
@@ -44,5 +45,6 @@ def review(kube: Kube, access: Access) -> tuple[bool, str]:
         "kind": SELF_SUBJECT_ACCESS_REVIEWS.kind,
         "spec": {"resourceAttributes": attributes},
     }
-    status = objects.create(kube, SELF_SUBJECT_ACCESS_REVIEWS, body).get("status") or {}
+    answer = objects.create(kube, SELF_SUBJECT_ACCESS_REVIEWS, body)
+    status = answer.get("status") or SubjectAccessReviewStatus()
     return bool(status.get("allowed")), str(status.get("reason") or "")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from meshctl.core.k8s.schema import TokenReviewStatus, UserInfo
 from meshctl.core.pki.callers import TokenVerdict
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
@@ -23,8 +24,8 @@ def review_token(kube: Kube, token: str, audiences: Sequence[str]) -> TokenVerdi
         "spec": {"token": token, "audiences": list(audiences)},
     }
     answer = objects.create(kube, TOKEN_REVIEWS, body)
-    status = answer.get("status") or {}
-    user = status.get("user") or {}
+    status = answer.get("status") or TokenReviewStatus()
+    user = status.get("user") or UserInfo()
     extra = user.get("extra") or {}
     return TokenVerdict(
         authenticated=bool(status.get("authenticated")),

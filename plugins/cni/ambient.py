@@ -29,19 +29,19 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from meshctl.core.backoff import Backoff
 from meshctl.core.k8s import ambient
-from meshctl.core.k8s.cni.spec import AGENT_RELEASED
+from meshctl.core.k8s.cni.spec import AGENT_RELEASED, PluginEvent
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.core.k8s.schema import Namespace, Pod
 from meshctl.core.wire import zds
 from meshctl.kube.resources import NAMESPACES, PODS
-from meshctl.kube.watch import WatchEvent
 from meshctl.kube.workqueue import RETRY_BACKOFF, GiveUp, Retry, WorkQueue
 
-from .apiserver import PodApi, PodSource
-from .health import health_report
+from .apiserver import PodApi, PodEvent, PodSource
+from .health import EnrollmentRecord, HealthReport, health_report
 from .kernelsteps import Kernel, KernelError, KernelSteps
 from .netnsdir import NetnsDir
 from .podstate import (
@@ -98,7 +98,7 @@ class AmbientAgent:
         self.source = source
         self.api = api
         self.pods: dict[str, PodState] = {}
-        self.namespaces: dict[str, dict[str, Any]] = {}
+        self.namespaces: dict[str, Namespace] = {}
         self.synced = asyncio.Event()
         self._synced_kinds: set[str] = set()
         self.kernel: Kernel = kernel or KernelSteps(
@@ -181,13 +181,13 @@ class AmbientAgent:
             async for event in events:
                 self._on_event(event)
 
-    def _on_event(self, event: WatchEvent) -> None:
+    def _on_event(self, event: PodEvent) -> None:
         try:
             self._apply_event(event)
         except Exception:  # one bad object must not stop the watch's consumer
             log.exception("%s event %s failed", _plural(event), event.type)
 
-    def _apply_event(self, event: WatchEvent) -> None:
+    def _apply_event(self, event: PodEvent) -> None:
         kind = _plural(event)
         if event.type == "SYNCED":
             self._synced_kinds.add(kind)
@@ -207,7 +207,7 @@ class AmbientAgent:
             if event.type == "DELETED":
                 self.namespaces.pop(name, None)
             else:
-                self.namespaces[name] = obj
+                self.namespaces[name] = cast(Namespace, obj)  # the event's resource says so
             for state in list(self.pods.values()):
                 if state.namespace == name:
                     self.kick(state)
@@ -219,7 +219,7 @@ class AmbientAgent:
         if event.type == "DELETED":
             state.pod = None
         else:
-            state.pod = obj
+            state.pod = cast(Pod, obj)  # not a Namespace: a Pod
             state.annotated = (meta.get("annotations") or {}).get(ambient.REDIRECTION)
         self.kick(state)
 
@@ -256,7 +256,7 @@ class AmbientAgent:
         if self.synced.is_set():
             self.queue.add(state.uid)
 
-    async def cni_add(self, event: dict[str, Any]) -> tuple[int, str]:
+    async def cni_add(self, event: PluginEvent) -> tuple[int, str]:
         """A sandbox was set up (the plugin's ``/cmdadd``): remember its netns; enroll it now
         when the plugin found it enrolled, and answer only once that is done."""
         pod = event.get("pod") if isinstance(event.get("pod"), dict) else None
@@ -289,7 +289,7 @@ class AmbientAgent:
                 return 500, str(exc)
         return 200, f"pod {state.ref} captured and served"
 
-    async def cni_del(self, event: dict[str, Any]) -> tuple[int, str]:
+    async def cni_del(self, event: PluginEvent) -> tuple[int, str]:
         """A sandbox is being torn down: undo everything for it (the netns may still exist)."""
         uid = str(event.get("podUid") or "")
         state = self.pods.get(uid) if uid else self._by_name(event)
@@ -519,7 +519,7 @@ class AmbientAgent:
 
     # -- health (what verify reads) -----------------------------------------------------------
 
-    async def health(self, *, dry_run: bool = False) -> dict[str, Any]:
+    async def health(self, *, dry_run: bool = False) -> HealthReport:
         """Whether a pod can be enrolled on this node now (``health.health_report``)."""
         return await health_report(
             self.pods.values(),
@@ -534,7 +534,7 @@ class AmbientAgent:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def enrollment(self) -> list[dict[str, Any]]:
+    def enrollment(self) -> list[EnrollmentRecord]:
         """Each known pod's enrollment as the agent holds it (``/status``; the annotation it
         wrote, or would write without an API server, and whether a node proxy acknowledged)."""
         return [
@@ -556,7 +556,7 @@ class AmbientAgent:
             state = self.pods[uid] = PodState(uid, namespace, name)
         return state
 
-    def _by_name(self, event: dict[str, Any]) -> PodState | None:
+    def _by_name(self, event: PluginEvent) -> PodState | None:
         ns, name = event.get("podNamespace"), event.get("podName")
         return next((s for s in self.pods.values() if (s.namespace, s.name) == (ns, name)), None)
 
@@ -589,9 +589,9 @@ class AmbientAgent:
         self._state_file.save(self.pods.values())
 
 
-def _plural(event: WatchEvent) -> str:
+def _plural(event: PodEvent) -> str:
     return event.resource.plural if event.resource is not None else ""
 
 
-def _running(pod: dict[str, Any] | None) -> bool:
+def _running(pod: Pod | None) -> bool:
     return bool(pod) and ((pod or {}).get("status") or {}).get("phase") == "Running"

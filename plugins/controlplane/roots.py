@@ -18,6 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from meshctl.core.k8s.schema import KubeObject, Namespace
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.informer import Informers, subscribe
@@ -66,7 +67,7 @@ class RootPublisher:
         finally:
             self._queue = None
 
-    async def _follow(self, events: AsyncIterator[WatchEvent], queue: WorkQueue[str]) -> None:
+    async def _follow(self, events: AsyncIterator[WatchEvent[Any]], queue: WorkQueue[str]) -> None:
         listed: set[str] = set()
         async for event in events:
             plural = event.resource.plural if event.resource is not None else ""
@@ -121,11 +122,11 @@ class RootPublisher:
         log.info("root certificate repaired in %s", namespace)
 
 
-def _name(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
+def _name(obj: KubeObject) -> str:
+    return str(obj.get("metadata", {}).get("name") or "")
 
 
-def _terminating(namespace: dict[str, Any]) -> bool:
-    meta = namespace.get("metadata") or {}
-    status = namespace.get("status") or {}
+def _terminating(namespace: Namespace) -> bool:
+    meta = namespace.get("metadata", {})
+    status = namespace.get("status", {})
     return bool(meta.get("deletionTimestamp")) or status.get("phase") == "Terminating"

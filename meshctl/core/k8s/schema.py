@@ -47,9 +47,31 @@ class KubeObject(TypedDict, total=False):
     metadata: ObjectMeta
 
 
-class ListMeta(TypedDict, total=False):
-    resourceVersion: str
-    # "continue" is a keyword: read with .get("continue") on the raw page.
+class APIResource(TypedDict, total=False):
+    name: str  # the plural; "pods/status" for a subresource
+    kind: str
+    namespaced: bool
+    verbs: list[str]
+
+
+class APIResourceList(TypedDict, total=False):
+    """What ``/api/v1`` or ``/apis/<group>/<version>`` answers (API discovery)."""
+
+    resources: list[APIResource]
+
+
+class GroupVersionForDiscovery(TypedDict, total=False):
+    groupVersion: str
+
+
+class APIGroup(TypedDict, total=False):
+    preferredVersion: GroupVersionForDiscovery
+
+
+class APIGroupList(TypedDict, total=False):
+    """What ``/apis`` answers."""
+
+    groups: list[APIGroup]
 
 
 # --- containers ---------------------------------------------------------------------------------
@@ -269,7 +291,7 @@ class Secret(KubeObject, total=False):
 
 
 class LeaseSpec(TypedDict, total=False):
-    holderIdentity: str
+    holderIdentity: str | None  # null: released
     leaseDurationSeconds: int
     acquireTime: str
     renewTime: str
@@ -328,6 +350,33 @@ class MutatingWebhook(TypedDict, total=False):
 
 class MutatingWebhookConfiguration(KubeObject, total=False):
     webhooks: list[MutatingWebhook]
+
+
+class UserInfo(TypedDict, total=False):
+    username: str
+    uid: str
+    groups: list[str]
+    extra: dict[str, list[str]]
+
+
+class TokenReviewStatus(TypedDict, total=False):
+    authenticated: bool
+    user: UserInfo
+    audiences: list[str]
+    error: str
+
+
+class TokenReview(KubeObject, total=False):
+    status: TokenReviewStatus
+
+
+class SubjectAccessReviewStatus(TypedDict, total=False):
+    allowed: bool
+    reason: str
+
+
+class SelfSubjectAccessReview(KubeObject, total=False):
+    status: SubjectAccessReviewStatus
 
 
 class Status(TypedDict, total=False):
