@@ -340,7 +340,7 @@ class Supervisor:
             self._send(child, channel.ReportRequest(request=token))
         if waits:
             await asyncio.wait(waits.values(), timeout=self._report_timeout)
-        reports: list[dict[str, Any]] = []
+        reports: list[channel.WorkerReport] = []
         missing: list[int] = []
         for index in range(self._workers):
             if index == asker.index:

@@ -25,6 +25,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from meshctl.core.mesh.records import Service, Workload
 from meshctl.core.pki.identity import SpiffeId
+from meshctl.core.wire.channel import FlowEnd, FlowFacts
 
 access_log = logging.getLogger("meshctl.access")
 
@@ -152,7 +153,7 @@ class Telemetry:
         build.labels("ztunnel", __version__).set(1)
         self.multiprocess_dir = ""
         self._children: dict[tuple[object, ...], _Children] = {}
-        self._open_gauges: dict[str, Any] = {}
+        self._open_gauges: dict[str, Gauge] = {}
 
     def children(
         self, reporter: str, src: Peer, dst: Peer, service: Service | None, *, mtls: bool
@@ -180,7 +181,7 @@ class Telemetry:
             )
         return found
 
-    def open_gauge(self, direction: str) -> Any:
+    def open_gauge(self, direction: str) -> Gauge:
         gauge = self._open_gauges.get(direction)
         if gauge is None:
             gauge = self._open_gauges[direction] = self.open_sockets.labels(direction)
@@ -341,10 +342,10 @@ class Flow:
         t.flows.discard(self)
         self._log(error=error)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> FlowFacts:
         """This connection for ``/config_dump``: both ends with their identities, bytes so far."""
 
-        def end(peer: Peer) -> dict[str, Any]:
+        def end(peer: Peer) -> FlowEnd:
             w = peer.workload
             return {
                 "addr": _addr(peer.addr),

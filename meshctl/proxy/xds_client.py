@@ -28,10 +28,12 @@ from google.protobuf import json_format, struct_pb2
 
 from meshctl import config, xds
 from meshctl.core.backoff import Backoff
+from meshctl.core.mesh.localconfig import LocalConfig
 from meshctl.core.mesh.records import Kind, Policy, Service, Workload
 from meshctl.core.mesh.render import render, update_to_plain
 from meshctl.core.mesh.store import Store, Update
 from meshctl.core.wire import channel
+from meshctl.core.wire.channel import DiscoveryFacts, TypeFacts
 from meshctl.core.xds.resources import AUTHORIZATION_TYPE, TYPES
 from meshctl.errors import ConfigError
 from meshctl.process import Feed
@@ -151,9 +153,9 @@ class XdsClient:
 
     # -- state -----------------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> DiscoveryFacts:
         """What ``/config_dump`` shows (ztunnel-style names)."""
-        types = {
+        types: dict[str, TypeFacts] = {
             t: {
                 "subscription": "wildcard",
                 "acked": s.acked,
@@ -439,7 +441,7 @@ class XdsFeed(Feed):
         self._generation = 0
         self._pending: list[channel.Message] = []
         self._sent_snapshot = False
-        self._sent_state: dict[str, Any] | None = None
+        self._sent_state: DiscoveryFacts | None = None
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
 
@@ -457,7 +459,7 @@ class XdsFeed(Feed):
 
     def _snapshot(self) -> channel.Workloads:
         store = self.client.store
-        document = {
+        document: LocalConfig = {
             "workloads": [render(w) for w in store.workloads],
             "services": [render(s) for s in store.services],
             "policies": [render(p) for p in store.policies],

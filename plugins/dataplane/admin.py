@@ -13,13 +13,20 @@ import json
 import logging
 import os
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from meshctl import __version__
 from meshctl.core.k8s.appprobes import is_probe_path
-from meshctl.core.wire.channel import Certs, CertSource
+from meshctl.core.wire.channel import (
+    CertificateFacts,
+    Certs,
+    CertSource,
+    Connections,
+    DiscoveryFacts,
+    WorkerReport,
+)
 from meshctl.proxy.responder import Response
 
 if TYPE_CHECKING:
@@ -30,6 +37,76 @@ if TYPE_CHECKING:
     from .app_probes import AppProbes
 
 log = logging.getLogger(__name__)
+
+
+class CertSourceFacts(TypedDict):
+    kind: str  # "files" or "ca"
+    caAddress: str
+    renewing: bool
+    lastError: str
+    failingSince: str
+    lastSuccess: str
+    nextRefresh: str
+
+
+class CertificateSummary(TypedDict):
+    """One identity's certificates in ``/config_dump`` (ztunnel's ``certificates`` entries)."""
+
+    identity: str
+    state: str  # Available, Expired, Unavailable (none yet)
+    certChain: NotRequired[list[CertificateFacts]]
+    rootCerts: NotRequired[list[CertificateFacts]]
+    source: NotRequired[CertSourceFacts]
+
+
+class PodInfo(TypedDict):
+    name: str
+    namespace: str
+    serviceAccount: str
+
+
+class PodState(TypedDict):
+    """One enrolled pod (node mode): ztunnel's ``workloadState`` entry, with its sockets."""
+
+    info: PodInfo
+    state: str
+    netns: str
+    listeners: dict[str, str]  # role -> address
+    identity: str
+    certificate: CertificateSummary
+
+
+class WorkerShare(TypedDict):
+    index: int
+    pid: int
+    inboundTunnels: int
+    pooled: int
+    open: int
+
+
+class WorkerFacts(TypedDict):
+    index: int
+    of: int
+    pid: int
+
+
+class ConfigDump(TypedDict):
+    """``/config_dump``: ztunnel's shape, and each worker's share of the connections."""
+
+    version: str
+    config: dict[str, object]
+    worker: WorkerFacts  # the one that answered
+    workloads: list[dict[str, object]]
+    services: list[dict[str, object]]
+    policies: list[dict[str, object]]
+    certificates: list[CertificateSummary]
+    xds: DiscoveryFacts | dict[str, object]  # {} without a discovery client
+    connections: Connections
+    workers: list[WorkerShare]
+    workersMissing: list[int]
+    identity: NotRequired[str]  # sidecar mode: the workload's
+    workloadState: NotRequired[dict[str, PodState]]  # node mode: uid -> pod
+    podsSynced: NotRequired[bool]
 
 
 class State(Protocol):
@@ -52,15 +129,15 @@ class State(Protocol):
     @property
     def app_probes(self) -> AppProbes: ...
     @property
-    def xds_state(self) -> dict[str, Any]: ...
+    def xds_state(self) -> DiscoveryFacts | None: ...
 
     def served_identity(self) -> str | None: ...
     def not_ready_reason(self) -> str: ...
     def certificate_problem(self) -> str | None: ...
     def renewal_warning(self) -> str | None: ...
-    def certificate_summary(self) -> list[dict[str, Any]]: ...
-    def connection_report(self) -> dict[str, Any]: ...
-    def workload_state(self) -> dict[str, Any]: ...
+    def certificate_summary(self) -> list[CertificateSummary]: ...
+    def connection_report(self) -> Connections: ...
+    def workload_state(self) -> dict[str, PodState]: ...
     async def gather_reports(self, timeout: float = 2.0) -> channel.Gathered: ...
     def request_quit(self) -> None: ...
 
@@ -121,7 +198,7 @@ class Endpoints:
             return text(200, "OK\n")
         return text(404, "not found\n")
 
-    async def config_dump(self) -> dict[str, Any]:
+    async def config_dump(self) -> ConfigDump:
         """ztunnel's shape: workloads, services, policies, certificates, config, version.
 
         Workloads, policies and certificates are the same in every worker (one feed); the
@@ -131,22 +208,25 @@ class Endpoints:
         """
         rt = self.rt
         store = rt.store
-        own = {
+        own: WorkerReport = {
             "worker": rt.config.worker,
             "pid": os.getpid(),
             "connections": rt.connection_report(),
         }
         gathered = await rt.gather_reports()
         reports = sorted([own, *gathered.reports], key=lambda r: int(r["worker"]))
-        connections: dict[str, Any] = {
-            key: sum(int(r["connections"][key]) for r in reports)
-            for key in ("inbound_tunnels", "pooled", "open")
+        connections: Connections = {
+            "inbound_tunnels": sum(int(r["connections"]["inbound_tunnels"]) for r in reports),
+            "pooled": sum(int(r["connections"]["pooled"]) for r in reports),
+            "open": sum(int(r["connections"]["open"]) for r in reports),
+            "flows": [
+                {**flow, "worker": r["worker"]}
+                for r in reports
+                for flow in r["connections"]["flows"]
+            ],
         }
-        connections["flows"] = [
-            {**flow, "worker": r["worker"]} for r in reports for flow in r["connections"]["flows"]
-        ]
         hidden = ("listeners", "pod_channel")
-        dump: dict[str, Any] = {
+        dump: ConfigDump = {
             "version": __version__,
             "config": {k: v for k, v in _fields(rt.config).items() if k not in hidden},
             # The worker that answered; ``workers`` below lists each one's share.
@@ -157,7 +237,7 @@ class Endpoints:
             "certificates": rt.certificate_summary(),
             # The discovery client's view (empty with a local config): connection, per type
             # subscription, ACKed nonce, resources held, NACKs.
-            "xds": rt.xds_state,
+            "xds": rt.xds_state or {},
             "connections": connections,
             "workers": [
                 {
@@ -184,18 +264,18 @@ class Endpoints:
 
 def certificate_summary(
     certs: Certs, identity: str, source: CertSource | None = None
-) -> list[dict[str, Any]]:
+) -> list[CertificateSummary]:
     """The ``certificates`` section: identity, state, each certificate's validity, and where
     the certificates come from (files, or the CA with the state of its renewal)."""
-    chain = [dict(f) for f in certs.chain_facts]
+    chain = [f.copy() for f in certs.chain_facts]
     state = "Available"
     if chain and datetime.fromisoformat(chain[0]["expirationTime"]) <= datetime.now(UTC):
         state = "Expired"
-    entry: dict[str, Any] = {
+    entry: CertificateSummary = {
         "identity": identity,
         "state": state,
         "certChain": chain,
-        "rootCerts": [dict(f) for f in certs.root_facts],
+        "rootCerts": [f.copy() for f in certs.root_facts],
     }
     if source is not None:
         entry["source"] = {
@@ -210,15 +290,15 @@ def certificate_summary(
     return [entry]
 
 
-def _fields(obj: Any) -> dict[str, Any]:
+def _fields(obj: Any) -> dict[str, object]:
     from dataclasses import fields
 
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
-def _record(obj: Any) -> dict[str, Any]:
+def _record(obj: Any) -> dict[str, object]:
     """A store record as JSON-friendly camelCase data."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in _fields(obj).items():
         if key.startswith("_"):
             continue

@@ -28,6 +28,7 @@ from meshctl.core.mesh.render import update_from_plain
 from meshctl.core.mesh.store import Store
 from meshctl.core.pki.identity import parse_workload_ref
 from meshctl.core.wire import channel
+from meshctl.core.wire.channel import Connections, DiscoveryFacts
 from meshctl.core.wire.hbone import TunnelSettings
 from meshctl.proxy import tls
 from meshctl.proxy.responder import serve
@@ -58,7 +59,7 @@ class Runtime:
         self.identities: dict[str, tuple[channel.Certs, tls.TlsContexts]] = {}
         self.cert_source: channel.CertSource | None = None
         self.workloads_generation = -1
-        self.xds_state: dict[str, Any] = {}  # the supervisor's discovery client, if it has one
+        self.xds_state: DiscoveryFacts | None = None  # the supervisor's discovery client's
         self.tunnel_settings = TunnelSettings()
         self.own_ports: frozenset[int] = frozenset()
         self.draining = False
@@ -121,8 +122,8 @@ class Runtime:
         own = self.locals.get("")
         return None if own is None else str(own.identity)
 
-    def certificate_summary(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def certificate_summary(self) -> list[admin.CertificateSummary]:
+        out: list[admin.CertificateSummary] = []
         for key, (certs, _) in sorted(self.identities.items()):
             identity = key or next((str(lo.identity) for lo in self.locals.values()), "")
             source = self.cert_source if not key else None
@@ -148,7 +149,7 @@ class Runtime:
             return None
         return f"certificate renewal failing since {source.failing_since}: {source.last_error}"
 
-    def connection_report(self) -> dict[str, Any]:
+    def connection_report(self) -> Connections:
         """This worker's connections, as ``/config_dump`` shows them (and a ``Report`` carries)."""
         return {
             "inbound_tunnels": sum(len(lo.inbound.tunnels) for lo in self.locals.values()),
@@ -157,10 +158,10 @@ class Runtime:
             "flows": [flow.describe() for flow in self.telemetry.flows],
         }
 
-    def workload_state(self) -> dict[str, Any]:
+    def workload_state(self) -> dict[str, admin.PodState]:
         """Node mode's ``workloadState`` (ztunnel's key): every enrolled pod, its netns, its
         listeners and its certificate."""
-        out: dict[str, Any] = {}
+        out: dict[str, admin.PodState] = {}
         for uid, lo in self.locals.items():
             if not uid:
                 continue
