@@ -7,11 +7,14 @@ Invariant: asks only about ourselves (what ``kubectl auth can-i`` asks); an unre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from meshctl.core.k8s.schema import SubjectAccessReviewStatus
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import SELF_SUBJECT_ACCESS_REVIEWS
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import SubjectAccessReviewStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,5 +49,5 @@ def review(kube: Kube, access: Access) -> tuple[bool, str]:
         "spec": {"resourceAttributes": attributes},
     }
     answer = objects.create(kube, SELF_SUBJECT_ACCESS_REVIEWS, body)
-    status = answer.get("status") or SubjectAccessReviewStatus()
+    status: SubjectAccessReviewStatus = answer.get("status") or {}
     return bool(status.get("allowed")), str(status.get("reason") or "")

@@ -10,14 +10,16 @@ turned off).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from meshctl.core.k8s.schema import APIGroupList, APIResourceList
 from meshctl.errors import KubeError
 from meshctl.kube import api
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import Resource
 from meshctl.kube.rest import ApiStatusError
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import APIGroupList, APIResourceList
 
 # A kind known only at run time (an install's manifests): whoever reads its objects knows the kind.
 Discovered = Resource[dict[str, Any]]
@@ -32,7 +34,7 @@ class Mapper:
         group, _, version = api_version.rpartition("/")
         path = f"/apis/{group}/{version}" if group else f"/api/{version}"
         try:
-            answer = cast(APIResourceList, api.request(self.kube, "GET", path))
+            answer = cast("APIResourceList", api.request(self.kube, "GET", path))
         except ApiStatusError as exc:
             if exc.status == 404:
                 return {}
@@ -76,7 +78,7 @@ class Mapper:
         version (what ``kubectl api-resources --verbs=list`` shows)."""
         found: list[Discovered] = []
         versions = ["v1"]
-        groups = cast(APIGroupList, api.request(self.kube, "GET", "/apis")).get("groups") or ()
+        groups = cast("APIGroupList", api.request(self.kube, "GET", "/apis")).get("groups") or ()
         for served in groups:
             preferred = (served.get("preferredVersion") or {}).get("groupVersion")
             if preferred:
@@ -85,7 +87,7 @@ class Mapper:
             group, _, ver = version.rpartition("/")
             path = f"/apis/{group}/{ver}" if group else f"/api/{ver}"
             try:
-                answer = cast(APIResourceList, api.request(self.kube, "GET", path))
+                answer = cast("APIResourceList", api.request(self.kube, "GET", path))
             except ApiStatusError:
                 continue  # an aggregated API that is down: listed as missing, not fatal
             for item in answer.get("resources") or ():

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from meshctl.core.k8s.schema import Pod
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.discovery import Discovered, Mapper
 from meshctl.kube.resources import EVENTS, PODS
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
 
 # An install's object, of a kind known at run time (the Mapper's): its reader knows the kind.
 Object = dict[str, Any]

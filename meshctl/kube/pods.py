@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
-from meshctl.core.k8s.schema import Pod
 from meshctl.kube.rest import ApiStatusError, ApiUnreachableError, RestConfig, get_json, pod_path
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +41,7 @@ def get_pod(
             found = get_json(
                 config, pod_path(namespace, name), timeout=max(0.1, min(timeout, left))
             )
-            return cast(Pod, found)
+            return cast("Pod", found)
         except ApiStatusError as exc:
             if exc.status not in _RETRIED_STATUS or time.monotonic() + delay > give_up:
                 raise

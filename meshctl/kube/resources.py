@@ -12,18 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote
 
-from meshctl.core.k8s.schema import (
-    KubeObject,
-    Lease,
-    Namespace,
-    Pod,
-    Secret,
-    SelfSubjectAccessReview,
-    TokenReview,
-)
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import (
+        KubeObject,
+        Lease,
+        Namespace,
+        Pod,
+        Secret,
+        SelfSubjectAccessReview,
+        TokenReview,
+    )
+
 
 # Covariant: a resource of Pods is a resource of objects (verbs hand objects out as the view;
 # what they send is any JSON object).

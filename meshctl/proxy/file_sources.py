@@ -15,7 +15,7 @@ import hashlib
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from meshctl import inputs, yamlread
 from meshctl.core.mesh.localconfig import (
@@ -37,6 +37,9 @@ from meshctl.core.wire import channel
 from meshctl.errors import UserError
 from meshctl.process import Feed
 from meshctl.structured import InputError
+
+if TYPE_CHECKING:
+    from meshctl.core.wire.dump import CertificateFacts
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ def certs_message(
     )
 
 
-def cert_facts(pem: str) -> tuple[channel.CertificateFacts, ...]:
+def cert_facts(pem: str) -> tuple[CertificateFacts, ...]:
     from meshctl.core.pki import certs as certs_mod
 
     return tuple(

@@ -18,14 +18,16 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from meshctl.core.mesh.records import Service, Workload
 from meshctl.core.pki.identity import SpiffeId
-from meshctl.core.wire.channel import FlowEnd, FlowFacts
+
+if TYPE_CHECKING:
+    from meshctl.core.wire.dump import FlowEnd, FlowFacts
 
 access_log = logging.getLogger("meshctl.access")
 

@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from meshctl import rpc  # first: it quiets grpc's C core logging before grpc loads
 
@@ -33,12 +33,14 @@ from meshctl.core.mesh.records import Kind, Policy, Service, Workload
 from meshctl.core.mesh.render import render, update_to_plain
 from meshctl.core.mesh.store import Store, Update
 from meshctl.core.wire import channel
-from meshctl.core.wire.channel import DiscoveryFacts, TypeFacts
 from meshctl.core.xds.resources import AUTHORIZATION_TYPE, TYPES
 from meshctl.errors import ConfigError
 from meshctl.process import Feed
 from meshctl.proto import xds_pb2, xds_pb2_grpc
 from meshctl.structured import InputError, load_json
+
+if TYPE_CHECKING:
+    from meshctl.core.wire.dump import DiscoveryFacts, TypeFacts
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +398,7 @@ def build_config(settings: DiscoverySettings, env: Mapping[str, str] | None = No
                 f"the control plane's root certificate {roots} is missing",
                 hint="mount the meshctl-ca-root-cert ConfigMap there, or set XDS_ROOT_CA",
             )
-    meta_json: dict[str, Any] = {}
+    meta_json: dict[str, object] = {}  # any JSON value, as Istio reads it
     for key, text in config.env_with_prefix("ISTIO_METAJSON_", env).items():
         try:
             meta_json[key] = load_json(text, f"ISTIO_METAJSON_{key}")

@@ -29,13 +29,12 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from meshctl.core.backoff import Backoff
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.cni.spec import AGENT_RELEASED, PluginEvent
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
-from meshctl.core.k8s.schema import Namespace, Pod
 from meshctl.core.wire import zds
 from meshctl.kube.resources import NAMESPACES, PODS
 from meshctl.kube.workqueue import RETRY_BACKOFF, GiveUp, Retry, WorkQueue
@@ -53,6 +52,9 @@ from .podstate import (
     StateFile,
 )
 from .zdsserver import NodeProxies, ProxyUnavailableError, SnapshotEntry, ZdsServer
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Namespace, Pod
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +209,7 @@ class AmbientAgent:
             if event.type == "DELETED":
                 self.namespaces.pop(name, None)
             else:
-                self.namespaces[name] = cast(Namespace, obj)  # the event's resource says so
+                self.namespaces[name] = cast("Namespace", obj)  # the event's resource says so
             for state in list(self.pods.values()):
                 if state.namespace == name:
                     self.kick(state)
@@ -219,7 +221,7 @@ class AmbientAgent:
         if event.type == "DELETED":
             state.pod = None
         else:
-            state.pod = cast(Pod, obj)  # not a Namespace: a Pod
+            state.pod = cast("Pod", obj)  # not a Namespace: a Pod
             state.annotated = (meta.get("annotations") or {}).get(ambient.REDIRECTION)
         self.kick(state)
 

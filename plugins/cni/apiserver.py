@@ -17,10 +17,9 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from meshctl.core.k8s import ambient
-from meshctl.core.k8s.schema import Namespace, Pod
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
@@ -30,6 +29,9 @@ from meshctl.kube.watch import WatchEvent
 
 from .podstate import PodState
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Namespace, Pod
+
 log = logging.getLogger(__name__)
 
 COMPONENT = "meshctl-cni-node"
@@ -38,7 +40,7 @@ _EXIT_READ_TIMEOUT = 5.0
 
 # What a ``PodSource`` delivers: this node's Pods and every Namespace (``event.resource`` says
 # which an event is about).
-PodEvent = WatchEvent[Pod | Namespace]
+PodEvent: TypeAlias = "WatchEvent[Pod | Namespace]"
 
 
 class PodSource(Protocol):

@@ -10,16 +10,18 @@ annotation. Invariant: read-only, and each failure names the node or pod and the
 from __future__ import annotations
 
 import json
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.install.checks import Result
 from meshctl.core.k8s.install.context import CheckContext
-from meshctl.core.k8s.schema import Pod
 from meshctl.errors import KubeError
 
 from .health import AgentStatus
 from .manifest import NAME, READINESS_PORT
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
 
 
 def agent_status(ctx: CheckContext, pod: Pod, *, dry_run: bool = False) -> AgentStatus:

@@ -17,11 +17,10 @@ import contextlib
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from meshctl import inputs
 from meshctl.core.k8s import podlist
-from meshctl.core.k8s.schema import Namespace, Pod
 from meshctl.errors import UserError
 from meshctl.kube.resources import NAMESPACES, PODS, Resource
 from meshctl.kube.watch import WatchEvent, synced
@@ -29,9 +28,12 @@ from meshctl.structured import InputError
 
 from .apiserver import PodEvent
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Namespace, Pod
+
 log = logging.getLogger(__name__)
 
-Viewed = TypeVar("Viewed", Pod, Namespace)
+Viewed = TypeVar("Viewed", "Pod", "Namespace")
 
 Stamp = tuple[int, int, int]
 HINT = (

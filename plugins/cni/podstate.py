@@ -17,9 +17,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from meshctl.core.k8s.schema import Pod
 from meshctl.core.wire import zds
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
 
 log = logging.getLogger(__name__)
 

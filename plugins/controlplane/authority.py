@@ -21,8 +21,8 @@ import binascii
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from meshctl.core.k8s.schema import Secret
 from meshctl.core.pki import ca
 from meshctl.errors import KubeError, UserError
 from meshctl.kube import objects
@@ -31,6 +31,9 @@ from meshctl.kube.informer import Informers
 from meshctl.kube.resources import SECRETS
 from meshctl.kube.rest import ApiStatusError
 from meshctl.kube.watch import WatchEvent
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Secret
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,16 @@ import asyncio
 import base64
 import logging
 from collections.abc import Callable
-from typing import TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict, cast
 
-from meshctl.core.k8s.schema import MutatingWebhookConfiguration
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.informer import Informers
 from meshctl.kube.resources import MUTATING_WEBHOOK_CONFIGURATIONS
 from meshctl.kube.workqueue import WorkQueue
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import MutatingWebhookConfiguration
 
 log = logging.getLogger(__name__)
 

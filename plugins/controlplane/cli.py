@@ -9,6 +9,7 @@ revision following the control plane's own unless set there.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,7 +31,7 @@ app = typer.Typer(
 )
 
 
-def _settings(ctx: typer.Context, flags: dict[str, Any]) -> ControlPlaneSettings:
+def _settings(ctx: typer.Context, flags: Mapping[str, object]) -> ControlPlaneSettings:
     section, name = config.file_section(ctx.meta, SECTION)
     return config.resolve(ControlPlaneSettings, flags=flags, file=section, file_name=name)
 
@@ -42,15 +43,20 @@ def inject_settings(ctx: typer.Context, settings: ControlPlaneSettings) -> Any:
     section, name = config.file_section(ctx.meta, "inject")
     base = config.resolve(InjectSettings, file=section, file_name=name)
     defaults = InjectSettings()
-    own: dict[str, Any] = {
-        "revision": settings.revision,
-        "trust_domain": settings.trust_domain,
-        "cluster_id": settings.cluster_id,
+
+    def ours(field: str, value: str) -> str:
+        """The control plane's value, unless the ``inject:`` section set the field."""
+        chosen: str = getattr(base, field)
+        return value if chosen == getattr(defaults, field) else chosen
+
+    return dataclasses.replace(
+        base,
+        revision=ours("revision", settings.revision),
+        trust_domain=ours("trust_domain", settings.trust_domain),
+        cluster_id=ours("cluster_id", settings.cluster_id),
         # This replica's own Service (its namespace may not be meshctl-system).
-        "ca_address": f"{settings.service_name}.{settings.namespace}.svc:15012",
-    }
-    changes = {k: v for k, v in own.items() if getattr(base, k) == getattr(defaults, k)}
-    return dataclasses.replace(base, **changes)
+        ca_address=ours("ca_address", f"{settings.service_name}.{settings.namespace}.svc:15012"),
+    )
 
 
 def _setting(field: str, *names: str, help: str, metavar: str | None = None) -> Any:  # noqa: A002

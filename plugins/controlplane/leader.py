@@ -19,13 +19,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from meshctl.core.k8s.schema import Lease, LeaseSpec
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import LEASES
 from meshctl.kube.rest import ApiStatusError
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Lease, LeaseSpec
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from meshctl.core.k8s.schema import KubeObject, Namespace
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.informer import Informers, subscribe
@@ -26,6 +25,9 @@ from meshctl.kube.resources import CONFIG_MAPS, NAMESPACES
 from meshctl.kube.rest import ApiStatusError
 from meshctl.kube.watch import WatchEvent
 from meshctl.kube.workqueue import WorkQueue
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import KubeObject, Namespace
 
 log = logging.getLogger(__name__)
 

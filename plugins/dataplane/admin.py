@@ -13,100 +13,31 @@ import json
 import logging
 import os
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NotRequired, Protocol, TypedDict
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from meshctl import __version__
 from meshctl.core.k8s.appprobes import is_probe_path
-from meshctl.core.wire.channel import (
-    CertificateFacts,
-    Certs,
-    CertSource,
-    Connections,
-    DiscoveryFacts,
-    WorkerReport,
-)
+from meshctl.core.wire.channel import Certs, CertSource
 from meshctl.proxy.responder import Response
 
 if TYPE_CHECKING:
     from meshctl.core.mesh.store import Store
     from meshctl.core.wire import channel
+    from meshctl.core.wire.dump import (
+        CertificateSummary,
+        ConfigDump,
+        Connections,
+        DiscoveryFacts,
+        PodState,
+        WorkerReport,
+    )
     from meshctl.proxy.telemetry import Telemetry
 
     from .app_probes import AppProbes
 
 log = logging.getLogger(__name__)
-
-
-class CertSourceFacts(TypedDict):
-    kind: str  # "files" or "ca"
-    caAddress: str
-    renewing: bool
-    lastError: str
-    failingSince: str
-    lastSuccess: str
-    nextRefresh: str
-
-
-class CertificateSummary(TypedDict):
-    """One identity's certificates in ``/config_dump`` (ztunnel's ``certificates`` entries)."""
-
-    identity: str
-    state: str  # Available, Expired, Unavailable (none yet)
-    certChain: NotRequired[list[CertificateFacts]]
-    rootCerts: NotRequired[list[CertificateFacts]]
-    source: NotRequired[CertSourceFacts]
-
-
-class PodInfo(TypedDict):
-    name: str
-    namespace: str
-    serviceAccount: str
-
-
-class PodState(TypedDict):
-    """One enrolled pod (node mode): ztunnel's ``workloadState`` entry, with its sockets."""
-
-    info: PodInfo
-    state: str
-    netns: str
-    listeners: dict[str, str]  # role -> address
-    identity: str
-    certificate: CertificateSummary
-
-
-class WorkerShare(TypedDict):
-    index: int
-    pid: int
-    inboundTunnels: int
-    pooled: int
-    open: int
-
-
-class WorkerFacts(TypedDict):
-    index: int
-    of: int
-    pid: int
-
-
-class ConfigDump(TypedDict):
-    """``/config_dump``: ztunnel's shape, and each worker's share of the connections."""
-
-    version: str
-    config: dict[str, object]
-    worker: WorkerFacts  # the one that answered
-    workloads: list[dict[str, object]]
-    services: list[dict[str, object]]
-    policies: list[dict[str, object]]
-    certificates: list[CertificateSummary]
-    xds: DiscoveryFacts | dict[str, object]  # {} without a discovery client
-    connections: Connections
-    workers: list[WorkerShare]
-    workersMissing: list[int]
-    identity: NotRequired[str]  # sidecar mode: the workload's
-    workloadState: NotRequired[dict[str, PodState]]  # node mode: uid -> pod
-    podsSynced: NotRequired[bool]
 
 
 class State(Protocol):

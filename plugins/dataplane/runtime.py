@@ -19,7 +19,7 @@ import signal
 import socket
 from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshctl.core.k8s.appprobes import parse_probers, parse_scrape
 from meshctl.core.mesh.localconfig import parse_local_config
@@ -28,7 +28,6 @@ from meshctl.core.mesh.render import update_from_plain
 from meshctl.core.mesh.store import Store
 from meshctl.core.pki.identity import parse_workload_ref
 from meshctl.core.wire import channel
-from meshctl.core.wire.channel import Connections, DiscoveryFacts
 from meshctl.core.wire.hbone import TunnelSettings
 from meshctl.proxy import tls
 from meshctl.proxy.responder import serve
@@ -37,6 +36,9 @@ from meshctl.proxy.telemetry import PUBLISH_INTERVAL, Telemetry
 from . import admin
 from .app_probes import AppProbes
 from .local import PROXY_ROLES, Local
+
+if TYPE_CHECKING:
+    from meshctl.core.wire.dump import CertificateSummary, Connections, DiscoveryFacts, PodState
 
 log = logging.getLogger(__name__)
 
@@ -122,8 +124,8 @@ class Runtime:
         own = self.locals.get("")
         return None if own is None else str(own.identity)
 
-    def certificate_summary(self) -> list[admin.CertificateSummary]:
-        out: list[admin.CertificateSummary] = []
+    def certificate_summary(self) -> list[CertificateSummary]:
+        out: list[CertificateSummary] = []
         for key, (certs, _) in sorted(self.identities.items()):
             identity = key or next((str(lo.identity) for lo in self.locals.values()), "")
             source = self.cert_source if not key else None
@@ -158,10 +160,10 @@ class Runtime:
             "flows": [flow.describe() for flow in self.telemetry.flows],
         }
 
-    def workload_state(self) -> dict[str, admin.PodState]:
+    def workload_state(self) -> dict[str, PodState]:
         """Node mode's ``workloadState`` (ztunnel's key): every enrolled pod, its netns, its
         listeners and its certificate."""
-        out: dict[str, admin.PodState] = {}
+        out: dict[str, PodState] = {}
         for uid, lo in self.locals.items():
             if not uid:
                 continue

@@ -13,12 +13,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from meshctl import yamlread
-from meshctl.core.k8s.schema import Namespace, ObjectMeta, Pod
 from meshctl.core.pki.identity import IdentityError, SpiffeId
 from meshctl.structured import InputError, Limits
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Namespace, ObjectMeta, Pod
 
 # Derived pod uids: uuid5 of "<namespace>/<name>" under this namespace.
 _UID_NAMESPACE = uuid.UUID("6f0d2b8e-5c1a-4f3e-9a57-1d2c3b4a5e6f")
@@ -73,7 +75,7 @@ def parse(text: str | bytes, source: str, limits: Limits = Limits()) -> Inventor
         if kind == "Namespace":
             if name in namespaces:
                 raise InventoryError(f"{where}: Namespace {name} is listed twice")
-            namespaces[name] = cast(Namespace, {**item, "metadata": meta})
+            namespaces[name] = cast("Namespace", {**item, "metadata": meta})
             continue
         pod = _pod(item, meta, where)
         key = (meta["namespace"], name)
@@ -121,7 +123,7 @@ def _pod(item: Mapping[str, object], meta: ObjectMeta, where: str) -> Pod:
             f"{where} (Pod {namespace}/{name}): spec.serviceAccountName {account!r} is not "
             "a service account name"
         )
-    return cast(Pod, {**item, "metadata": meta})
+    return cast("Pod", {**item, "metadata": meta})
 
 
 def _kind_and_metadata(item: object, where: str) -> tuple[str, ObjectMeta]:
@@ -136,7 +138,7 @@ def _kind_and_metadata(item: object, where: str) -> tuple[str, ObjectMeta]:
     meta = item.get("metadata")
     if not isinstance(meta, dict):
         raise InventoryError(f"{where} ({kind}): metadata must be a mapping with a name")
-    meta = cast(ObjectMeta, dict(meta))  # its name and string maps are checked below
+    meta = cast("ObjectMeta", dict(meta))  # its name and string maps are checked below
     _check_name(meta.get("name"), f"{where} ({kind}): metadata.name")
     for key in ("labels", "annotations"):
         values = meta.get(key)

@@ -387,6 +387,67 @@ class Status(TypedDict, total=False):
     reason: str
 
 
+# --- a client's kubeconfig (v1 Config) ----------------------------------------------------------
+
+KubeconfigCluster = TypedDict(
+    "KubeconfigCluster",
+    {
+        "server": str,
+        "certificate-authority": str,  # a file
+        "certificate-authority-data": str,  # base64 of the PEM
+        "insecure-skip-tls-verify": bool,
+    },
+    total=False,
+)
+KubeconfigUser = TypedDict(
+    "KubeconfigUser",
+    {
+        "token": str,
+        "tokenFile": str,
+        "client-certificate": str,
+        "client-certificate-data": str,
+        "client-key": str,
+        "client-key-data": str,
+    },
+    total=False,
+)
+
+
+class KubeconfigContext(TypedDict, total=False):
+    cluster: str
+    user: str
+    namespace: str
+
+
+class NamedCluster(TypedDict):
+    name: str
+    cluster: KubeconfigCluster
+
+
+class NamedUser(TypedDict):
+    name: str
+    user: KubeconfigUser
+
+
+class NamedContext(TypedDict):
+    name: str
+    context: KubeconfigContext
+
+
+Kubeconfig = TypedDict(
+    "Kubeconfig",
+    {
+        "apiVersion": str,
+        "kind": str,
+        "clusters": list[NamedCluster],
+        "users": list[NamedUser],
+        "contexts": list[NamedContext],
+        "current-context": str,
+    },
+    total=False,
+)
+
+
 # --- admission ----------------------------------------------------------------------------------
 
 

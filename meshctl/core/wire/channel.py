@@ -17,10 +17,17 @@ import json
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from meshctl.core.mesh.localconfig import LocalConfig
-from meshctl.core.mesh.render import PlainUpdate
+if TYPE_CHECKING:
+    from meshctl.core.mesh.localconfig import LocalConfig
+    from meshctl.core.mesh.render import PlainUpdate
+    from meshctl.core.wire.dump import (
+        CertificateFacts,
+        Connections,
+        DiscoveryFacts,
+        WorkerReport,
+    )
 
 VERSION = 2
 MAX_FRAME = 16 * 1024 * 1024
@@ -29,81 +36,6 @@ _HEADER = struct.Struct(">I")
 
 class ChannelError(ValueError):
     """A frame broke the schema; the channel is unusable after it."""
-
-
-# The JSON payloads some messages carry: what ``/config_dump`` shows, in ztunnel's names.
-
-
-class CertificateFacts(TypedDict):
-    """One certificate (ISO 8601 times)."""
-
-    serialNumber: str
-    validFrom: str
-    expirationTime: str
-    uriSans: list[str]
-
-
-class FlowEnd(TypedDict):
-    addr: str
-    workload: str | None  # NAMESPACE/NAME
-    identity: str | None  # SPIFFE id
-
-
-class FlowFacts(TypedDict):
-    """One open connection: both ends, bytes so far."""
-
-    direction: str
-    src: FlowEnd
-    dst: FlowEnd
-    hboneAddr: str | None
-    service: str | None
-    mutualTls: bool
-    bytesReceived: int
-    bytesSent: int
-    durationSeconds: float
-    worker: NotRequired[int]  # which worker holds it (``/config_dump`` adds it)
-
-
-class Connections(TypedDict):
-    """One worker's connections."""
-
-    inbound_tunnels: int
-    pooled: int
-    open: int
-    flows: list[FlowFacts]
-
-
-class WorkerReport(TypedDict):
-    """A ``Report``'s fields, as ``Gathered`` carries them."""
-
-    worker: int
-    pid: int
-    connections: Connections
-
-
-class TypeFacts(TypedDict):
-    """The discovery client's state of one resource type."""
-
-    subscription: str
-    acked: bool
-    lastAckedNonce: str
-    resources: int
-    responses: int
-    nacks: int
-    lastNack: str
-
-
-class DiscoveryFacts(TypedDict):
-    """The discovery client's state."""
-
-    address: str
-    node: str
-    connected: bool
-    connections: int
-    lastError: str
-    synced: bool
-    waitingFor: list[str]  # types not ACKed yet
-    types: dict[str, TypeFacts]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -172,7 +172,7 @@ def build_workload(
         return None
     protocol, native = tunnel(pod, namespace_labels)
     canonical_name, canonical_revision = canonical(pod.labels, pod.workload_name)
-    extra: dict[str, Any] = {}
+    extra: dict[str, object] = {}
     if pod.host_network:
         extra["networkMode"] = "HostNetwork"
     if native:

@@ -70,11 +70,20 @@ class IPConfig(TypedDict, total=False):
     interface: int
 
 
+class Interface(TypedDict, total=False):
+    """One interface of a result (``sandbox``: the netns path, for the pod's own)."""
+
+    name: str
+    mac: str
+    sandbox: str
+
+
 class Result(TypedDict, total=False):
     """A plugin's success result, as the previous plugin of the chain hands it on
     (``prevResult``); what meshctl reads of it (the rest passes through unread)."""
 
     cniVersion: str
+    interfaces: list[Interface]
     ips: list[IPConfig]
 
 

@@ -18,7 +18,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonpatch
 
@@ -26,8 +26,10 @@ from meshctl.core.k8s.inject import kinds
 from meshctl.core.k8s.inject.errors import InjectError
 from meshctl.core.k8s.inject.pipeline import inject_pod
 from meshctl.core.k8s.inject.settings import InjectSettings
-from meshctl.core.k8s.schema import AdmissionResponse, AdmissionReviewAnswer
 from meshctl.structured import InputError, Limits, load_json
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import AdmissionResponse, AdmissionReviewAnswer
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from typing import TYPE_CHECKING
 
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject import multus, overrides, probes, prometheus, render
@@ -20,16 +21,18 @@ from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 from meshctl.core.k8s.inject.interception import STATUS_PORT, cni_annotations
 from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.core.k8s.inject.undo import Recorder
-from meshctl.core.k8s.schema import (
-    Container,
-    ObjectMeta,
-    PodSecurityContext,
-    PodSpec,
-    PodTemplate,
-    SecurityContext,
-    Sysctl,
-    Volume,
-)
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import (
+        Container,
+        ObjectMeta,
+        PodSecurityContext,
+        PodSpec,
+        PodTemplate,
+        SecurityContext,
+        Sysctl,
+        Volume,
+    )
 
 _NOT_LABEL_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 _LABEL_VALUE_MAX = 63
@@ -44,7 +47,8 @@ def merge(
 ) -> None:
     """Injects into ``pod`` (validated, any earlier injection stripped) in place."""
     undo = Recorder()
-    metadata = undo.field(pod, "metadata", "metadata", ObjectMeta())
+    fresh: ObjectMeta = {}
+    metadata = undo.field(pod, "metadata", "metadata", fresh)
     annotations: dict[str, str] = undo.field(metadata, "annotations", "metadata.annotations", {})
     # Read and validate every annotation before changing anything.
     options = render.pod_options(annotations, settings)
@@ -135,7 +139,8 @@ def _annotate(
     labels: dict[str, str] = undo.field(metadata, "labels", "metadata.labels", {})
     _merge_labels(labels, undo, workload, tls_mode=not options.gateway)
     if options.gateway:
-        context = undo.field(spec, "securityContext", "spec.securityContext", PodSecurityContext())
+        empty: PodSecurityContext = {}
+        context = undo.field(spec, "securityContext", "spec.securityContext", empty)
         sysctls: list[Sysctl] = undo.field(context, "sysctls", "spec.securityContext.sysctls", [])
         if not any(s.get("name") == render.GATEWAY_SYSCTL["name"] for s in sysctls):
             sysctls.append(render.GATEWAY_SYSCTL.copy())

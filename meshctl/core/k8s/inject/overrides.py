@@ -13,10 +13,12 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Iterable, Mapping
-from typing import Literal, cast
+from typing import TYPE_CHECKING, Literal, TypeAlias, cast
 
-from meshctl.core.k8s.schema import Container, PodSpec
 from meshctl.structured import InputError, load_json
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Container, PodSpec
 
 ANNOTATION = "proxy.istio.io/overrides"
 AUTO_IMAGE = "auto"
@@ -31,7 +33,8 @@ _MERGE_KEYS = {
 
 ContainerList = Literal["initContainers", "containers"]
 CONTAINER_LISTS: tuple[ContainerList, ...] = ("initContainers", "containers")
-Taken = tuple[ContainerList, int, Container]  # where a container was: its list, its index
+# Where a container was: its list, its index.
+Taken: TypeAlias = "tuple[ContainerList, int, Container]"
 
 
 def take(spec: PodSpec) -> list[Taken]:
@@ -68,7 +71,7 @@ def taken_from_record(value: object) -> list[Taken]:
             continue
         field, index, item = entry
         if field in CONTAINER_LISTS and isinstance(index, int) and isinstance(item, dict):
-            out.append((field, index, cast(Container, item)))
+            out.append((field, index, cast("Container", item)))
     return out
 
 
@@ -80,7 +83,7 @@ def merge(injected: Container, user: Mapping[str, object]) -> Container:
         if key == "name" or (key == "image" and value in (AUTO_IMAGE, "", None)):
             continue
         out[key] = _merged(key, out.get(key), value)
-    return cast(Container, out)
+    return cast("Container", out)
 
 
 def _merged(key: str, base: object, patch: object) -> object:
@@ -135,5 +138,5 @@ def from_annotation(text: str) -> list[Taken]:
     for field in CONTAINER_LISTS:
         for item in record.get(field) or ():
             if isinstance(item, dict) and item.get("name") in NAMES:
-                out.append((field, 1 << 30, cast(Container, item)))
+                out.append((field, 1 << 30, cast("Container", item)))
     return out

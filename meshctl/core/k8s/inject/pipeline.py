@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from meshctl.core.k8s import proxyconfig
 from meshctl.core.k8s.inject import annotations as ann
@@ -26,7 +26,9 @@ from meshctl.core.k8s.inject.merge import merge
 from meshctl.core.k8s.inject.removal import strip
 from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.core.k8s.inject.validation import annotations_of, check_reserved_names, validate
-from meshctl.core.k8s.schema import PodTemplate
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import PodTemplate
 
 # Istio's list: system namespaces are never injected, whatever their pods say.
 IGNORED_NAMESPACES = frozenset(
@@ -78,7 +80,7 @@ def uninject_pod(pod: Mapping[str, object]) -> PodTemplate:
 
 def _copy(pod: PodTemplate) -> PodTemplate:
     """A fresh copy of ``pod`` (a dict, whatever mapping the caller held)."""
-    return cast(PodTemplate, _copy_json(dict(pod)))
+    return cast("PodTemplate", _copy_json(dict(pod)))
 
 
 def _copy_json(value: Any) -> Any:

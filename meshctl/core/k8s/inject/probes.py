@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from meshctl.core.k8s.inject.errors import ManifestError
-from meshctl.core.k8s.schema import Container, HTTPGetAction, Probe
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Container, HTTPGetAction, Probe
 
 PROBERS_ENV = "ISTIO_KUBE_APP_PROBERS"
 PROXY_CONTAINER = "istio-proxy"
@@ -82,8 +84,8 @@ def rewrite(containers: Sequence[Container], status_port: int) -> Rewritten:
         prober: dict[str, object] = {action: resolved}
         if handler.get("timeoutSeconds"):
             prober["timeoutSeconds"] = handler["timeoutSeconds"]
-        done.probers[path] = cast(Probe, prober)
-        done.originals[path] = cast(Probe, {action: original})
+        done.probers[path] = cast("Probe", prober)
+        done.originals[path] = cast("Probe", {action: original})
         holder[key] = _replace_action(handler, action, _target(action, original, path, status_port))
     return done
 
@@ -138,7 +140,7 @@ def _target(action: str, original: Mapping[str, object], path: str, status_port:
         return {"path": path, "port": status_port}
     # Headers stay (as in Istio's rewrite). The host goes: the kubelet must reach the pod's own
     # proxy (a host there would send it elsewhere); the proxy honours the host in its prober.
-    target = cast(HTTPGetAction, {k: v for k, v in original.items() if k != "host"})
+    target = cast("HTTPGetAction", {k: v for k, v in original.items() if k != "host"})
     target["path"], target["port"] = path, status_port
     if str(target.get("scheme", "")).upper() == "HTTPS":
         target["scheme"] = "HTTP"  # kubelet -> HTTP -> proxy -> HTTPS -> app

@@ -11,12 +11,16 @@ labels and annotations. Works on the caller's own copy, in place.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject import overrides, probes, prometheus, render, undo
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError, ManifestError
 from meshctl.core.k8s.inject.overrides import CONTAINER_LISTS
 from meshctl.core.k8s.inject.validation import annotations_of
-from meshctl.core.k8s.schema import Container, PodSpec, PodTemplate
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Container, PodSpec, PodTemplate
 
 # Every container Istio's templates or ours add; anything else a status lists is the user's.
 INJECTED_CONTAINERS = frozenset({*render.CONTAINERS, "enable-core-dump"})

@@ -12,7 +12,7 @@ import json
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from meshctl.core.k8s import proxyconfig
 from meshctl.core.k8s.inject import annotations as ann
@@ -30,19 +30,21 @@ from meshctl.core.k8s.inject.interception import (
 )
 from meshctl.core.k8s.inject.probes import PROBERS_ENV
 from meshctl.core.k8s.inject.settings import InjectSettings
-from meshctl.core.k8s.schema import (
-    Capabilities,
-    Container,
-    ContainerPort,
-    EnvVar,
-    HTTPGetAction,
-    Probe,
-    ResourceRequirements,
-    SecurityContext,
-    Sysctl,
-    Volume,
-    VolumeMount,
-)
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import (
+        Capabilities,
+        Container,
+        ContainerPort,
+        EnvVar,
+        HTTPGetAction,
+        Probe,
+        ResourceRequirements,
+        SecurityContext,
+        Sysctl,
+        Volume,
+        VolumeMount,
+    )
 
 INIT_CONTAINER = "istio-init"
 VALIDATION_CONTAINER = "istio-validation"  # CNI mode: proves the CNI plugin's capture works
@@ -375,7 +377,7 @@ def _proxy_mounts(options: PodOptions) -> list[VolumeMount]:
     the API server refuse the pod."""
     # The user's JSON, as the API server will read it (it refuses what is no VolumeMount).
     user = [
-        cast(VolumeMount, {"name": name, **mount}) for name, mount in options.user_mounts.items()
+        cast("VolumeMount", {"name": name, **mount}) for name, mount in options.user_mounts.items()
     ]
     taken = {posixpath.normpath(str(mount.get("mountPath", ""))) for mount in user}
     ours: list[VolumeMount] = [
@@ -442,7 +444,10 @@ def volumes(settings: InjectSettings, options: PodOptions) -> list[Volume]:
             },
         },
         {"name": ROOT_CA_VOLUME, "configMap": {"name": settings.root_ca_configmap}},
-        *(cast(Volume, {"name": name, **source}) for name, source in options.user_volumes.items()),
+        *(
+            cast("Volume", {"name": name, **source})
+            for name, source in options.user_volumes.items()
+        ),
     ]
 
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, TypedDict, TypeVar, cast
 
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject import render
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 from meshctl.core.k8s.inject.overrides import Taken
-from meshctl.core.k8s.schema import PodTemplate, Probe
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import PodTemplate, Probe
 
 _Field = TypeVar("_Field")
 

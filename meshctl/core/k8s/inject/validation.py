@@ -10,12 +10,14 @@ view every step shares (a null section reads as empty) and the names injection r
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject import render
 from meshctl.core.k8s.inject.errors import ManifestError
-from meshctl.core.k8s.schema import PodTemplate
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import PodTemplate
 
 
 def validate(pod: Mapping[str, object]) -> PodTemplate:
@@ -48,7 +50,7 @@ def validate(pod: Mapping[str, object]) -> PodTemplate:
             not isinstance(items, list) or not all(isinstance(i, dict) for i in items)
         ):
             raise ManifestError(f"spec.{field} is not a list of mappings", hint="fix its YAML")
-    return cast(PodTemplate, pod)
+    return cast("PodTemplate", pod)
 
 
 def annotations_of(pod: PodTemplate) -> dict[str, str]:

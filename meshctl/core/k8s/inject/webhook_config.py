@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject.admission import INJECT_PATH
 from meshctl.core.k8s.inject.pipeline import IGNORED_NAMESPACES
-from meshctl.core.k8s.schema import LabelSelectorRequirement, MutatingWebhook, WebhookClientConfig
 from meshctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import (
+        LabelSelectorRequirement,
+        MutatingWebhook,
+        WebhookClientConfig,
+    )
 
 NAMESPACE_LABEL = "meshctl-injection"
 ISTIO_NAMESPACE_LABEL = "istio-injection"
