@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from meshctl.core.backoff import Backoff
 from meshctl.core.k8s import ambient
-from meshctl.core.k8s.cni.spec import AGENT_RELEASED, PluginEvent
+from meshctl.core.k8s.cni.spec import AGENT_RELEASED
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 from meshctl.core.wire import zds
 from meshctl.kube.resources import NAMESPACES, PODS
@@ -54,6 +54,7 @@ from .podstate import (
 from .zdsserver import NodeProxies, ProxyUnavailableError, SnapshotEntry, ZdsServer
 
 if TYPE_CHECKING:
+    from meshctl.core.k8s.cni.messages import PluginEvent
     from meshctl.core.k8s.schema import Namespace, Pod
 
 log = logging.getLogger(__name__)

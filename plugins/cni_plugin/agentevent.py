@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from meshctl.core.k8s.cni.spec import PLUGIN_EVENT_SOCKET_NAME
 
 if TYPE_CHECKING:
-    from meshctl.core.k8s.cni.spec import PluginEvent
+    from meshctl.core.k8s.cni.messages import PluginEvent
 
 
 class AgentUnavailableError(Exception):

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from meshctl.core.capture.settings import CaptureSettings
+    from meshctl.core.k8s.cni.messages import PluginEvent
     from meshctl.core.k8s.cni.pod import Decision
-    from meshctl.core.k8s.cni.spec import PluginEvent
     from meshctl.core.k8s.schema import Namespace, Pod
 
     NamespaceReader = Callable[[], Namespace | None]

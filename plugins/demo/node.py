@@ -27,8 +27,8 @@ from meshctl.errors import MeshctlError, NetError
 from meshctl.net import netns
 
 if TYPE_CHECKING:
+    from meshctl.core.k8s.cni.messages import Result
     from meshctl.core.k8s.cni.netconf import NetworkConfig
-    from meshctl.core.k8s.cni.spec import Result
 
 CNI_VERSION = "1.0.0"
 NETWORK = "meshctl-demo"

@@ -29,8 +29,8 @@ from meshctl.net import netns
 from .node import Runtime
 
 if TYPE_CHECKING:
+    from meshctl.core.k8s.cni.messages import Result
     from meshctl.core.k8s.cni.netconf import NetworkConfig
-    from meshctl.core.k8s.cni.spec import Result
 
 STATE_FILE = "state.json"
 

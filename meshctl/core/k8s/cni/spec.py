@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, TypedDict, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from meshctl.structured import InputError, Limits, load_json
 
 if TYPE_CHECKING:
-    from meshctl.core.k8s.schema import Pod
+    from meshctl.core.k8s.cni.messages import ErrorResult, Result
 
 SUPPORTED_VERSIONS: Final = ("0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST_VERSION: Final = SUPPORTED_VERSIONS[-1]
@@ -60,55 +60,6 @@ _REQUIRED_ENV: Final = {
 }
 _POD_ARGS: Final = ("K8S_POD_NAMESPACE", "K8S_POD_NAME")
 CONFIG_SOURCE: Final = "network config on stdin"  # how the bounded reader names it
-
-
-class IPConfig(TypedDict, total=False):
-    """One address of a result (SPEC.md "Success": ``ips``)."""
-
-    address: str  # CIDR notation
-    gateway: str
-    interface: int
-
-
-class Interface(TypedDict, total=False):
-    """One interface of a result (``sandbox``: the netns path, for the pod's own)."""
-
-    name: str
-    mac: str
-    sandbox: str
-
-
-class Result(TypedDict, total=False):
-    """A plugin's success result, as the previous plugin of the chain hands it on
-    (``prevResult``); what meshctl reads of it (the rest passes through unread)."""
-
-    cniVersion: str
-    interfaces: list[Interface]
-    ips: list[IPConfig]
-
-
-class ErrorResult(TypedDict, total=False):
-    """SPEC.md "Error": what a failed plugin prints."""
-
-    cniVersion: str
-    code: int
-    msg: str
-    details: str
-
-
-class PluginEvent(TypedDict, total=False):
-    """What the CNI plugin tells the ambient node agent about a sandbox (Istio's ``/cmdadd``
-    body; ``/cmddel`` carries the first five keys): the agent reads it as untrusted JSON."""
-
-    podName: str
-    podNamespace: str
-    podUid: str
-    containerId: str
-    netns: str
-    ifname: str
-    ips: list[str]  # the pod's addresses, from the previous plugin's result
-    enroll: bool  # the plugin found the pod enrolled in ambient mode: capture it now
-    pod: Pod  # the pod as the plugin read it (the agent's watch may lag)
 
 
 class CniError(Exception):
