@@ -96,14 +96,9 @@ def create(
 ) -> Body:
     """Create-only: an existing object of that name raises 409 (``is_conflict``). A dry run
     goes through admission (webhooks included) and persists nothing."""
-    answer = api.request(
-        kube,
-        "POST",
-        resource.path(namespace),
-        body=body,
-        query=_write_query(dry_run, field_manager),
+    return _write(
+        kube, resource, "POST", namespace, None, body, _write_query(dry_run, field_manager)
     )
-    return cast(Body, answer)
 
 
 def replace(
@@ -115,14 +110,8 @@ def replace(
     field_manager: str | None = None,
 ) -> Body:
     """Replace the object named in ``body``; its ``metadata.resourceVersion`` guards the write."""
-    answer = api.request(
-        kube,
-        "PUT",
-        resource.path(namespace, _name(body)),
-        body=body,
-        query=_write_query(False, field_manager),
-    )
-    return cast(Body, answer)
+    query = _write_query(False, field_manager)
+    return _write(kube, resource, "PUT", namespace, _name(body), body, query)
 
 
 def apply(
@@ -140,14 +129,25 @@ def apply(
     if force:
         query.append(("force", "true"))
     # JSON is YAML: the apply content type takes the object as we hold it.
-    answer = api.request(
-        kube,
-        "PATCH",
-        resource.path(namespace, _name(body)),
-        body=body,
-        query=query,
-        content_type="application/apply-patch+yaml",
+    return _write(
+        kube, resource, "PATCH", namespace, _name(body), body, query, "application/apply-patch+yaml"
     )
+
+
+def _write(
+    kube: Kube,
+    resource: Resource[Body],
+    method: str,
+    namespace: str | None,
+    name: str | None,
+    body: object,
+    query: list[tuple[str, str]],
+    content_type: str = "application/json",
+) -> Body:
+    """One write to the collection (``name`` None) or the object; the object as the server now
+    has it, read as ``resource``'s view."""
+    path = resource.path(namespace, name)
+    answer = api.request(kube, method, path, body=body, query=query, content_type=content_type)
     return cast(Body, answer)
 
 
@@ -176,14 +176,7 @@ def patch(
     patch_type: PatchType = "merge",
 ) -> Body:
     """Patch one object (RFC 7386 merge, RFC 6902 JSON patch, or strategic merge)."""
-    answer = api.request(
-        kube,
-        "PATCH",
-        resource.path(namespace, name),
-        body=body,
-        content_type=_PATCH_CONTENT[patch_type],
-    )
-    return cast(Body, answer)
+    return _write(kube, resource, "PATCH", namespace, name, body, [], _PATCH_CONTENT[patch_type])
 
 
 def delete(

@@ -223,31 +223,31 @@ def labels(
     flags: str = "-",
 ) -> dict[str, str]:
     """Istio's label values for a connection between ``src`` and ``dst``."""
-    s, d = src.workload, dst.workload
     return {
         "reporter": reporter,
-        "source_workload": (s.workload_name or s.name) if s else UNKNOWN,
-        "source_canonical_service": (s.canonical_name or s.name) if s else UNKNOWN,
-        "source_canonical_revision": s.canonical_revision or "latest" if s else UNKNOWN,
-        "source_workload_namespace": s.namespace if s else UNKNOWN,
-        "source_principal": str(src.identity) if src.identity else UNKNOWN,
-        "source_app": (s.canonical_name or s.name) if s else UNKNOWN,
-        "source_version": s.canonical_revision or "latest" if s else UNKNOWN,
-        "source_cluster": s.cluster_id if s else UNKNOWN,
+        **_end_labels("source", src),
         "destination_service": service.hostname if service else UNKNOWN,
         "destination_service_namespace": service.namespace if service else UNKNOWN,
         "destination_service_name": service.name if service else UNKNOWN,
-        "destination_workload": (d.workload_name or d.name) if d else UNKNOWN,
-        "destination_canonical_service": (d.canonical_name or d.name) if d else UNKNOWN,
-        "destination_canonical_revision": d.canonical_revision or "latest" if d else UNKNOWN,
-        "destination_workload_namespace": d.namespace if d else UNKNOWN,
-        "destination_principal": str(dst.identity) if dst.identity else UNKNOWN,
-        "destination_app": (d.canonical_name or d.name) if d else UNKNOWN,
-        "destination_version": d.canonical_revision or "latest" if d else UNKNOWN,
-        "destination_cluster": d.cluster_id if d else UNKNOWN,
+        **_end_labels("destination", dst),
         "request_protocol": "tcp",
         "response_flags": flags,
         "connection_security_policy": "mutual_tls" if mtls else UNKNOWN,
+    }
+
+
+def _end_labels(side: str, peer: Peer) -> dict[str, str]:
+    """The labels of one end (``source`` or ``destination``): its workload and principal."""
+    w = peer.workload
+    return {
+        f"{side}_workload": (w.workload_name or w.name) if w else UNKNOWN,
+        f"{side}_canonical_service": (w.canonical_name or w.name) if w else UNKNOWN,
+        f"{side}_canonical_revision": w.canonical_revision or "latest" if w else UNKNOWN,
+        f"{side}_workload_namespace": w.namespace if w else UNKNOWN,
+        f"{side}_principal": str(peer.identity) if peer.identity else UNKNOWN,
+        f"{side}_app": (w.canonical_name or w.name) if w else UNKNOWN,
+        f"{side}_version": w.canonical_revision or "latest" if w else UNKNOWN,
+        f"{side}_cluster": w.cluster_id if w else UNKNOWN,
     }
 
 

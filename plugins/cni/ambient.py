@@ -29,7 +29,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 from meshctl.core.backoff import Backoff
 from meshctl.core.k8s import ambient
@@ -38,6 +38,7 @@ from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 from meshctl.core.wire import zds
 from meshctl.kube.resources import NAMESPACES, PODS
 from meshctl.kube.workqueue import RETRY_BACKOFF, GiveUp, Retry, WorkQueue
+from meshctl.tasks import Tasks
 
 from .apiserver import PodApi, PodEvent, PodSource
 from .health import EnrollmentRecord, HealthReport, health_report
@@ -111,7 +112,7 @@ class AmbientAgent:
         self._state_file = StateFile(Path(settings.run_dir) / STATE_FILE)
         self.zds: NodeProxies = proxies or ZdsServer(settings.zds_socket)
         self.queue: WorkQueue[str] = WorkQueue("pod", self._reconcile_uid, backoff=retry)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Tasks(log, "ambient task")
 
     # -- life --------------------------------------------------------------------------------
 
@@ -139,8 +140,7 @@ class AmbientAgent:
             await asyncio.wait(readers, timeout=2.0)  # the informers' watches stop
         finally:
             self.queue.shut_down()
-            for task in list(self._tasks):
-                task.cancel()
+            self._tasks.cancel()
             await self.zds.close()
             for state in self.pods.values():
                 self._close_fd(state)
@@ -156,8 +156,7 @@ class AmbientAgent:
         SNAT, the proxy's entry and the annotation removed, the state file deleted; returns the
         pods that could not be released (logged, each with its error)."""
         self.queue.shut_down()
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         left = []
         for state in list(self.pods.values()):
             if not (state.captured or state.served or state.annotated or state.netns):
@@ -201,7 +200,7 @@ class AmbientAgent:
                     len(self.pods),
                     self.settings.node_name,
                 )
-                self._spawn(self._initial_sync())
+                self._tasks.spawn(self._initial_sync())
             return
         obj = event.object
         meta = obj.get("metadata") or {}
@@ -413,7 +412,7 @@ class AmbientAgent:
             (done - captured) * 1000,
         )
         if from_cni:
-            self._spawn(self._annotate_quietly(state, ambient.REDIRECTION_ENABLED))
+            self._tasks.spawn(self._annotate_quietly(state, ambient.REDIRECTION_ENABLED))
         else:
             await self._annotate(state, ambient.REDIRECTION_ENABLED)
 
@@ -463,7 +462,7 @@ class AmbientAgent:
         log.error("%s", message)  # one line: which pod, what failed, what to do
         if message != state.reported:  # one event per distinct failure, not one per retry
             state.reported = message
-            self._spawn(self.api.warn(state, reason, message))
+            self._tasks.spawn(self.api.warn(state, reason, message))
 
     # -- the node proxy's snapshot -----------------------------------------------------------
 
@@ -577,16 +576,6 @@ class AmbientAgent:
             with contextlib.suppress(OSError):
                 os.close(state.fd)
             state.fd = None
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("ambient task failed", exc_info=task.exception())
 
     def _save_state(self) -> None:
         self._state_file.save(self.pods.values())

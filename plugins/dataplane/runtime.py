@@ -32,6 +32,7 @@ from meshctl.core.wire.hbone import TunnelSettings
 from meshctl.proxy import tls
 from meshctl.proxy.responder import serve
 from meshctl.proxy.telemetry import PUBLISH_INTERVAL, Telemetry
+from meshctl.tasks import Tasks
 
 from . import admin
 from .app_probes import AppProbes
@@ -71,7 +72,7 @@ class Runtime:
         self._inpod: Any = None  # meshctl.net.inpod.InPod in node mode
         # No probers until configured (then the sidecar's own, from ISTIO_KUBE_APP_PROBERS).
         self.app_probes = AppProbes({}, pod_ip="", new_socket=_unconfigured_socket)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Tasks(log, "connection task")
         self._http: list[asyncio.Server] = []
         self._configured = False
         self._writer: asyncio.StreamWriter | None = None
@@ -88,14 +89,7 @@ class Runtime:
     # -- used by the traffic paths -----------------------------------------------------------
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("connection task failed", exc_info=task.exception())
+        self._tasks.spawn(coro)
 
     def active_flows(self) -> int:
         return self.telemetry.active
@@ -512,8 +506,7 @@ class Runtime:
         for lo in self.locals.values():
             for tunnel in list(lo.inbound.tunnels):
                 tunnel.close()
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         for server in self._http:
             server.close()
         return remaining

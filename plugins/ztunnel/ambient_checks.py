@@ -28,6 +28,14 @@ ADMIN_PORT = 15000
 METRICS_PORT = 15020
 
 
+def pod_identity(ctx: Any, pod: Pod) -> str:
+    """The SPIFFE id the pod's certificate must name: its namespace and service account in the
+    mesh's trust domain."""
+    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+    namespace = pod["metadata"]["namespace"]
+    return f"spiffe://{ctx.values.trust_domain}/ns/{namespace}/sa/{account}"
+
+
 def enrolled_state(pod: Pod) -> str | None:
     """The agent's annotation on ``pod`` (enabled, pending) or None."""
     value = ((pod.get("metadata") or {}).get("annotations") or {}).get(ambient.REDIRECTION)
@@ -127,8 +135,7 @@ def identity(  # noqa: PLR0911 (one answer per finding)
             hint="the node agent hands pods over ZDS: see both logs; restarting the pod "
             "enrolls it again",
         )
-    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
-    expected = f"spiffe://{ctx.values.trust_domain}/ns/{pod['metadata']['namespace']}/sa/{account}"
+    expected = pod_identity(ctx, pod)
     cert = entry.get("certificate") or {}
     chain = cert.get("certChain") or []
     if not chain or cert.get("state") != "Available":
@@ -175,6 +182,4 @@ def metrics_text(ctx: Any, pod: Pod) -> tuple[str, str] | Result:
         return Result.fail(
             f"cannot read the node proxy's metrics: {exc.message}", hint="is it ready?"
         )
-    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
-    namespace = pod["metadata"]["namespace"]
-    return text, f"spiffe://{ctx.values.trust_domain}/ns/{namespace}/sa/{account}"
+    return text, pod_identity(ctx, pod)

@@ -72,8 +72,7 @@ def _identity(ctx: Any) -> Result:  # noqa: PLR0911 (one answer per finding)
         )
     if status != 200:
         return Result.fail(f"/config_dump answered {status}", hint="see the proxy's log")
-    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
-    expected = f"spiffe://{ctx.values.trust_domain}/ns/{namespace}/sa/{account}"
+    expected = ambient_checks.pod_identity(ctx, pod)
     certificates = dump.get("certificates") or []
     chain = (certificates[0].get("certChain") or []) if certificates else []
     if not chain:
