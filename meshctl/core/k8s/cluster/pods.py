@@ -59,7 +59,7 @@ class PodFacts:
         return (self.namespace, self.name)
 
 
-def read_pod(obj: Any) -> PodFacts:
+def read_pod(obj: Mapping[str, object]) -> PodFacts:
     """``PodFacts`` of a Pod object; ``objects.ObjectError`` when it is malformed."""
     namespace, name = objects.identify(obj, "Pod")
     labels = objects.string_map(obj, "metadata", "labels")
