@@ -132,7 +132,7 @@ def flatten_lists(objects: Sequence[Any]) -> list[Any]:
     return out
 
 
-def objects_table(objects: Sequence[Any]) -> list[dict[str, Any]]:
+def objects_table(objects: Sequence[Any]) -> list[dict[str, str | None]]:
     """KIND / NAME (/ NAMESPACE when any has one) rows for Kubernetes objects."""
     flat = flatten_lists(objects)
     rows = []

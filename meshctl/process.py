@@ -28,12 +28,15 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshctl import logs
 from meshctl.core.backoff import Backoff
 from meshctl.core.wire import channel
 from meshctl.shutdown import StopSignals
+
+if TYPE_CHECKING:
+    from meshctl.core.wire.dump import WorkerReport
 
 log = logging.getLogger(__name__)
 
@@ -340,7 +343,7 @@ class Supervisor:
             self._send(child, channel.ReportRequest(request=token))
         if waits:
             await asyncio.wait(waits.values(), timeout=self._report_timeout)
-        reports: list[dict[str, Any]] = []
+        reports: list[WorkerReport] = []
         missing: list[int] = []
         for index in range(self._workers):
             if index == asker.index:

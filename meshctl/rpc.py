@@ -18,7 +18,7 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, TypeAlias, TypeVar
@@ -343,7 +343,9 @@ class _Registrar:
     def add_generic_rpc_handlers(self, handlers: Sequence[Any]) -> None:
         self._generic.extend(handlers)  # registered as they are only if nothing better comes
 
-    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+    def add_registered_method_handlers(
+        self, service: str, handlers: Mapping[str, grpc.RpcMethodHandler[Any, Any]]
+    ) -> None:
         wrapped = {
             name: _decoding(handler, f"/{service}/{name}") for name, handler in handlers.items()
         }

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from google.protobuf import any_pb2
 
@@ -146,7 +146,14 @@ def _gateway_to_proto(gateway: Mapping[str, Any]) -> wl_pb.GatewayAddress:
     return out
 
 
-def _gateway_from_proto(gateway: wl_pb.GatewayAddress) -> dict[str, Any]:
+class GatewayJson(TypedDict):
+    """A waypoint or network gateway as the local config (and ``/config_dump``) write it."""
+
+    destination: str  # NETWORK/IP or NAMESPACE/HOSTNAME
+    hboneMtlsPort: int
+
+
+def _gateway_from_proto(gateway: wl_pb.GatewayAddress) -> GatewayJson:
     which = gateway.WhichOneof("destination")
     if which is None:
         raise WireError("gateway address without a destination")
@@ -167,7 +174,7 @@ def workload_from_proto(w: wl_pb.Workload) -> Workload:
         if "/" not in key:
             raise WireError(f"service key {key!r} must be namespace/hostname")
         services[key] = {p.service_port: p.target_port for p in ports.ports}
-    extra: dict[str, Any] = {}
+    extra: dict[str, object] = {}  # fields kept for /config_dump (local-config names)
     if w.hostname:
         extra["hostname"] = w.hostname
     if w.native_tunnel:
@@ -234,7 +241,7 @@ def service_from_proto(s: wl_pb.Service) -> Service:
         if a.HasField("length") and a.length != len(a.address) * 8:
             continue  # a CIDR VIP: nothing here routes by it
         vips.append((a.network, _ip(a.address)))
-    extra: dict[str, Any] = {"canonical": True} if s.canonical else {}
+    extra: dict[str, object] = {"canonical": True} if s.canonical else {}
     return Service(
         name=s.name,
         namespace=s.namespace,

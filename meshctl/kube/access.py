@@ -7,10 +7,14 @@ Invariant: asks only about ourselves (what ``kubectl auth can-i`` asks); an unre
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import SELF_SUBJECT_ACCESS_REVIEWS
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import SubjectAccessReviewStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,5 +48,6 @@ def review(kube: Kube, access: Access) -> tuple[bool, str]:
         "kind": SELF_SUBJECT_ACCESS_REVIEWS.kind,
         "spec": {"resourceAttributes": attributes},
     }
-    status = objects.create(kube, SELF_SUBJECT_ACCESS_REVIEWS, body).get("status") or {}
+    answer = objects.create(kube, SELF_SUBJECT_ACCESS_REVIEWS, body)
+    status: SubjectAccessReviewStatus = answer.get("status") or {}
     return bool(status.get("allowed")), str(status.get("reason") or "")

@@ -138,10 +138,10 @@ def request(
     path: str,
     *,
     query: Query = (),
-    body: Any = None,
+    body: object = None,
     content_type: str = "application/json",
     timeout: float | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """One request; the JSON answer (an empty dict for an empty body)."""
     read = kube.request_timeout if timeout is None else timeout
     data = None if body is None else json.dumps(body).encode()
@@ -189,7 +189,7 @@ class Stream:
         self._path = path
         self._shut = False
 
-    def events(self) -> Iterator[dict[str, Any]]:
+    def events(self) -> Iterator[dict[str, object]]:
         """Each JSON line as a dict; ends when the server closes the response."""
         pending = b""
         chunks = self._response.stream(64 * 1024, decode_content=True)
@@ -214,7 +214,7 @@ class Stream:
         if pending.strip():
             yield self._decode(pending)
 
-    def _decode(self, line: bytes) -> dict[str, Any]:
+    def _decode(self, line: bytes) -> dict[str, object]:
         try:
             event = json.loads(line)
         except ValueError as exc:

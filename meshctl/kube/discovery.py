@@ -10,6 +10,7 @@ turned off).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 from meshctl.errors import KubeError
 from meshctl.kube import api
@@ -17,22 +18,28 @@ from meshctl.kube.client import Kube
 from meshctl.kube.resources import Resource
 from meshctl.kube.rest import ApiStatusError
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import APIGroupList, APIResourceList
+
+# A kind known only at run time (an install's manifests): whoever reads its objects knows the kind.
+Discovered = Resource[dict[str, Any]]
+
 
 @dataclass
 class Mapper:
     kube: Kube
-    _by_version: dict[str, dict[str, Resource]] = field(default_factory=dict)
+    _by_version: dict[str, dict[str, Discovered]] = field(default_factory=dict)
 
-    def _load(self, api_version: str) -> dict[str, Resource]:
+    def _load(self, api_version: str) -> dict[str, Discovered]:
         group, _, version = api_version.rpartition("/")
         path = f"/apis/{group}/{version}" if group else f"/api/{version}"
         try:
-            answer = api.request(self.kube, "GET", path)
+            answer = cast("APIResourceList", api.request(self.kube, "GET", path))
         except ApiStatusError as exc:
             if exc.status == 404:
                 return {}
             raise
-        kinds: dict[str, Resource] = {}
+        kinds: dict[str, Discovered] = {}
         for item in answer.get("resources") or ():
             name = str(item.get("name", ""))
             if "/" in name:  # a subresource (status, scale, proxy)
@@ -47,7 +54,7 @@ class Mapper:
         self._by_version[api_version] = kinds
         return kinds
 
-    def resource(self, api_version: str, kind: str) -> Resource:
+    def resource(self, api_version: str, kind: str) -> Discovered:
         """The resource serving ``kind`` in ``api_version`` (refreshed once when not found)."""
         kinds = self._by_version.get(api_version)
         if kinds is None or kind not in kinds:
@@ -66,21 +73,21 @@ class Mapper:
             return False
         return True
 
-    def listable(self) -> list[Resource]:
+    def listable(self) -> list[Discovered]:
         """One resource per kind the server serves and can list, at each group's preferred
         version (what ``kubectl api-resources --verbs=list`` shows)."""
-        found: list[Resource] = []
+        found: list[Discovered] = []
         versions = ["v1"]
-        groups = api.request(self.kube, "GET", "/apis").get("groups") or ()
-        for group in groups:
-            preferred = (group.get("preferredVersion") or {}).get("groupVersion")
+        groups = cast("APIGroupList", api.request(self.kube, "GET", "/apis")).get("groups") or ()
+        for served in groups:
+            preferred = (served.get("preferredVersion") or {}).get("groupVersion")
             if preferred:
                 versions.append(str(preferred))
         for version in versions:
             group, _, ver = version.rpartition("/")
             path = f"/apis/{group}/{ver}" if group else f"/api/{ver}"
             try:
-                answer = api.request(self.kube, "GET", path)
+                answer = cast("APIResourceList", api.request(self.kube, "GET", path))
             except ApiStatusError:
                 continue  # an aggregated API that is down: listed as missing, not fatal
             for item in answer.get("resources") or ():

@@ -19,13 +19,16 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import Resource
-from meshctl.kube.watch import Deliver, Key, Watch, WatchEvent
+from meshctl.kube.watch import Deliver, Key, Watch, WatchEvent, synced
+
+# The view an informer's objects are read as (its resource's).
+Viewed = TypeVar("Viewed", bound=Mapping[str, object])
 
 log = logging.getLogger(__name__)
 
@@ -33,10 +36,10 @@ _STOP_TIMEOUT = 1.0  # seconds to wait for a watch thread to end (its stream is 
 
 
 @dataclass(frozen=True, slots=True)
-class Selector:
+class Selector(Generic[Viewed]):
     """What one informer lists and watches."""
 
-    resource: Resource
+    resource: Resource[Viewed]
     namespace: str | None = None
     label_selector: str | None = None
     field_selector: str | None = None
@@ -50,7 +53,8 @@ class Reflector(Protocol):
     def stop(self, timeout: float = ...) -> None: ...
 
 
-ReflectorFactory = Callable[[Selector, Deliver], Reflector]
+# The loop delivers whatever its resource serves: the informer that started it knows the view.
+ReflectorFactory = Callable[[Selector[Any], Deliver[Any]], Reflector]
 
 
 class Informers:
@@ -62,23 +66,24 @@ class Informers:
             raise ValueError("informers need an API server or a reflector")
         self._kube = kube
         self._reflector = reflector or self._watch
-        self._informers: dict[Selector, Informer] = {}
+        # Each informer is of its selector's resource's view (``informer`` keys them so).
+        self._informers: dict[Selector[Any], Informer[Any]] = {}
 
     def informer(
         self,
-        resource: Resource,
+        resource: Resource[Viewed],
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
-    ) -> Informer:
+    ) -> Informer[Viewed]:
         selector = Selector(resource, namespace, label_selector, field_selector)
-        informer = self._informers.get(selector)
+        informer: Informer[Viewed] | None = self._informers.get(selector)
         if informer is None:
             informer = self._informers[selector] = Informer(selector, self._reflector)
         return informer
 
-    def _watch(self, selector: Selector, deliver: Deliver) -> Reflector:
+    def _watch(self, selector: Selector[Any], deliver: Deliver[Any]) -> Reflector:
         assert self._kube is not None  # noqa: S101 -- checked in __init__
         return Watch(
             self._kube,
@@ -90,15 +95,15 @@ class Informers:
         )
 
 
-class Informer:
+class Informer(Generic[Viewed]):
     """One resource and selector: its cache and its subscribers (see the module's invariants)."""
 
-    def __init__(self, selector: Selector, reflector: ReflectorFactory) -> None:
+    def __init__(self, selector: Selector[Viewed], reflector: ReflectorFactory) -> None:
         self.selector = selector
         self._reflector = reflector
-        self._cache: dict[Key, dict[str, Any]] = {}
+        self._cache: dict[Key, Viewed] = {}
         self._synced = False
-        self._subscribers: list[Subscription] = []
+        self._subscribers: list[Subscription[Viewed]] = []
         self._running: Reflector | None = None
         self._generation = 0  # of the running reflector: a stopped one's late events are dropped
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -108,29 +113,30 @@ class Informer:
         """A complete list has been delivered since the watch started."""
         return self._synced
 
-    def get(self, name: str, namespace: str = "") -> dict[str, Any] | None:
+    def get(self, name: str, namespace: str = "") -> Viewed | None:
         return self._cache.get((namespace, name))
 
-    def objects(self) -> list[dict[str, Any]]:
+    def objects(self) -> list[Viewed]:
         return list(self._cache.values())
 
-    def subscribe(self) -> Subscription:
+    def subscribe(self) -> Subscription[Viewed]:
         return Subscription(self)
 
     # -- subscribers (on the loop) ---------------------------------------------------------------
 
-    def _attach(self, subscription: Subscription) -> None:
+    def _attach(self, subscription: Subscription[Viewed]) -> None:
+        resource = self.selector.resource
         for obj in self._cache.values():
-            subscription.put(WatchEvent("ADDED", obj, self.selector.resource))
+            subscription.put(WatchEvent("ADDED", obj, resource))
         if self._synced:
-            subscription.put(WatchEvent("SYNCED", {}, self.selector.resource))
+            subscription.put(synced(resource))
         self._subscribers.append(subscription)
         if self._running is None:
             self._loop = asyncio.get_running_loop()
             self._generation += 1
             generation = self._generation
 
-            def deliver(event: WatchEvent) -> None:  # on the watch's thread
+            def deliver(event: WatchEvent[Viewed]) -> None:  # on the watch's thread
                 loop = self._loop
                 if loop is not None:
                     with contextlib.suppress(RuntimeError):  # the loop closed: nobody listens
@@ -139,7 +145,7 @@ class Informer:
             self._running = self._reflector(self.selector, deliver)
             self._running.start()
 
-    async def _detach(self, subscription: Subscription) -> None:
+    async def _detach(self, subscription: Subscription[Viewed]) -> None:
         with contextlib.suppress(ValueError):
             self._subscribers.remove(subscription)
         if self._subscribers or self._running is None:
@@ -150,7 +156,7 @@ class Informer:
         self._synced = False
         await asyncio.to_thread(running.stop, _STOP_TIMEOUT)
 
-    def _dispatch(self, generation: int, event: WatchEvent) -> None:
+    def _dispatch(self, generation: int, event: WatchEvent[Viewed]) -> None:
         if generation != self._generation:
             return  # from a reflector stopped since
         if event.type == "SYNCED":
@@ -163,24 +169,24 @@ class Informer:
             subscription.put(event)
 
 
-class Subscription:
+class Subscription(Generic[Viewed]):
     """Events of one or more informers, each informer's in order, on the running loop.
 
     ``async with`` attaches (the first subscriber starts an informer's watch) and detaches
     (the last one stops it); iterate for one event at a time, or ``batch()`` for all waiting.
     """
 
-    def __init__(self, *informers: Informer) -> None:
+    def __init__(self, *informers: Informer[Viewed]) -> None:
         self.informers = informers
-        self._events: deque[WatchEvent] = deque()
+        self._events: deque[WatchEvent[Viewed]] = deque()
         self._wake = asyncio.Event()
         self._open = False
 
-    def put(self, event: WatchEvent) -> None:
+    def put(self, event: WatchEvent[Viewed]) -> None:
         self._events.append(event)
         self._wake.set()
 
-    async def __aenter__(self) -> Subscription:
+    async def __aenter__(self) -> Subscription[Viewed]:
         self._open = True
         for informer in self.informers:
             informer._attach(self)
@@ -191,10 +197,10 @@ class Subscription:
         self._wake.set()
         await asyncio.gather(*(i._detach(self) for i in self.informers))
 
-    def __aiter__(self) -> Subscription:
+    def __aiter__(self) -> Subscription[Viewed]:
         return self
 
-    async def __anext__(self) -> WatchEvent:
+    async def __anext__(self) -> WatchEvent[Viewed]:
         while not self._events:
             if not self._open:
                 raise StopAsyncIteration
@@ -202,7 +208,7 @@ class Subscription:
             await self._wake.wait()
         return self._events.popleft()
 
-    async def batch(self) -> list[WatchEvent]:
+    async def batch(self) -> list[WatchEvent[Viewed]]:
         """Everything waiting (at least one event: waits for it); empty once closed."""
         while not self._events and self._open:
             self._wake.clear()
@@ -212,6 +218,7 @@ class Subscription:
         return events
 
 
-def subscribe(informers: Iterable[Informer]) -> Subscription:
-    """One subscription to several informers (each one's events in its order)."""
+def subscribe(informers: Iterable[Informer[Any]]) -> Subscription[Any]:
+    """One subscription to several informers (each one's events in its order); events of
+    several kinds, told apart by ``event.resource``."""
     return Subscription(*informers)

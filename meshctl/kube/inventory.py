@@ -11,14 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
-from meshctl.kube.discovery import Mapper
-from meshctl.kube.resources import EVENTS, PODS, Resource
+from meshctl.kube.discovery import Discovered, Mapper
+from meshctl.kube.resources import EVENTS, PODS
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
+
+# An install's object, of a kind known at run time (the Mapper's): its reader knows the kind.
 Object = dict[str, Any]
 
 
@@ -30,7 +34,7 @@ class Inventory:
     def __post_init__(self) -> None:
         self.mapper = Mapper(self.kube)
 
-    def resource(self, obj: Mapping[str, Any]) -> Resource:
+    def resource(self, obj: Mapping[str, Any]) -> Discovered:
         return self.mapper.resource(str(obj["apiVersion"]), str(obj["kind"]))
 
     def namespace_of(self, obj: Mapping[str, Any]) -> str | None:
@@ -87,7 +91,7 @@ class Inventory:
         """Why the workload's pods are not ready (``pod_problem`` of each, the ready left out)."""
         return [p for p in map(pod_problem, self.pods(workload)) if p]
 
-    def pods(self, workload: Mapping[str, Any]) -> list[Object]:
+    def pods(self, workload: Mapping[str, Any]) -> list[Pod]:
         """The pods a Deployment, DaemonSet or StatefulSet selects (by its matchLabels)."""
         spec = workload.get("spec") or {}
         labels = ((spec.get("selector") or {}).get("matchLabels")) or {}

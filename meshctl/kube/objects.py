@@ -13,11 +13,12 @@ owns is a 409 conflict unless ``force`` takes it over.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Literal, cast
 
 from meshctl.kube import api
 from meshctl.kube.client import Kube
-from meshctl.kube.resources import Resource
+from meshctl.kube.resources import Body, Resource
 from meshctl.kube.rest import ApiStatusError
 
 PatchType = Literal["merge", "json", "strategic"]
@@ -35,11 +36,11 @@ def is_conflict(exc: ApiStatusError) -> bool:
 
 
 def get(
-    kube: Kube, resource: Resource, name: str, namespace: str | None = None
-) -> dict[str, Any] | None:
+    kube: Kube, resource: Resource[Body], name: str, namespace: str | None = None
+) -> Body | None:
     """The object, or None when it does not exist."""
     try:
-        return api.request(kube, "GET", resource.path(namespace, name))
+        return cast(Body, api.request(kube, "GET", resource.path(namespace, name)))
     except ApiStatusError as exc:
         if exc.status == 404:
             return None
@@ -48,12 +49,12 @@ def get(
 
 def list_objects(
     kube: Kube,
-    resource: Resource,
+    resource: Resource[Body],
     namespace: str | None = None,
     *,
     label_selector: str | None = None,
     field_selector: str | None = None,
-) -> tuple[list[dict[str, Any]], str]:
+) -> tuple[list[Body], str]:
     """Every matching object (paged as client-go pages) and the list's resourceVersion.
 
     Items carry ``apiVersion`` and ``kind`` (the API leaves them out of list items).
@@ -63,7 +64,7 @@ def list_objects(
         query.append(("labelSelector", label_selector))
     if field_selector:
         query.append(("fieldSelector", field_selector))
-    items: list[dict[str, Any]] = []
+    items: list[Body] = []
     token = ""
     while True:
         page = api.request(
@@ -72,11 +73,13 @@ def list_objects(
             resource.path(namespace),
             query=[*query, ("continue", token)] if token else query,
         )
-        for item in page.get("items") or ():
+        listed = page.get("items")
+        for item in listed if isinstance(listed, list) else ():
             item.setdefault("apiVersion", resource.api_version)
             item.setdefault("kind", resource.kind)
             items.append(item)
-        meta = page.get("metadata") or {}
+        meta = page.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
         token = str(meta.get("continue") or "")
         if not token:
             return items, str(meta.get("resourceVersion") or "")
@@ -84,67 +87,76 @@ def list_objects(
 
 def create(
     kube: Kube,
-    resource: Resource,
-    body: dict[str, Any],
+    resource: Resource[Body],
+    body: Mapping[str, object],
     namespace: str | None = None,
     *,
     dry_run: bool = False,
     field_manager: str | None = None,
-) -> dict[str, Any]:
+) -> Body:
     """Create-only: an existing object of that name raises 409 (``is_conflict``). A dry run
     goes through admission (webhooks included) and persists nothing."""
-    return api.request(
-        kube,
-        "POST",
-        resource.path(namespace),
-        body=body,
-        query=_write_query(dry_run, field_manager),
+    return _write(
+        kube, resource, "POST", namespace, None, body, _write_query(dry_run, field_manager)
     )
 
 
 def replace(
     kube: Kube,
-    resource: Resource,
-    body: dict[str, Any],
+    resource: Resource[Body],
+    body: Mapping[str, object],
     namespace: str | None = None,
     *,
     field_manager: str | None = None,
-) -> dict[str, Any]:
+) -> Body:
     """Replace the object named in ``body``; its ``metadata.resourceVersion`` guards the write."""
-    name = str(body["metadata"]["name"])
-    return api.request(
-        kube,
-        "PUT",
-        resource.path(namespace, name),
-        body=body,
-        query=_write_query(False, field_manager),
-    )
+    query = _write_query(False, field_manager)
+    return _write(kube, resource, "PUT", namespace, _name(body), body, query)
 
 
 def apply(
     kube: Kube,
-    resource: Resource,
-    body: dict[str, Any],
+    resource: Resource[Body],
+    body: Mapping[str, object],
     namespace: str | None = None,
     *,
     field_manager: str,
     force: bool = False,
     dry_run: bool = False,
-) -> dict[str, Any]:
+) -> Body:
     """Server-side apply of ``body`` (the whole intent of ``field_manager`` for this object)."""
-    name = str(body["metadata"]["name"])
     query = _write_query(dry_run, field_manager)
     if force:
         query.append(("force", "true"))
     # JSON is YAML: the apply content type takes the object as we hold it.
-    return api.request(
-        kube,
-        "PATCH",
-        resource.path(namespace, name),
-        body=body,
-        query=query,
-        content_type="application/apply-patch+yaml",
+    return _write(
+        kube, resource, "PATCH", namespace, _name(body), body, query, "application/apply-patch+yaml"
     )
+
+
+def _write(
+    kube: Kube,
+    resource: Resource[Body],
+    method: str,
+    namespace: str | None,
+    name: str | None,
+    body: object,
+    query: list[tuple[str, str]],
+    content_type: str = "application/json",
+) -> Body:
+    """One write to the collection (``name`` None) or the object; the object as the server now
+    has it, read as ``resource``'s view."""
+    path = resource.path(namespace, name)
+    answer = api.request(kube, method, path, body=body, query=query, content_type=content_type)
+    return cast(Body, answer)
+
+
+def _name(body: Mapping[str, object]) -> str:
+    """``metadata.name`` of an object to write (KeyError without one, as a lookup would)."""
+    metadata = body["metadata"]
+    if not isinstance(metadata, Mapping):
+        raise KeyError("metadata")
+    return str(metadata["name"])
 
 
 def _write_query(dry_run: bool, field_manager: str | None) -> list[tuple[str, str]]:
@@ -156,26 +168,20 @@ def _write_query(dry_run: bool, field_manager: str | None) -> list[tuple[str, st
 
 def patch(
     kube: Kube,
-    resource: Resource,
+    resource: Resource[Body],
     name: str,
-    body: Any,
+    body: object,
     namespace: str | None = None,
     *,
     patch_type: PatchType = "merge",
-) -> dict[str, Any]:
+) -> Body:
     """Patch one object (RFC 7386 merge, RFC 6902 JSON patch, or strategic merge)."""
-    return api.request(
-        kube,
-        "PATCH",
-        resource.path(namespace, name),
-        body=body,
-        content_type=_PATCH_CONTENT[patch_type],
-    )
+    return _write(kube, resource, "PATCH", namespace, name, body, [], _PATCH_CONTENT[patch_type])
 
 
 def delete(
     kube: Kube,
-    resource: Resource,
+    resource: Resource[Mapping[str, object]],
     name: str,
     namespace: str | None = None,
     *,

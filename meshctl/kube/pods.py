@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from meshctl.kube.rest import ApiStatusError, ApiUnreachableError, RestConfig, get_json, pod_path
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
 
 log = logging.getLogger(__name__)
 
@@ -26,15 +29,19 @@ def get_pod(
     timeout: float,
     deadline: float,
     first_delay: float = 0.05,
-) -> dict[str, Any]:
-    """The pod as plain JSON; retried with doubling delays until ``deadline`` seconds pass."""
+) -> Pod:
+    """The pod as the API serves it; retried with doubling delays until ``deadline`` seconds
+    pass."""
     give_up = time.monotonic() + deadline
     delay = first_delay
     attempt = 1
     while True:
         left = give_up - time.monotonic()
         try:
-            return get_json(config, pod_path(namespace, name), timeout=max(0.1, min(timeout, left)))
+            found = get_json(
+                config, pod_path(namespace, name), timeout=max(0.1, min(timeout, left))
+            )
+            return cast("Pod", found)
         except ApiStatusError as exc:
             if exc.status not in _RETRIED_STATUS or time.monotonic() + delay > give_up:
                 raise

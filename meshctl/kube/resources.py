@@ -3,18 +3,41 @@
 Owns the URL paths of the API's REST layout (``/api/v1/...`` for the core group,
 ``/apis/<group>/<version>/...`` otherwise; the Kubernetes API conventions). Invariant: a path is
 built only from names quoted for a URL segment, so a name from a peer or a user can never reach
-another resource.
+another resource. A ``Resource`` is typed by the view its objects are read as
+(``meshctl.core.k8s.schema``), so a verb on ``PODS`` hands back a ``Pod``; a kind the code does
+not read field by field is a plain JSON object (``dict[str, object]``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import quote
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import (
+        KubeObject,
+        Lease,
+        Namespace,
+        Pod,
+        Secret,
+        SelfSubjectAccessReview,
+        TokenReview,
+    )
+
+
+# Covariant: a resource of Pods is a resource of objects (verbs hand objects out as the view;
+# what they send is any JSON object).
+_View_co = TypeVar("_View_co", bound=Mapping[str, object], covariant=True)
+# What a verb over a ``Resource[Body]`` hands back.
+Body = TypeVar("Body", bound=Mapping[str, object])
 
 
 @dataclass(frozen=True, slots=True)
-class Resource:
-    """One resource type: ``Resource("apps", "v1", "deployments", "Deployment")``."""
+class Resource(Generic[_View_co]):
+    """One resource type: ``Resource("apps", "v1", "deployments", "Deployment")``; ``Body`` is
+    the view its objects are read as (types only: no check at run time)."""
 
     group: str  # "" for the core group
     version: str
@@ -53,36 +76,39 @@ def _segment(text: str) -> str:
     return quote(text, safe="")
 
 
-NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
-NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
-PODS = Resource("", "v1", "pods", "Pod")
-SERVICES = Resource("", "v1", "services", "Service")
-CONFIG_MAPS = Resource("", "v1", "configmaps", "ConfigMap")
-SECRETS = Resource("", "v1", "secrets", "Secret")
-SERVICE_ACCOUNTS = Resource("", "v1", "serviceaccounts", "ServiceAccount")
-ENDPOINT_SLICES = Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
-LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease")
-TOKEN_REVIEWS = Resource(
+NAMESPACES: Resource[Namespace] = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+NODES: Resource[KubeObject] = Resource("", "v1", "nodes", "Node", namespaced=False)
+PODS: Resource[Pod] = Resource("", "v1", "pods", "Pod")
+SERVICES: Resource[dict[str, object]] = Resource("", "v1", "services", "Service")
+# Read as plain dicts by install and verify (they own their reading of these).
+CONFIG_MAPS: Resource[dict[str, Any]] = Resource("", "v1", "configmaps", "ConfigMap")
+SECRETS: Resource[Secret] = Resource("", "v1", "secrets", "Secret")
+SERVICE_ACCOUNTS: Resource[KubeObject] = Resource("", "v1", "serviceaccounts", "ServiceAccount")
+ENDPOINT_SLICES: Resource[dict[str, object]] = Resource(
+    "discovery.k8s.io", "v1", "endpointslices", "EndpointSlice"
+)
+LEASES: Resource[Lease] = Resource("coordination.k8s.io", "v1", "leases", "Lease")
+TOKEN_REVIEWS: Resource[TokenReview] = Resource(
     "authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False
 )
-MUTATING_WEBHOOK_CONFIGURATIONS = Resource(
+MUTATING_WEBHOOK_CONFIGURATIONS: Resource[dict[str, Any]] = Resource(
     "admissionregistration.k8s.io",
     "v1",
     "mutatingwebhookconfigurations",
     "MutatingWebhookConfiguration",
     namespaced=False,
 )
-EVENTS = Resource("", "v1", "events", "Event")
-DEPLOYMENTS = Resource("apps", "v1", "deployments", "Deployment")
-DAEMONSETS = Resource("apps", "v1", "daemonsets", "DaemonSet")
-CUSTOM_RESOURCE_DEFINITIONS = Resource(
+EVENTS: Resource[dict[str, object]] = Resource("", "v1", "events", "Event")
+DEPLOYMENTS: Resource[dict[str, object]] = Resource("apps", "v1", "deployments", "Deployment")
+DAEMONSETS: Resource[dict[str, object]] = Resource("apps", "v1", "daemonsets", "DaemonSet")
+CUSTOM_RESOURCE_DEFINITIONS: Resource[dict[str, object]] = Resource(
     "apiextensions.k8s.io",
     "v1",
     "customresourcedefinitions",
     "CustomResourceDefinition",
     namespaced=False,
 )
-SELF_SUBJECT_ACCESS_REVIEWS = Resource(
+SELF_SUBJECT_ACCESS_REVIEWS: Resource[SelfSubjectAccessReview] = Resource(
     "authorization.k8s.io",
     "v1",
     "selfsubjectaccessreviews",

@@ -17,14 +17,20 @@ import json
 import os
 import ssl
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar, cast
 from urllib.parse import quote, urlsplit
 
 from meshctl import inputs
 from meshctl.errors import ConfigError, KubeError
 from meshctl.structured import InputError, load_json
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Kubeconfig, KubeconfigUser
+
+_Named = TypeVar("_Named", bound=Mapping[str, object])
 
 
 class ApiUnreachableError(KubeError):
@@ -78,7 +84,8 @@ def load(path: str) -> RestConfig:
         except InputError as exc:
             raise ConfigError(f"kubeconfig {path} cannot be parsed: {exc.problem}") from exc
     try:
-        return _current(data, path)
+        # Read as the view says; what is missing or mistyped fails a lookup, caught here.
+        return _current(cast("Kubeconfig", data), path)
     except (KeyError, TypeError, ValueError, StopIteration, OSError) as exc:
         raise ConfigError(
             f"kubeconfig {path} is incomplete: {type(exc).__name__}",
@@ -86,14 +93,17 @@ def load(path: str) -> RestConfig:
         ) from exc
 
 
-def _current(data: dict[str, Any], path: str) -> RestConfig:
-    def named(section: str, name: str) -> dict[str, Any]:
-        item = next(i for i in data[section] if i["name"] == name)
-        return dict(item[section[:-1]])
+def _named(items: Sequence[_Named], name: str) -> _Named:
+    """The entry of a kubeconfig list called ``name`` (``StopIteration`` when none is)."""
+    return next(i for i in items if i["name"] == name)
 
-    context = named("contexts", data["current-context"])
-    cluster = named("clusters", context["cluster"])
-    user = named("users", context["user"]) if context.get("user") else {}
+
+def _current(data: Kubeconfig, path: str) -> RestConfig:
+    context = _named(data["contexts"], data["current-context"])["context"]
+    cluster = _named(data["clusters"], context["cluster"])["cluster"]
+    user: KubeconfigUser = (
+        _named(data["users"], context["user"])["user"] if context.get("user") else {}
+    )
     token = str(user.get("token", ""))
     if not token and user.get("tokenFile"):
         token = Path(user["tokenFile"]).read_text(encoding="utf-8").strip()
@@ -108,15 +118,23 @@ def _current(data: dict[str, Any], path: str) -> RestConfig:
     )
 
 
-def _data_or_file(section: dict[str, Any], key: str) -> bytes | None:
-    if section.get(f"{key}-data"):
-        return base64.b64decode(section[f"{key}-data"])
-    if section.get(key):
-        return Path(section[key]).read_bytes()
+def _data_or_file(section: Mapping[str, object], key: str) -> bytes | None:
+    """The ``KEY-data`` (base64) or the file ``KEY`` names; ``TypeError`` (``load`` says the
+    kubeconfig is incomplete) when the value is not text."""
+    data = section.get(f"{key}-data")
+    if data:
+        if not isinstance(data, str):
+            raise TypeError(f"{key}-data is not text")
+        return base64.b64decode(data)
+    file = section.get(key)
+    if file:
+        if not isinstance(file, str):
+            raise TypeError(f"{key} is not a file name")
+        return Path(file).read_bytes()
     return None
 
 
-def get_json(config: RestConfig, path: str, *, timeout: float) -> dict[str, Any]:
+def get_json(config: RestConfig, path: str, *, timeout: float) -> dict[str, object]:
     """``GET <server><path>`` as JSON; raises ``ApiUnreachableError`` or ``ApiStatusError``."""
     url = urlsplit(config.server)
     where = f"API server {config.server} ({config.source})"

@@ -8,11 +8,15 @@ its own peer UNAVAILABLE), distinct from a verdict of "not authenticated".
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from meshctl.core.pki.callers import TokenVerdict
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import TOKEN_REVIEWS
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import TokenReviewStatus, UserInfo
 
 
 def review_token(kube: Kube, token: str, audiences: Sequence[str]) -> TokenVerdict:
@@ -23,8 +27,8 @@ def review_token(kube: Kube, token: str, audiences: Sequence[str]) -> TokenVerdi
         "spec": {"token": token, "audiences": list(audiences)},
     }
     answer = objects.create(kube, TOKEN_REVIEWS, body)
-    status = answer.get("status") or {}
-    user = status.get("user") or {}
+    status: TokenReviewStatus = answer.get("status") or {}
+    user: UserInfo = status.get("user") or {}
     extra = user.get("extra") or {}
     return TokenVerdict(
         authenticated=bool(status.get("authenticated")),

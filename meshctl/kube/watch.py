@@ -23,15 +23,15 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Generic, Literal, TypeVar, cast
 
 from meshctl.core.backoff import Backoff
 from meshctl.errors import KubeError
 from meshctl.kube import api, objects
 from meshctl.kube.client import Kube
-from meshctl.kube.resources import Resource
+from meshctl.kube.resources import Body, Resource
 from meshctl.kube.rest import ApiStatusError
 
 log = logging.getLogger(__name__)
@@ -45,27 +45,43 @@ WATCH_BACKOFF = Backoff(first=0.8, cap=30.0, jitter=1.0)
 RESET_AFTER = 120.0  # seconds of a loop without failure that forget the earlier failures
 
 
+# Covariant: an event about a Pod is an event about a Pod or a Namespace (a stream of several
+# kinds, told apart by ``resource``).
+_Object_co = TypeVar("_Object_co", bound=Mapping[str, object], covariant=True)
+
+
 @dataclass(frozen=True, slots=True)
-class WatchEvent:
+class WatchEvent(Generic[_Object_co]):
     """One change, or ``SYNCED`` (``object`` empty) after a complete list has been delivered;
     ``resource``: the kind it is about (what a consumer of several kinds tells them apart by)."""
 
     type: EventType
-    object: dict[str, Any]
-    resource: Resource | None = None
+    object: _Object_co
+    resource: Resource[_Object_co] | None = None
 
     @property
     def key(self) -> Key:
         return object_key(self.object)
 
 
-def object_key(obj: dict[str, Any]) -> Key:
-    meta = obj.get("metadata") or {}
+def object_key(obj: Mapping[str, object]) -> Key:
+    meta = _metadata(obj)
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
-def resource_version(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+def resource_version(obj: Mapping[str, object]) -> str:
+    return str(_metadata(obj).get("resourceVersion") or "")
+
+
+def _metadata(obj: Mapping[str, object]) -> Mapping[str, object]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def synced(resource: Resource[Body]) -> WatchEvent[Body]:
+    """The ``SYNCED`` event of ``resource``: no object (an empty one, which every view of an
+    object admits: their fields are all optional)."""
+    return WatchEvent("SYNCED", cast(Body, {}), resource)
 
 
 @dataclass(slots=True)
@@ -83,10 +99,11 @@ class _GoneError(Exception):
     """The resourceVersion we hold is too old: relist."""
 
 
-Deliver = Callable[[WatchEvent], None]
+_Viewed = TypeVar("_Viewed", bound=Mapping[str, object])
+Deliver = Callable[[WatchEvent[_Viewed]], None]
 
 
-class Watch:
+class Watch(Generic[_Viewed]):
     """A list+watch loop over one resource in a thread of its own; ``deliver`` gets each event.
 
     ``resource_version`` and ``held`` resume from a version already held instead of listing
@@ -97,14 +114,14 @@ class Watch:
     def __init__(
         self,
         kube: Kube,
-        resource: Resource,
-        deliver: Deliver,
+        resource: Resource[_Viewed],
+        deliver: Deliver[_Viewed],
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
         field_selector: str | None = None,
         resource_version: str | None = None,
-        held: Sequence[dict[str, Any]] = (),
+        held: Sequence[_Viewed] = (),
         timeout_seconds: int | None = None,
         backoff: Backoff = WATCH_BACKOFF,
         reset_after: float = RESET_AFTER,
@@ -122,7 +139,7 @@ class Watch:
         self._backoff = backoff
         self._reset_after = reset_after
         self._draw = draw
-        self._known: dict[Key, dict[str, Any]] = {object_key(o): o for o in held}
+        self._known: dict[Key, _Viewed] = {object_key(o): o for o in held}
         self._stopping = threading.Event()
         self._stream: api.Stream | None = None
         self._lock = threading.Lock()
@@ -155,7 +172,7 @@ class Watch:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> list[_Viewed]:
         """The objects the loop holds now (a copy; safe from any thread)."""
         with self._lock:
             return list(self._known.values())
@@ -223,7 +240,7 @@ class Watch:
             if key not in fresh:
                 self._emit("DELETED", obj)
         self.synced.set()
-        self._emit("SYNCED", {})
+        self._deliver_event(synced(self._resource))
 
     def _watch_once(self) -> None:
         query = [
@@ -260,19 +277,20 @@ class Watch:
                 self._stream = None
             stream.close()
 
-    def _apply(self, event: dict[str, Any]) -> None:
+    def _apply(self, event: Mapping[str, object]) -> None:
         kind = event.get("type")
-        obj = event.get("object")
-        if not isinstance(obj, dict):
+        raw = event.get("object")
+        if not isinstance(raw, dict):
             raise ApiStatusError(f"watch {self.name}: an event without an object", status=200)
+        obj = cast(_Viewed, raw)  # as the API serves this resource (an ERROR: a Status)
         if kind == "ERROR":
-            code = int(obj.get("code") or 0)
+            code = int(raw.get("code") or 0)
             if code == 410:
                 raise _GoneError
             raise ApiStatusError(
-                f"watch {self.name}: {obj.get('message') or 'error event'}",
+                f"watch {self.name}: {raw.get('message') or 'error event'}",
                 status=code,
-                reason=str(obj.get("reason") or ""),
+                reason=str(raw.get("reason") or ""),
             )
         version = resource_version(obj)
         if kind == "BOOKMARK":
@@ -296,10 +314,13 @@ class Watch:
         else:
             self._emit("MODIFIED" if known else "ADDED", obj)
 
-    def _emit(self, kind: EventType, obj: dict[str, Any]) -> None:
+    def _emit(self, kind: EventType, obj: _Viewed) -> None:
+        self._deliver_event(WatchEvent(kind, obj, self._resource))
+
+    def _deliver_event(self, event: WatchEvent[_Viewed]) -> None:
         if self._stopping.is_set():
             return
         try:
-            self._deliver(WatchEvent(kind, obj, self._resource))
+            self._deliver(event)
         except Exception:  # a consumer's bug must not end the watch
-            log.exception("watch %s: the consumer failed on a %s event", self.name, kind)
+            log.exception("watch %s: the consumer failed on a %s event", self.name, event.type)

@@ -15,10 +15,14 @@ import hashlib
 import logging
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from meshctl import inputs, yamlread
-from meshctl.core.mesh.localconfig import local_config_warnings, parse_local_config
+from meshctl.core.mesh.localconfig import (
+    LocalConfig,
+    local_config_warnings,
+    parse_local_config,
+)
 from meshctl.core.mesh.records import LocalConfigError
 from meshctl.core.pki.identity import (
     CERT_CHAIN_FILE,
@@ -33,6 +37,9 @@ from meshctl.core.wire import channel
 from meshctl.errors import UserError
 from meshctl.process import Feed
 from meshctl.structured import InputError
+
+if TYPE_CHECKING:
+    from meshctl.core.wire.dump import CertificateFacts
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +89,7 @@ def certs_message(
     )
 
 
-def cert_facts(pem: str) -> tuple[dict[str, Any], ...]:
+def cert_facts(pem: str) -> tuple[CertificateFacts, ...]:
     from meshctl.core.pki import certs as certs_mod
 
     return tuple(
@@ -113,7 +120,7 @@ def _check_certs(chain: str, key: str, roots: str, identity: SpiffeId) -> None:
     peer_identity(facts[0].uri_sans, trust_domain=identity.trust_domain, expected=[identity])
 
 
-def read_local_config(path: Path | None, *, warn: bool = True) -> dict[str, Any]:
+def read_local_config(path: Path | None, *, warn: bool = True) -> LocalConfig:
     """The local-config document (validated), or an empty one without ``--local-config``.
 
     ``warn``: log what ztunnel would read differently (once per reading that is used).
@@ -141,7 +148,7 @@ def read_local_config(path: Path | None, *, warn: bool = True) -> dict[str, Any]
         raise UserError(f"local config {path} must be a mapping", hint="see docs/ztunnel.md")
     for warning in local_config_warnings(doc) if warn else ():  # accepted, read otherwise
         log.warning("local config %s: %s", path, warning)
-    return doc
+    return cast(LocalConfig, doc)  # parse_local_config accepted it just above
 
 
 def certificate_digest(cert_dir: Path) -> str:

@@ -18,13 +18,16 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from meshctl.core.mesh.records import Service, Workload
 from meshctl.core.pki.identity import SpiffeId
+
+if TYPE_CHECKING:
+    from meshctl.core.wire.dump import FlowEnd, FlowFacts
 
 access_log = logging.getLogger("meshctl.access")
 
@@ -152,7 +155,7 @@ class Telemetry:
         build.labels("ztunnel", __version__).set(1)
         self.multiprocess_dir = ""
         self._children: dict[tuple[object, ...], _Children] = {}
-        self._open_gauges: dict[str, Any] = {}
+        self._open_gauges: dict[str, Gauge] = {}
 
     def children(
         self, reporter: str, src: Peer, dst: Peer, service: Service | None, *, mtls: bool
@@ -180,7 +183,7 @@ class Telemetry:
             )
         return found
 
-    def open_gauge(self, direction: str) -> Any:
+    def open_gauge(self, direction: str) -> Gauge:
         gauge = self._open_gauges.get(direction)
         if gauge is None:
             gauge = self._open_gauges[direction] = self.open_sockets.labels(direction)
@@ -220,31 +223,31 @@ def labels(
     flags: str = "-",
 ) -> dict[str, str]:
     """Istio's label values for a connection between ``src`` and ``dst``."""
-    s, d = src.workload, dst.workload
     return {
         "reporter": reporter,
-        "source_workload": (s.workload_name or s.name) if s else UNKNOWN,
-        "source_canonical_service": (s.canonical_name or s.name) if s else UNKNOWN,
-        "source_canonical_revision": s.canonical_revision or "latest" if s else UNKNOWN,
-        "source_workload_namespace": s.namespace if s else UNKNOWN,
-        "source_principal": str(src.identity) if src.identity else UNKNOWN,
-        "source_app": (s.canonical_name or s.name) if s else UNKNOWN,
-        "source_version": s.canonical_revision or "latest" if s else UNKNOWN,
-        "source_cluster": s.cluster_id if s else UNKNOWN,
+        **_end_labels("source", src),
         "destination_service": service.hostname if service else UNKNOWN,
         "destination_service_namespace": service.namespace if service else UNKNOWN,
         "destination_service_name": service.name if service else UNKNOWN,
-        "destination_workload": (d.workload_name or d.name) if d else UNKNOWN,
-        "destination_canonical_service": (d.canonical_name or d.name) if d else UNKNOWN,
-        "destination_canonical_revision": d.canonical_revision or "latest" if d else UNKNOWN,
-        "destination_workload_namespace": d.namespace if d else UNKNOWN,
-        "destination_principal": str(dst.identity) if dst.identity else UNKNOWN,
-        "destination_app": (d.canonical_name or d.name) if d else UNKNOWN,
-        "destination_version": d.canonical_revision or "latest" if d else UNKNOWN,
-        "destination_cluster": d.cluster_id if d else UNKNOWN,
+        **_end_labels("destination", dst),
         "request_protocol": "tcp",
         "response_flags": flags,
         "connection_security_policy": "mutual_tls" if mtls else UNKNOWN,
+    }
+
+
+def _end_labels(side: str, peer: Peer) -> dict[str, str]:
+    """The labels of one end (``source`` or ``destination``): its workload and principal."""
+    w = peer.workload
+    return {
+        f"{side}_workload": (w.workload_name or w.name) if w else UNKNOWN,
+        f"{side}_canonical_service": (w.canonical_name or w.name) if w else UNKNOWN,
+        f"{side}_canonical_revision": w.canonical_revision or "latest" if w else UNKNOWN,
+        f"{side}_workload_namespace": w.namespace if w else UNKNOWN,
+        f"{side}_principal": str(peer.identity) if peer.identity else UNKNOWN,
+        f"{side}_app": (w.canonical_name or w.name) if w else UNKNOWN,
+        f"{side}_version": w.canonical_revision or "latest" if w else UNKNOWN,
+        f"{side}_cluster": w.cluster_id if w else UNKNOWN,
     }
 
 
@@ -341,10 +344,10 @@ class Flow:
         t.flows.discard(self)
         self._log(error=error)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> FlowFacts:
         """This connection for ``/config_dump``: both ends with their identities, bytes so far."""
 
-        def end(peer: Peer) -> dict[str, Any]:
+        def end(peer: Peer) -> FlowEnd:
             w = peer.workload
             return {
                 "addr": _addr(peer.addr),

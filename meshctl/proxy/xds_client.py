@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from meshctl import rpc  # first: it quiets grpc's C core logging before grpc loads
 
@@ -28,6 +28,7 @@ from google.protobuf import json_format, struct_pb2
 
 from meshctl import config, xds
 from meshctl.core.backoff import Backoff
+from meshctl.core.mesh.localconfig import LocalConfig
 from meshctl.core.mesh.records import Kind, Policy, Service, Workload
 from meshctl.core.mesh.render import render, update_to_plain
 from meshctl.core.mesh.store import Store, Update
@@ -37,6 +38,9 @@ from meshctl.errors import ConfigError
 from meshctl.process import Feed
 from meshctl.proto import xds_pb2, xds_pb2_grpc
 from meshctl.structured import InputError, load_json
+
+if TYPE_CHECKING:
+    from meshctl.core.wire.dump import DiscoveryFacts, TypeFacts
 
 log = logging.getLogger(__name__)
 
@@ -151,9 +155,9 @@ class XdsClient:
 
     # -- state -----------------------------------------------------------------------------------
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> DiscoveryFacts:
         """What ``/config_dump`` shows (ztunnel-style names)."""
-        types = {
+        types: dict[str, TypeFacts] = {
             t: {
                 "subscription": "wildcard",
                 "acked": s.acked,
@@ -394,7 +398,7 @@ def build_config(settings: DiscoverySettings, env: Mapping[str, str] | None = No
                 f"the control plane's root certificate {roots} is missing",
                 hint="mount the meshctl-ca-root-cert ConfigMap there, or set XDS_ROOT_CA",
             )
-    meta_json: dict[str, Any] = {}
+    meta_json: dict[str, object] = {}  # any JSON value, as Istio reads it
     for key, text in config.env_with_prefix("ISTIO_METAJSON_", env).items():
         try:
             meta_json[key] = load_json(text, f"ISTIO_METAJSON_{key}")
@@ -439,7 +443,7 @@ class XdsFeed(Feed):
         self._generation = 0
         self._pending: list[channel.Message] = []
         self._sent_snapshot = False
-        self._sent_state: dict[str, Any] | None = None
+        self._sent_state: DiscoveryFacts | None = None
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
 
@@ -457,7 +461,7 @@ class XdsFeed(Feed):
 
     def _snapshot(self) -> channel.Workloads:
         store = self.client.store
-        document = {
+        document: LocalConfig = {
             "workloads": [render(w) for w in store.workloads],
             "services": [render(s) for s in store.services],
             "policies": [render(p) for p in store.policies],

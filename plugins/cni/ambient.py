@@ -29,7 +29,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from meshctl.core.backoff import Backoff
 from meshctl.core.k8s import ambient
@@ -37,11 +37,11 @@ from meshctl.core.k8s.cni.spec import AGENT_RELEASED
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 from meshctl.core.wire import zds
 from meshctl.kube.resources import NAMESPACES, PODS
-from meshctl.kube.watch import WatchEvent
 from meshctl.kube.workqueue import RETRY_BACKOFF, GiveUp, Retry, WorkQueue
+from meshctl.tasks import Tasks
 
-from .apiserver import PodApi, PodSource
-from .health import health_report
+from .apiserver import PodApi, PodEvent, PodSource
+from .health import EnrollmentRecord, HealthReport, health_report
 from .kernelsteps import Kernel, KernelError, KernelSteps
 from .netnsdir import NetnsDir
 from .podstate import (
@@ -53,6 +53,10 @@ from .podstate import (
     StateFile,
 )
 from .zdsserver import NodeProxies, ProxyUnavailableError, SnapshotEntry, ZdsServer
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.cni.messages import PluginEvent
+    from meshctl.core.k8s.schema import Namespace, Pod
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +102,7 @@ class AmbientAgent:
         self.source = source
         self.api = api
         self.pods: dict[str, PodState] = {}
-        self.namespaces: dict[str, dict[str, Any]] = {}
+        self.namespaces: dict[str, Namespace] = {}
         self.synced = asyncio.Event()
         self._synced_kinds: set[str] = set()
         self.kernel: Kernel = kernel or KernelSteps(
@@ -108,7 +112,7 @@ class AmbientAgent:
         self._state_file = StateFile(Path(settings.run_dir) / STATE_FILE)
         self.zds: NodeProxies = proxies or ZdsServer(settings.zds_socket)
         self.queue: WorkQueue[str] = WorkQueue("pod", self._reconcile_uid, backoff=retry)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Tasks(log, "ambient task")
 
     # -- life --------------------------------------------------------------------------------
 
@@ -136,8 +140,7 @@ class AmbientAgent:
             await asyncio.wait(readers, timeout=2.0)  # the informers' watches stop
         finally:
             self.queue.shut_down()
-            for task in list(self._tasks):
-                task.cancel()
+            self._tasks.cancel()
             await self.zds.close()
             for state in self.pods.values():
                 self._close_fd(state)
@@ -153,8 +156,7 @@ class AmbientAgent:
         SNAT, the proxy's entry and the annotation removed, the state file deleted; returns the
         pods that could not be released (logged, each with its error)."""
         self.queue.shut_down()
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         left = []
         for state in list(self.pods.values()):
             if not (state.captured or state.served or state.annotated or state.netns):
@@ -181,13 +183,13 @@ class AmbientAgent:
             async for event in events:
                 self._on_event(event)
 
-    def _on_event(self, event: WatchEvent) -> None:
+    def _on_event(self, event: PodEvent) -> None:
         try:
             self._apply_event(event)
         except Exception:  # one bad object must not stop the watch's consumer
             log.exception("%s event %s failed", _plural(event), event.type)
 
-    def _apply_event(self, event: WatchEvent) -> None:
+    def _apply_event(self, event: PodEvent) -> None:
         kind = _plural(event)
         if event.type == "SYNCED":
             self._synced_kinds.add(kind)
@@ -198,7 +200,7 @@ class AmbientAgent:
                     len(self.pods),
                     self.settings.node_name,
                 )
-                self._spawn(self._initial_sync())
+                self._tasks.spawn(self._initial_sync())
             return
         obj = event.object
         meta = obj.get("metadata") or {}
@@ -207,7 +209,7 @@ class AmbientAgent:
             if event.type == "DELETED":
                 self.namespaces.pop(name, None)
             else:
-                self.namespaces[name] = obj
+                self.namespaces[name] = cast("Namespace", obj)  # the event's resource says so
             for state in list(self.pods.values()):
                 if state.namespace == name:
                     self.kick(state)
@@ -219,7 +221,7 @@ class AmbientAgent:
         if event.type == "DELETED":
             state.pod = None
         else:
-            state.pod = obj
+            state.pod = cast("Pod", obj)  # not a Namespace: a Pod
             state.annotated = (meta.get("annotations") or {}).get(ambient.REDIRECTION)
         self.kick(state)
 
@@ -256,7 +258,7 @@ class AmbientAgent:
         if self.synced.is_set():
             self.queue.add(state.uid)
 
-    async def cni_add(self, event: dict[str, Any]) -> tuple[int, str]:
+    async def cni_add(self, event: PluginEvent) -> tuple[int, str]:
         """A sandbox was set up (the plugin's ``/cmdadd``): remember its netns; enroll it now
         when the plugin found it enrolled, and answer only once that is done."""
         pod = event.get("pod") if isinstance(event.get("pod"), dict) else None
@@ -289,7 +291,7 @@ class AmbientAgent:
                 return 500, str(exc)
         return 200, f"pod {state.ref} captured and served"
 
-    async def cni_del(self, event: dict[str, Any]) -> tuple[int, str]:
+    async def cni_del(self, event: PluginEvent) -> tuple[int, str]:
         """A sandbox is being torn down: undo everything for it (the netns may still exist)."""
         uid = str(event.get("podUid") or "")
         state = self.pods.get(uid) if uid else self._by_name(event)
@@ -414,7 +416,7 @@ class AmbientAgent:
             (done - captured) * 1000,
         )
         if from_cni:
-            self._spawn(self._annotate_quietly(state, ambient.REDIRECTION_ENABLED))
+            self._tasks.spawn(self._annotate_quietly(state, ambient.REDIRECTION_ENABLED))
         else:
             await self._annotate(state, ambient.REDIRECTION_ENABLED)
 
@@ -464,7 +466,7 @@ class AmbientAgent:
         log.error("%s", message)  # one line: which pod, what failed, what to do
         if message != state.reported:  # one event per distinct failure, not one per retry
             state.reported = message
-            self._spawn(self.api.warn(state, reason, message))
+            self._tasks.spawn(self.api.warn(state, reason, message))
 
     # -- the node proxy's snapshot -----------------------------------------------------------
 
@@ -523,7 +525,7 @@ class AmbientAgent:
 
     # -- health (what verify reads) -----------------------------------------------------------
 
-    async def health(self, *, dry_run: bool = False) -> dict[str, Any]:
+    async def health(self, *, dry_run: bool = False) -> HealthReport:
         """Whether a pod can be enrolled on this node now (``health.health_report``)."""
         return await health_report(
             self.pods.values(),
@@ -538,7 +540,7 @@ class AmbientAgent:
 
     # -- bookkeeping -------------------------------------------------------------------------
 
-    def enrollment(self) -> list[dict[str, Any]]:
+    def enrollment(self) -> list[EnrollmentRecord]:
         """Each known pod's enrollment as the agent holds it (``/status``; the annotation it
         wrote, or would write without an API server, and whether a node proxy acknowledged)."""
         return [
@@ -560,7 +562,7 @@ class AmbientAgent:
             state = self.pods[uid] = PodState(uid, namespace, name)
         return state
 
-    def _by_name(self, event: dict[str, Any]) -> PodState | None:
+    def _by_name(self, event: PluginEvent) -> PodState | None:
         ns, name = event.get("podNamespace"), event.get("podName")
         return next((s for s in self.pods.values() if (s.namespace, s.name) == (ns, name)), None)
 
@@ -579,23 +581,13 @@ class AmbientAgent:
                 os.close(state.fd)
             state.fd = None
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("ambient task failed", exc_info=task.exception())
-
     def _save_state(self) -> None:
         self._state_file.save(self.pods.values())
 
 
-def _plural(event: WatchEvent) -> str:
+def _plural(event: PodEvent) -> str:
     return event.resource.plural if event.resource is not None else ""
 
 
-def _running(pod: dict[str, Any] | None) -> bool:
+def _running(pod: Pod | None) -> bool:
     return bool(pod) and ((pod or {}).get("status") or {}).get("phase") == "Running"

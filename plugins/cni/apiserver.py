@@ -17,23 +17,30 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from meshctl.core.k8s import ambient
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.informer import Informers, subscribe
-from meshctl.kube.resources import DAEMONSETS, NAMESPACES, PODS, Resource
+from meshctl.kube.resources import DAEMONSETS, EVENTS, NAMESPACES, PODS
 from meshctl.kube.watch import WatchEvent
 
 from .podstate import PodState
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Namespace, Pod
+
 log = logging.getLogger(__name__)
 
-EVENTS = Resource("", "v1", "events", "Event")
 COMPONENT = "meshctl-cni-node"
 _EXIT_READ_TIMEOUT = 5.0
+
+
+# What a ``PodSource`` delivers: this node's Pods and every Namespace (``event.resource`` says
+# which an event is about).
+PodEvent: TypeAlias = "WatchEvent[Pod | Namespace]"
 
 
 class PodSource(Protocol):
@@ -42,7 +49,7 @@ class PodSource(Protocol):
 
     name: str  # for the log: "watches", "local inventory PATH"
 
-    def subscribe(self) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]: ...
+    def subscribe(self) -> AbstractAsyncContextManager[AsyncIterator[PodEvent]]: ...
 
 
 class PodApi(Protocol):
@@ -64,13 +71,11 @@ class ClusterPods:
     name = "watches"
 
     def __init__(self, informers: Informers, node: str) -> None:
-        self._kinds = [
-            informers.informer(PODS, field_selector=f"spec.nodeName={node}"),
-            informers.informer(NAMESPACES),
-        ]
+        self._pods = informers.informer(PODS, field_selector=f"spec.nodeName={node}")
+        self._namespaces = informers.informer(NAMESPACES)
 
-    def subscribe(self) -> AbstractAsyncContextManager[AsyncIterator[WatchEvent]]:
-        return subscribe(self._kinds)
+    def subscribe(self) -> AbstractAsyncContextManager[AsyncIterator[PodEvent]]:
+        return subscribe([self._pods, self._namespaces])
 
 
 class KubePodApi:

@@ -10,17 +10,21 @@ annotation. Invariant: read-only, and each failure names the node or pod and the
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.install.checks import Result
 from meshctl.core.k8s.install.context import CheckContext
 from meshctl.errors import KubeError
 
+from .health import AgentStatus
 from .manifest import NAME, READINESS_PORT, CniValues
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
 
-def agent_status(ctx: CheckContext, pod: dict[str, Any], *, dry_run: bool = False) -> Any:
+
+def agent_status(ctx: CheckContext, pod: Pod, *, dry_run: bool = False) -> AgentStatus:
     """The agent's ``/status`` (with ``dry_run``: also a dry-run enrollment)."""
     from meshctl.kube import api
 
@@ -29,10 +33,10 @@ def agent_status(ctx: CheckContext, pod: dict[str, Any], *, dry_run: bool = Fals
         f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}:{READINESS_PORT}/proxy/status"
     )
     query = [("dry-run", "1")] if dry_run else []
-    return api.request(ctx.kube, "GET", path, query=query, timeout=10)
+    return cast(AgentStatus, api.request(ctx.kube, "GET", path, query=query, timeout=10))
 
 
-def running_agents(ctx: CheckContext) -> list[dict[str, Any]]:
+def running_agents(ctx: CheckContext) -> list[Pod]:
     items = ctx.of("cni", "DaemonSet")
     live = ctx.live(items[0]) if items else None
     if live is None:

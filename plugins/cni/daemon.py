@@ -39,6 +39,7 @@ from meshctl.net.sockets import address_text
 from meshctl.shutdown import StopSignals
 from meshctl.structured import InputError, load_json
 
+from .health import AgentStatus
 from .installer import Installer, InstallSettings, Status
 from .pluginserver import PluginServer
 
@@ -88,15 +89,17 @@ class _State:
             self.repairs.popleft()
         return len(self.repairs)
 
-    def report(self) -> dict[str, object]:
-        return {
+    def report(self) -> AgentStatus:
+        report: AgentStatus = {
             "ready": self.status.ready,
             "reason": self.status.reason,
             "repairs": self.recent_repairs(time.monotonic()),
             "repairWindowSeconds": CONFLICT_WINDOW,
             "conflictRepairs": CONFLICT_REPAIRS,
-            **({"pods": self.agent.enrollment()} if self.agent is not None else {}),
         }
+        if self.agent is not None:
+            report["pods"] = self.agent.enrollment()
+        return report
 
     def ready(self) -> tuple[bool, str]:
         if not self.status.ready:

@@ -1,4 +1,4 @@
-"""What the node agent says about its health: ``/status``'s ``ambient``, which verify reads.
+"""What the node agent says about its health: ``/status`` (its ``ambient``), which verify reads.
 
 Owns the report: the netns directory and whether it can be read, netns the runtime pins where
 the agent cannot see them, node proxies connected over ZDS, the node's probe rules, pods
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
@@ -20,6 +20,37 @@ from .kernelsteps import Kernel, KernelError
 from .podstate import PodState
 
 DRY_RUN_LIMIT = 50  # captured pods compared at most
+
+
+class DryRun(TypedDict, total=False):
+    ok: bool
+    error: str  # the enrollment failed
+    pods: int  # captured pods compared
+    drifted: list[str]  # those whose rules are not what an enrollment writes
+
+
+class EnrollmentRecord(TypedDict):
+    """One pod as the agent holds it (``/status``'s ``pods``)."""
+
+    namespace: str
+    name: str
+    uid: str
+    captured: bool
+    served: bool  # a node proxy acknowledged it
+    redirection: str  # the annotation written (or, without an API server, that would be)
+    error: str  # the last failure reported, or ""
+
+
+class HealthReport(TypedDict, total=False):
+    """``/status``'s ``ambient``: what ``meshctl verify`` reads of each node agent."""
+
+    netnsDir: str
+    netnsDirReadable: bool | None  # None: no netns directory configured
+    netnsUnseen: dict[str, str]  # where the runtime pins netns -> a pod pinned there
+    nodeProxies: int
+    failing: list[str]
+    dryRun: DryRun
+    problems: list[str]
 
 
 async def health_report(
@@ -32,7 +63,7 @@ async def health_report(
     kernel: Kernel,
     ipv6: bool,
     dry_run: bool = False,
-) -> dict[str, Any]:
+) -> HealthReport:
     """Whether a pod can be enrolled on this node now, and what stands in the way."""
     problems: list[str] = []
     readable: bool | None = None
@@ -53,7 +84,7 @@ async def health_report(
     if kernel.host_error:
         problems.append(f"the node's probe rules are not in place: {kernel.host_error}")
     failing = sorted(f"{s.ref}: {s.reported}" for s in pods if s.reported)
-    report: dict[str, Any] = {
+    report: HealthReport = {
         "netnsDir": netns_dir,
         "netnsDirReadable": readable,
         "netnsUnseen": dict(sorted(netns_unseen.items())),
@@ -68,7 +99,7 @@ async def health_report(
 
 async def _dry_run(
     pods: Collection[PodState], kernel: Kernel, ipv6: bool, problems: list[str]
-) -> dict[str, Any]:
+) -> DryRun:
     captured = [s for s in pods if s.captured and s.netns][:DRY_RUN_LIMIT]
     drifted: list[str] = []
     try:
@@ -86,3 +117,16 @@ async def _dry_run(
             f"{len(drifted)} captured pod(s) lack their capture rules: {', '.join(drifted)}"
         )
     return {"ok": not drifted, "pods": len(captured), "drifted": drifted}
+
+
+class AgentStatus(TypedDict, total=False):
+    """The node agent's ``/status``: the installer's readiness and repairs, and in ambient mode
+    each pod's enrollment and (``ambient``) this health report."""
+
+    ready: bool
+    reason: str
+    repairs: int  # within the conflict window
+    repairWindowSeconds: float
+    conflictRepairs: int  # more than this many repairs: another component fights ours
+    pods: list[EnrollmentRecord]
+    ambient: HealthReport

@@ -14,13 +14,17 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias, cast
 
 from meshctl.structured import InputError, Limits, load_json
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.cni.messages import PluginEvent
+
 log = logging.getLogger(__name__)
 
-Handler = Callable[[dict[str, Any]], Awaitable[tuple[int, str]]]
+# A route's handler: the event (any JSON object, read as untrusted) -> (status, text).
+Handler: TypeAlias = "Callable[[PluginEvent], Awaitable[tuple[int, str]]]"
 _MAX_BODY = 1024 * 1024
 _LIMITS = Limits(max_bytes=_MAX_BODY)
 _READ_TIMEOUT = 10.0
@@ -92,7 +96,7 @@ class PluginServer:
         if not isinstance(event, dict):
             return 400, "body must be a JSON object"
         try:
-            return await handler(event)
+            return await handler(cast("PluginEvent", event))
         except Exception as exc:  # a bug must answer, not hang the plugin
             log.exception("plugin event %s failed", target)
             return 500, f"node agent failed: {type(exc).__name__}: {exc}"

@@ -15,18 +15,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeVar
 
 from meshctl import inputs
 from meshctl.core.k8s import podlist
 from meshctl.errors import UserError
 from meshctl.kube.resources import NAMESPACES, PODS, Resource
-from meshctl.kube.watch import WatchEvent
+from meshctl.kube.watch import WatchEvent, synced
 from meshctl.structured import InputError
 
+from .apiserver import PodEvent
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Namespace, Pod
+
 log = logging.getLogger(__name__)
+
+Viewed = TypeVar("Viewed", "Pod", "Namespace")
 
 Stamp = tuple[int, int, int]
 HINT = (
@@ -79,20 +86,14 @@ class InventoryFile:
             log.warning("%s; keeping the pods and namespaces read before", problem)
             self._problem = problem
 
-    def events(self, old: podlist.Inventory, new: podlist.Inventory) -> list[WatchEvent]:
+    def events(self, old: podlist.Inventory, new: podlist.Inventory) -> list[PodEvent]:
         """What a watch would have said between ``old`` and ``new`` (namespaces first, so a
         pod's decision sees its namespace's labels)."""
-        out: list[WatchEvent] = []
-        pairs = (
-            (NAMESPACES, dict(old.namespaces), dict(new.namespaces)),
-            (PODS, old.pods_on(self._node), new.pods_on(self._node)),
-        )
-        for kind, before, after in pairs:
-            out += _diff(kind, before, after)
-        return out
+        namespaces = _diff(NAMESPACES, old.namespaces, new.namespaces)
+        return [*namespaces, *_diff(PODS, old.pods_on(self._node), new.pods_on(self._node))]
 
     @contextlib.asynccontextmanager
-    async def subscribe(self) -> AsyncIterator[AsyncIterator[WatchEvent]]:
+    async def subscribe(self) -> AsyncIterator[AsyncIterator[PodEvent]]:
         """The first read and a SYNCED per kind, then every change (until left)."""
         events = self.follow()
         try:
@@ -100,11 +101,11 @@ class InventoryFile:
         finally:
             await events.aclose()
 
-    async def follow(self) -> AsyncGenerator[WatchEvent, None]:
+    async def follow(self) -> AsyncGenerator[PodEvent, None]:
         for event in self.events(podlist.Inventory(), self.current):
             yield event
-        for kind in (NAMESPACES, PODS):
-            yield WatchEvent("SYNCED", {}, kind)
+        yield synced(NAMESPACES)
+        yield synced(PODS)
         while True:
             await asyncio.sleep(self._interval)
             fresh = self._read(strict=False)
@@ -119,9 +120,9 @@ class InventoryFile:
 
 
 def _diff(
-    kind: Resource, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]
-) -> list[WatchEvent]:
-    out: list[WatchEvent] = []
+    kind: Resource[Viewed], before: Mapping[str, Viewed], after: Mapping[str, Viewed]
+) -> list[WatchEvent[Viewed]]:
+    out: list[WatchEvent[Viewed]] = []
     for key, obj in after.items():
         if key not in before:
             out.append(WatchEvent("ADDED", obj, kind))

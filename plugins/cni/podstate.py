@@ -14,12 +14,15 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from meshctl.core.wire import zds
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +49,7 @@ class PodState:
     netns: str = ""  # the path the plugin reported
     container: str = ""
     ips: tuple[str, ...] = ()
-    pod: dict[str, Any] | None = None  # the latest object seen
+    pod: Pod | None = None  # the latest object seen
     fd: int | None = None  # the netns, held open while captured (the proxy's snapshot needs it)
     captured: bool = False  # in-pod rules and SNAT entry in place
     served: bool = False  # a node proxy acknowledged it
@@ -59,7 +62,8 @@ class PodState:
         return f"{self.namespace}/{self.name}"
 
     def info(self) -> zds.WorkloadInfo:
-        spec = (self.pod or {}).get("spec") or {}
+        spec: Mapping[str, object] = (self.pod or {}).get("spec") or {}
+        # serviceAccount: the field's deprecated name, which old manifests still carry.
         sa = str(spec.get("serviceAccountName") or spec.get("serviceAccount") or "default")
         return zds.WorkloadInfo(self.name, self.namespace, sa)
 

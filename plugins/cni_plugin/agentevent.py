@@ -12,9 +12,12 @@ from __future__ import annotations
 import http.client
 import json
 import socket
-from typing import Any
+from typing import TYPE_CHECKING
 
 from meshctl.core.k8s.cni.spec import PLUGIN_EVENT_SOCKET_NAME
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.cni.messages import PluginEvent
 
 
 class AgentUnavailableError(Exception):
@@ -37,7 +40,7 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def post(run_dir: str, path: str, body: dict[str, Any], *, timeout: float) -> str:
+def post(run_dir: str, path: str, body: PluginEvent, *, timeout: float) -> str:
     """POST ``body`` to the agent; the answer's text, or ``AgentUnavailableError``."""
     where = f"{run_dir.rstrip('/')}/{PLUGIN_EVENT_SOCKET_NAME}"
     conn = _UnixConnection(where, timeout)

@@ -24,7 +24,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from meshctl import inputs
 from meshctl.core.k8s.cni import spec
@@ -36,9 +36,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     from meshctl.core.capture.settings import CaptureSettings
+    from meshctl.core.k8s.cni.messages import PluginEvent
     from meshctl.core.k8s.cni.pod import Decision
+    from meshctl.core.k8s.schema import Namespace, Pod
 
-    NamespaceReader = Callable[[], dict[str, Any] | None]
+    NamespaceReader = Callable[[], Namespace | None]
 
 # The capture engine, the pod policy and the API client are imported where first used: VERSION,
 # DEL of a gone sandbox and excluded namespaces never pay for them (start-up is the ADD budget).
@@ -161,7 +163,7 @@ def _require_netns(request: Request) -> None:
         )
 
 
-def _decide(request: Request) -> tuple[NamespaceReader, dict[str, Any], Decision]:
+def _decide(request: Request) -> tuple[NamespaceReader, Pod, Decision]:
     from meshctl.core.k8s.cni import pod as pods
     from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 
@@ -177,7 +179,7 @@ def _decide(request: Request) -> tuple[NamespaceReader, dict[str, Any], Decision
     return namespace, pod, decision
 
 
-def _from_api(request: Request) -> tuple[NamespaceReader, dict[str, Any]]:
+def _from_api(request: Request) -> tuple[NamespaceReader, Pod]:
     """The pod from the API server, and how to read its namespace there (fail closed)."""
     from meshctl.kube import pods as kube_pods
     from meshctl.kube import rest
@@ -205,13 +207,14 @@ def _from_api(request: Request) -> tuple[NamespaceReader, dict[str, Any]]:
             spec.API_REFUSED, f"reading pod {request.pod} failed (HTTP {exc.status})", exc.message
         ) from exc
 
-    def namespace() -> dict[str, Any] | None:
+    def namespace() -> Namespace | None:
         try:
-            return rest.get_json(
+            found = rest.get_json(
                 config,
                 rest.namespace_path(request.pod_namespace),
                 timeout=request.plugin.api_timeout,
             )
+            return cast("Namespace", found)
         except KubeError as exc:
             raise CniError(
                 spec.TRY_AGAIN_LATER,
@@ -223,7 +226,7 @@ def _from_api(request: Request) -> tuple[NamespaceReader, dict[str, Any]]:
     return namespace, pod
 
 
-def _from_inventory(request: Request) -> tuple[NamespaceReader, dict[str, Any]]:
+def _from_inventory(request: Request) -> tuple[NamespaceReader, Pod]:
     """The pod from the local inventory file, re-read until it lists the pod or the lookup
     time is up (whoever writes it may lag the sandbox, as the API may); then fail closed."""
     import functools
@@ -254,24 +257,24 @@ def _from_inventory(request: Request) -> tuple[NamespaceReader, dict[str, Any]]:
 
 
 def _ambient_add(
-    request: Request, read_namespace: NamespaceReader, pod: dict[str, Any], sidecar_reason: str
+    request: Request, read_namespace: NamespaceReader, pod: Pod, sidecar_reason: str
 ) -> None:
     """Hand an ambient pod to the node agent (fail closed); report any other pod's netns."""
     from meshctl.core.k8s import ambient
 
     from .agentevent import AgentUnavailableError, post
 
-    namespace: dict[str, Any] | None = None
-    labels = (pod.get("metadata") or {}).get("labels") or {}
+    namespace: Namespace | None = None
+    labels = pod.get("metadata", {}).get("labels") or {}
     if labels.get(ambient.DATAPLANE_MODE) not in (ambient.MODE_AMBIENT, ambient.MODE_NONE):
         namespace = read_namespace()  # only its label can decide (fail closed when unreadable)
     decision = ambient.enrollment(
         pod, namespace, excluded_namespaces=request.plugin.exclude_namespaces
     )
-    event = {
+    event: PluginEvent = {
         "podName": request.pod_name,
         "podNamespace": request.pod_namespace,
-        "podUid": str((pod.get("metadata") or {}).get("uid", "")),
+        "podUid": str(pod.get("metadata", {}).get("uid", "")),
         "containerId": request.container_id,
         "netns": request.netns,
         "ifname": request.ifname,
@@ -404,7 +407,7 @@ def _ambient_delete(request: Request) -> bool:
     released the pod (and removed its rules there)."""
     from .agentevent import AgentUnavailableError, post
 
-    event = {
+    event: PluginEvent = {
         "podName": request.pod_name,
         "podNamespace": request.pod_namespace,
         "podUid": request.args.get("K8S_POD_UID", ""),

@@ -21,7 +21,7 @@ import binascii
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from meshctl.core.pki import ca
 from meshctl.errors import KubeError, UserError
@@ -31,6 +31,9 @@ from meshctl.kube.informer import Informers
 from meshctl.kube.resources import SECRETS
 from meshctl.kube.rest import ApiStatusError
 from meshctl.kube.watch import WatchEvent
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Secret
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +141,7 @@ class AuthorityStore:
                 return
             await asyncio.sleep(self._retry)
 
-    async def _on_event(self, event: WatchEvent) -> None:
+    async def _on_event(self, event: WatchEvent[Secret]) -> None:
         where = f"Secret {self._namespace}/{PLUG_IN_SECRET}"
         if event.type == "SYNCED":
             if not self.loaded.is_set():  # no cacerts at start: our own root
@@ -218,7 +221,7 @@ class AuthorityStore:
             ) from exc
 
 
-def _self_signed_secret(cert_pem: bytes, key_pem: bytes) -> dict[str, Any]:
+def _self_signed_secret(cert_pem: bytes, key_pem: bytes) -> Secret:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -234,7 +237,7 @@ def _self_signed_secret(cert_pem: bytes, key_pem: bytes) -> dict[str, Any]:
     }
 
 
-def _from_secret(secret: dict[str, Any], where: str, now: datetime) -> ca.Authority:
+def _from_secret(secret: Secret, where: str, now: datetime) -> ca.Authority:
     data = secret.get("data") or {}
     values: dict[str, bytes] = {}
     for key in _KEYS:

@@ -15,7 +15,7 @@ import asyncio
 import base64
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
@@ -23,13 +23,26 @@ from meshctl.kube.informer import Informers
 from meshctl.kube.resources import MUTATING_WEBHOOK_CONFIGURATIONS
 from meshctl.kube.workqueue import WorkQueue
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import MutatingWebhookConfiguration
+
 log = logging.getLogger(__name__)
 
 
-def bundle_patch(configuration: dict[str, Any], bundle_pem: str) -> list[dict[str, Any]]:
+class PatchOperation(TypedDict):
+    """One RFC 6902 operation."""
+
+    op: str
+    path: str
+    value: object
+
+
+def bundle_patch(
+    configuration: MutatingWebhookConfiguration, bundle_pem: str
+) -> list[PatchOperation]:
     """RFC 6902 operations that set every webhook's caBundle (empty when all are right)."""
     wanted = base64.b64encode(bundle_pem.encode()).decode()
-    ops: list[dict[str, Any]] = []
+    ops: list[PatchOperation] = []
     for index, hook in enumerate(configuration.get("webhooks") or ()):
         client = hook.get("clientConfig") or {}
         if client.get("caBundle") == wanted:
@@ -40,7 +53,7 @@ def bundle_patch(configuration: dict[str, Any], bundle_pem: str) -> list[dict[st
         )
     if not ops:
         return []
-    version = (configuration.get("metadata") or {}).get("resourceVersion")
+    version = configuration.get("metadata", {}).get("resourceVersion")
     return [{"op": "test", "path": "/metadata/resourceVersion", "value": version}, *ops]
 
 
@@ -78,8 +91,9 @@ class CaBundlePatcher:
         finally:
             self._queue = None
 
-    def _current(self) -> dict[str, Any] | None:
-        return self._configuration.get(self.name)
+    def _current(self) -> MutatingWebhookConfiguration | None:
+        # The informer's objects are plain dicts (install reads them too): viewed as served.
+        return cast("MutatingWebhookConfiguration | None", self._configuration.get(self.name))
 
     async def _reconcile(self, _name: str) -> None:
         bundle = self._bundle()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from meshctl.core.k8s.cluster.index import ClusterIndex, Resource
@@ -36,8 +37,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-AUTHORIZATION_POLICIES = resources.Resource(GROUP, "v1", PLURAL, "AuthorizationPolicy")
-WATCHED = {
+AUTHORIZATION_POLICIES: resources.Resource[dict[str, object]] = resources.Resource(
+    GROUP, "v1", PLURAL, "AuthorizationPolicy"
+)
+# Read by the cluster index's own defensive readers, whatever view a resource has.
+WATCHED: dict[Resource, resources.Resource[Mapping[str, object]]] = {
     Resource.NAMESPACE: resources.NAMESPACES,
     Resource.POD: resources.PODS,
     Resource.SERVICE: resources.SERVICES,
@@ -102,7 +106,7 @@ class Discovery:
             why += " (is the AuthorizationPolicy CRD installed?)"
         return why
 
-    async def _consume(self, subscription: Subscription) -> None:
+    async def _consume(self, subscription: Subscription[Mapping[str, object]]) -> None:
         async with subscription as events:
             while True:
                 updates: list[Update] = []
@@ -121,7 +125,7 @@ class Discovery:
                     self.synced.set()
                 self._report_lossy_policies()
 
-    def _take(self, kind: Resource, event: WatchEvent) -> list[Update]:
+    def _take(self, kind: Resource, event: WatchEvent[Mapping[str, object]]) -> list[Update]:
         if event.type == "SYNCED":
             self._synced.add(kind)
             return []

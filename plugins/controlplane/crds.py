@@ -16,21 +16,24 @@ from collections.abc import Mapping
 from meshctl.core.k8s.install.components import Object
 from meshctl.structured import Json
 
+# A schema node: JSON all the way down (the CRD embeds these in one another).
+Node = Mapping[str, Json]
+
 GROUP = "security.istio.io"
 PLURAL = "authorizationpolicies"
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 
-def _strings() -> Object:
+def _strings() -> Node:
     # A fresh dict each time: shared ones would render as YAML anchors and aliases.
     return {"type": "array", "items": {"type": "string"}}
 
 
-def _object(properties: Mapping[str, Json], **extra: Json) -> Object:
+def _object(properties: Mapping[str, Json], **extra: Json) -> Node:
     return {"type": "object", "properties": properties, **extra}
 
 
-def _source() -> Object:
+def _source() -> Node:
     names = (
         "principals",
         "notPrincipals",
@@ -48,12 +51,12 @@ def _source() -> Object:
     return _object({n: _strings() for n in names})
 
 
-def _operation() -> Object:
+def _operation() -> Node:
     names = ("hosts", "notHosts", "ports", "notPorts", "methods", "notMethods", "paths", "notPaths")
     return _object({n: _strings() for n in names})
 
 
-def _target_ref() -> Object:
+def _target_ref() -> Node:
     return _object(
         {
             "group": {"type": "string"},
@@ -65,7 +68,7 @@ def _target_ref() -> Object:
     )
 
 
-def _spec() -> Object:
+def _spec() -> Node:
     rule = _object(
         {
             "from": {"type": "array", "items": _object({"source": _source()})},
@@ -96,7 +99,7 @@ def _spec() -> Object:
 
 def authorization_policy_crd() -> Object:
     """The ``authorizationpolicies.security.istio.io`` CRD."""
-    schema: Object = {
+    schema: Node = {
         "openAPIV3Schema": _object(
             {
                 "spec": _spec(),
@@ -104,7 +107,7 @@ def authorization_policy_crd() -> Object:
             }
         )
     }
-    columns: list[Object] = [
+    columns: list[Node] = [
         {"name": "Action", "type": "string", "jsonPath": ".spec.action"},
         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     ]

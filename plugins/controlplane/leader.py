@@ -19,13 +19,16 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING
 
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import LEASES
 from meshctl.kube.rest import ApiStatusError
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Lease, LeaseSpec
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +117,7 @@ class LeaderElection:
         now = datetime.now(UTC)
         lease = objects.get(self._kube, LEASES, self._name, self._namespace)
         if lease is None:
-            body = {
+            body: Lease = {
                 "apiVersion": LEASES.api_version,
                 "kind": LEASES.kind,
                 "metadata": {"name": self._name, "namespace": self._namespace},
@@ -154,7 +157,7 @@ class LeaderElection:
         self.holder = ""
         return True
 
-    def _spec(self, now: datetime, *, acquire: Any, transitions: int) -> dict[str, Any]:
+    def _spec(self, now: datetime, *, acquire: object, transitions: int) -> LeaseSpec:
         return {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": int(self._timing.lease_duration),
@@ -169,7 +172,7 @@ class LeaderElection:
             return
         now = datetime.now(UTC)
         lease["spec"].update(
-            holderIdentity=None, leaseDurationSeconds=1, renewTime=_micro_time(now)
+            {"holderIdentity": None, "leaseDurationSeconds": 1, "renewTime": _micro_time(now)}
         )
         with contextlib.suppress(ApiStatusError):
             objects.replace(self._kube, LEASES, lease, self._namespace)

@@ -40,6 +40,7 @@ from meshctl.kube.client import Kube
 from meshctl.kube.informer import Informers
 from meshctl.proto import citadel_pb2_grpc
 from meshctl.shutdown import StopSignals
+from meshctl.tasks import Tasks
 
 from .authn import Authenticator
 from .authority import AuthorityStore
@@ -90,20 +91,11 @@ class Plane:
     authenticator: Authenticator
     authorities: AuthorityStore
     leader: LeaderElection
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    tasks: Tasks = field(default_factory=lambda: Tasks(log))
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run ``coro`` for the life of the process; a failure is logged, never fatal."""
-        task = asyncio.ensure_future(coro)
-        task.set_name(name)
-        self.tasks.add(task)
-        task.add_done_callback(_finished)
-        return task
-
-
-def _finished(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("%s failed", task.get_name(), exc_info=task.exception())
+        return self.tasks.spawn(coro, name)
 
 
 def leader_identity(settings: ControlPlaneSettings) -> str:
@@ -221,9 +213,7 @@ class ControlPlane:
             signals.remove()
 
     async def _serve(self, status_tasks: set[asyncio.Task[Any]]) -> int:
-        loading = asyncio.ensure_future(self.authorities.run())
-        loading.set_name("CA")
-        loading.add_done_callback(_finished)
+        loading = Tasks(log).spawn(self.authorities.run(), "CA")  # before the plane's own
         try:
             authority = await self._until_stopped(self.authorities.wait_loaded())
             if authority is None:
@@ -356,8 +346,7 @@ class ControlPlane:
                 log.exception("%s did not stop cleanly", component.name)
         left = max(0.5, deadline - (time.monotonic() - started))
         await asyncio.wait({serving, electing}, timeout=left)
-        for task in list(plane.tasks):
-            task.cancel()
+        plane.tasks.cancel()
         serving.cancel()
         await asyncio.wait({serving, *plane.tasks}, timeout=1.0)
         log.info("control plane stopped after %.1fs", time.monotonic() - started)

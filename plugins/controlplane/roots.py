@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshctl.core.k8s import layout
 from meshctl.kube import objects
@@ -26,6 +26,9 @@ from meshctl.kube.resources import CONFIG_MAPS, NAMESPACES
 from meshctl.kube.rest import ApiStatusError
 from meshctl.kube.watch import WatchEvent
 from meshctl.kube.workqueue import WorkQueue
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import KubeObject, Namespace
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +70,7 @@ class RootPublisher:
         finally:
             self._queue = None
 
-    async def _follow(self, events: AsyncIterator[WatchEvent], queue: WorkQueue[str]) -> None:
+    async def _follow(self, events: AsyncIterator[WatchEvent[Any]], queue: WorkQueue[str]) -> None:
         listed: set[str] = set()
         async for event in events:
             plural = event.resource.plural if event.resource is not None else ""
@@ -122,11 +125,11 @@ class RootPublisher:
         log.info("root certificate repaired in %s", namespace)
 
 
-def _name(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("name") or "")
+def _name(obj: KubeObject) -> str:
+    return str(obj.get("metadata", {}).get("name") or "")
 
 
-def _terminating(namespace: dict[str, Any]) -> bool:
-    meta = namespace.get("metadata") or {}
-    status = namespace.get("status") or {}
+def _terminating(namespace: Namespace) -> bool:
+    meta = namespace.get("metadata", {})
+    status = namespace.get("status", {})
     return bool(meta.get("deletionTimestamp")) or status.get("phase") == "Terminating"

@@ -25,6 +25,14 @@ from meshctl.proxy.responder import Response
 if TYPE_CHECKING:
     from meshctl.core.mesh.store import Store
     from meshctl.core.wire import channel
+    from meshctl.core.wire.dump import (
+        CertificateSummary,
+        ConfigDump,
+        Connections,
+        DiscoveryFacts,
+        PodState,
+        WorkerReport,
+    )
     from meshctl.proxy.telemetry import Telemetry
 
     from .app_probes import AppProbes
@@ -52,15 +60,15 @@ class State(Protocol):
     @property
     def app_probes(self) -> AppProbes: ...
     @property
-    def xds_state(self) -> dict[str, Any]: ...
+    def xds_state(self) -> DiscoveryFacts | None: ...
 
     def served_identity(self) -> str | None: ...
     def not_ready_reason(self) -> str: ...
     def certificate_problem(self) -> str | None: ...
     def renewal_warning(self) -> str | None: ...
-    def certificate_summary(self) -> list[dict[str, Any]]: ...
-    def connection_report(self) -> dict[str, Any]: ...
-    def workload_state(self) -> dict[str, Any]: ...
+    def certificate_summary(self) -> list[CertificateSummary]: ...
+    def connection_report(self) -> Connections: ...
+    def workload_state(self) -> dict[str, PodState]: ...
     async def gather_reports(self, timeout: float = 2.0) -> channel.Gathered: ...
     def request_quit(self) -> None: ...
 
@@ -121,7 +129,7 @@ class Endpoints:
             return text(200, "OK\n")
         return text(404, "not found\n")
 
-    async def config_dump(self) -> dict[str, Any]:
+    async def config_dump(self) -> ConfigDump:
         """ztunnel's shape: workloads, services, policies, certificates, config, version.
 
         Workloads, policies and certificates are the same in every worker (one feed); the
@@ -131,22 +139,25 @@ class Endpoints:
         """
         rt = self.rt
         store = rt.store
-        own = {
+        own: WorkerReport = {
             "worker": rt.config.worker,
             "pid": os.getpid(),
             "connections": rt.connection_report(),
         }
         gathered = await rt.gather_reports()
         reports = sorted([own, *gathered.reports], key=lambda r: int(r["worker"]))
-        connections: dict[str, Any] = {
-            key: sum(int(r["connections"][key]) for r in reports)
-            for key in ("inbound_tunnels", "pooled", "open")
+        connections: Connections = {
+            "inbound_tunnels": sum(int(r["connections"]["inbound_tunnels"]) for r in reports),
+            "pooled": sum(int(r["connections"]["pooled"]) for r in reports),
+            "open": sum(int(r["connections"]["open"]) for r in reports),
+            "flows": [
+                {**flow, "worker": r["worker"]}
+                for r in reports
+                for flow in r["connections"]["flows"]
+            ],
         }
-        connections["flows"] = [
-            {**flow, "worker": r["worker"]} for r in reports for flow in r["connections"]["flows"]
-        ]
         hidden = ("listeners", "pod_channel")
-        dump: dict[str, Any] = {
+        dump: ConfigDump = {
             "version": __version__,
             "config": {k: v for k, v in _fields(rt.config).items() if k not in hidden},
             # The worker that answered; ``workers`` below lists each one's share.
@@ -157,7 +168,7 @@ class Endpoints:
             "certificates": rt.certificate_summary(),
             # The discovery client's view (empty with a local config): connection, per type
             # subscription, ACKed nonce, resources held, NACKs.
-            "xds": rt.xds_state,
+            "xds": rt.xds_state or {},
             "connections": connections,
             "workers": [
                 {
@@ -184,18 +195,18 @@ class Endpoints:
 
 def certificate_summary(
     certs: Certs, identity: str, source: CertSource | None = None
-) -> list[dict[str, Any]]:
+) -> list[CertificateSummary]:
     """The ``certificates`` section: identity, state, each certificate's validity, and where
     the certificates come from (files, or the CA with the state of its renewal)."""
-    chain = [dict(f) for f in certs.chain_facts]
+    chain = [f.copy() for f in certs.chain_facts]
     state = "Available"
     if chain and datetime.fromisoformat(chain[0]["expirationTime"]) <= datetime.now(UTC):
         state = "Expired"
-    entry: dict[str, Any] = {
+    entry: CertificateSummary = {
         "identity": identity,
         "state": state,
         "certChain": chain,
-        "rootCerts": [dict(f) for f in certs.root_facts],
+        "rootCerts": [f.copy() for f in certs.root_facts],
     }
     if source is not None:
         entry["source"] = {
@@ -210,15 +221,15 @@ def certificate_summary(
     return [entry]
 
 
-def _fields(obj: Any) -> dict[str, Any]:
+def _fields(obj: Any) -> dict[str, object]:
     from dataclasses import fields
 
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
-def _record(obj: Any) -> dict[str, Any]:
+def _record(obj: Any) -> dict[str, object]:
     """A store record as JSON-friendly camelCase data."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for key, value in _fields(obj).items():
         if key.startswith("_"):
             continue

@@ -19,7 +19,7 @@ import signal
 import socket
 from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshctl.core.k8s.appprobes import parse_probers, parse_scrape
 from meshctl.core.mesh.localconfig import parse_local_config
@@ -32,10 +32,14 @@ from meshctl.core.wire.hbone import TunnelSettings
 from meshctl.proxy import tls
 from meshctl.proxy.responder import serve
 from meshctl.proxy.telemetry import PUBLISH_INTERVAL, Telemetry
+from meshctl.tasks import Tasks
 
 from . import admin
 from .app_probes import AppProbes
 from .local import PROXY_ROLES, Local
+
+if TYPE_CHECKING:
+    from meshctl.core.wire.dump import CertificateSummary, Connections, DiscoveryFacts, PodState
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +62,7 @@ class Runtime:
         self.identities: dict[str, tuple[channel.Certs, tls.TlsContexts]] = {}
         self.cert_source: channel.CertSource | None = None
         self.workloads_generation = -1
-        self.xds_state: dict[str, Any] = {}  # the supervisor's discovery client, if it has one
+        self.xds_state: DiscoveryFacts | None = None  # the supervisor's discovery client's
         self.tunnel_settings = TunnelSettings()
         self.own_ports: frozenset[int] = frozenset()
         self.draining = False
@@ -68,7 +72,7 @@ class Runtime:
         self._inpod: Any = None  # meshctl.net.inpod.InPod in node mode
         # No probers until configured (then the sidecar's own, from ISTIO_KUBE_APP_PROBERS).
         self.app_probes = AppProbes({}, pod_ip="", new_socket=_unconfigured_socket)
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Tasks(log, "connection task")
         self._http: list[asyncio.Server] = []
         self._configured = False
         self._writer: asyncio.StreamWriter | None = None
@@ -85,14 +89,7 @@ class Runtime:
     # -- used by the traffic paths -----------------------------------------------------------
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("connection task failed", exc_info=task.exception())
+        self._tasks.spawn(coro)
 
     def active_flows(self) -> int:
         return self.telemetry.active
@@ -121,8 +118,8 @@ class Runtime:
         own = self.locals.get("")
         return None if own is None else str(own.identity)
 
-    def certificate_summary(self) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+    def certificate_summary(self) -> list[CertificateSummary]:
+        out: list[CertificateSummary] = []
         for key, (certs, _) in sorted(self.identities.items()):
             identity = key or next((str(lo.identity) for lo in self.locals.values()), "")
             source = self.cert_source if not key else None
@@ -148,7 +145,7 @@ class Runtime:
             return None
         return f"certificate renewal failing since {source.failing_since}: {source.last_error}"
 
-    def connection_report(self) -> dict[str, Any]:
+    def connection_report(self) -> Connections:
         """This worker's connections, as ``/config_dump`` shows them (and a ``Report`` carries)."""
         return {
             "inbound_tunnels": sum(len(lo.inbound.tunnels) for lo in self.locals.values()),
@@ -157,10 +154,10 @@ class Runtime:
             "flows": [flow.describe() for flow in self.telemetry.flows],
         }
 
-    def workload_state(self) -> dict[str, Any]:
+    def workload_state(self) -> dict[str, PodState]:
         """Node mode's ``workloadState`` (ztunnel's key): every enrolled pod, its netns, its
         listeners and its certificate."""
-        out: dict[str, Any] = {}
+        out: dict[str, PodState] = {}
         for uid, lo in self.locals.items():
             if not uid:
                 continue
@@ -509,8 +506,7 @@ class Runtime:
         for lo in self.locals.values():
             for tunnel in list(lo.inbound.tunnels):
                 tunnel.close()
-        for task in list(self._tasks):
-            task.cancel()
+        self._tasks.cancel()
         for server in self._http:
             server.close()
         return remaining

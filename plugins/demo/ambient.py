@@ -17,7 +17,7 @@ import json
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -29,6 +29,10 @@ from meshctl.process import self_command
 
 from .mesh import http, proxy_command, start_in, wait_ok
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.cni.netconf import NetworkConfig
+    from meshctl.core.k8s.schema import Namespace, Pod
+
 NODE_NAME = "demo-node"
 # The node proxy's service account: the one 'meshctl install' gives the ztunnel DaemonSet.
 NODE_ACCOUNT = (MESH_NAMESPACE, "meshctl-ztunnel")
@@ -37,21 +41,23 @@ CONFLIST = "10-meshctl-demo.conflist"
 AMBIENT_LABEL = {"istio.io/dataplane-mode": "ambient"}
 
 
-def inventory_doc(pods: Sequence[tuple[str, str, bool]], uids: Mapping[str, str]) -> dict[str, Any]:
+def inventory_doc(
+    pods: Sequence[tuple[str, str, bool]], uids: Mapping[str, str]
+) -> dict[str, object]:
     """A ``v1 List`` of the demo's namespaces (labelled for ambient where a meshed pod lives)
     and pods ``(name, namespace, meshed)`` on this node (``uids``: name -> uid), each running
     as its own account."""
     meshed_ns = {ns for _, ns, meshed in pods if meshed}
-    namespaces = list(dict.fromkeys(ns for _, ns, _ in pods))
-    items: list[dict[str, Any]] = [
+    names = list(dict.fromkeys(ns for _, ns, _ in pods))
+    namespaces: list[Namespace] = [
         {
             "apiVersion": "v1",
             "kind": "Namespace",
-            "metadata": {"name": ns, **({"labels": AMBIENT_LABEL} if ns in meshed_ns else {})},
+            "metadata": {"name": ns, "labels": AMBIENT_LABEL} if ns in meshed_ns else {"name": ns},
         }
-        for ns in namespaces
+        for ns in names
     ]
-    items += [
+    objects: list[Pod] = [
         {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -64,24 +70,24 @@ def inventory_doc(pods: Sequence[tuple[str, str, bool]], uids: Mapping[str, str]
         }
         for name, ns, _ in pods
     ]
-    return {"apiVersion": "v1", "kind": "List", "items": items}
+    return {"apiVersion": "v1", "kind": "List", "items": [*namespaces, *objects]}
 
 
-def write_inventory(path: Path, doc: dict[str, Any]) -> None:
+def write_inventory(path: Path, doc: Mapping[str, object]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(doc, sort_keys=False))
     tmp.replace(path)
 
 
-def write_node_conflist(conf_dir: Path, network: dict[str, Any]) -> None:
+def write_node_conflist(conf_dir: Path, network: NetworkConfig) -> None:
     """The node's network as its runtime finds it before the agent merges into it."""
     conf_dir.mkdir(parents=True, exist_ok=True)
     (conf_dir / CONFLIST).write_text(json.dumps(network, indent=2) + "\n")
 
 
-def read_node_conflist(conf_dir: Path) -> dict[str, Any]:
+def read_node_conflist(conf_dir: Path) -> NetworkConfig:
     """What the runtime reads now (the agent's entry merged in)."""
-    data: dict[str, Any] = json.loads((conf_dir / CONFLIST).read_text())
+    data: NetworkConfig = json.loads((conf_dir / CONFLIST).read_text())
     return data
 
 
@@ -138,7 +144,7 @@ def wait_agent(node: netns.NetnsRef, proc: subprocess.Popen[bytes], log: Path) -
     wait_ok(node, AGENT_ADDRESS, "/readyz", proc, log, what="the node agent")
 
 
-def enrollment(node: netns.NetnsRef) -> dict[tuple[str, str], dict[str, Any]]:
+def enrollment(node: netns.NetnsRef) -> dict[tuple[str, str], dict[str, object]]:
     """The agent's view of each pod, by (namespace, name); empty when it does not answer."""
     status, body = http(node, *AGENT_ADDRESS, "/status", timeout=2)
     if status != 200:

@@ -23,7 +23,7 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -33,6 +33,10 @@ from meshctl.net import netns
 from meshctl.process import self_command
 
 from .node import Pod
+
+if TYPE_CHECKING:
+    from meshctl.core.mesh.localconfig import LocalConfig
+    from meshctl.core.wire.dump import ConfigDump
 
 TRUST_DOMAIN = "cluster.local"
 PROXY_GID = 1337
@@ -124,11 +128,11 @@ def wait_ca(node: netns.NetnsRef, gateway: str, proc: subprocess.Popen[bytes], l
 
 
 def workloads_doc(
-    meshed: Sequence[Pod], unmeshed: Sequence[Pod], policies: Sequence[Mapping[str, Any]] = ()
-) -> dict[str, Any]:
+    meshed: Sequence[Pod], unmeshed: Sequence[Pod], policies: Sequence[Mapping[str, object]] = ()
+) -> LocalConfig:
     """ztunnel's local config (``LOCAL_XDS_PATH``): the pods, HBONE for meshed ones."""
 
-    def one(pod: Pod, protocol: str) -> dict[str, Any]:
+    def one(pod: Pod, protocol: str) -> dict[str, object]:
         return {
             "uid": f"Kubernetes//Pod/{pod.namespace}/{pod.name}",
             "name": pod.name,
@@ -148,14 +152,14 @@ def workloads_doc(
     }
 
 
-def write_workloads(path: Path, doc: Mapping[str, Any]) -> None:
+def write_workloads(path: Path, doc: LocalConfig) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(yaml.safe_dump(dict(doc), sort_keys=False))
     tmp.chmod(0o644)
     tmp.replace(path)
 
 
-def deny_policy(source: Pod, target: Pod) -> dict[str, Any]:
+def deny_policy(source: Pod, target: Pod) -> dict[str, object]:
     """An L4 DENY of ``source``'s identity to ``target``'s app port (Istio's AuthorizationPolicy
     as ztunnel's local config spells it)."""
     principal = str(identity(source)).removeprefix("spiffe://")
@@ -178,7 +182,6 @@ def start_in(
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` inside the pod's (or node's) namespace, output to ``log``; own session (a
     Ctrl-C in the terminal reaches the demo, which stops them in order)."""
-    ids: dict[str, Any] = {} if group is None else {"group": group, "extra_groups": []}
     with log.open("ab") as out, netns.entered(_ref(where)):
         return subprocess.Popen(
             list(argv),
@@ -187,7 +190,8 @@ def start_in(
             stderr=out,
             env={**os.environ, **(env or {})},
             start_new_session=True,
-            **ids,
+            group=group,  # None: the demo's own, as are its supplementary groups
+            extra_groups=None if group is None else [],
         )
 
 
@@ -351,11 +355,12 @@ def metrics(where: Where) -> dict[str, float]:
     return sums
 
 
-def config_dump(where: Where) -> dict[str, Any]:
+def config_dump(where: Where) -> ConfigDump:
+    """The proxy's ``/config_dump`` (empty when it does not answer)."""
     status, text = http(where, "127.0.0.1", 15000, "/config_dump", timeout=5)
     if status != 200:
         return {}
-    data: dict[str, Any] = json.loads(text)
+    data: ConfigDump = json.loads(text)
     return data
 
 

@@ -21,11 +21,15 @@ import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from meshctl.core.k8s import layout
 from meshctl.errors import MeshctlError, NetError
 from meshctl.net import netns
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.cni.messages import Result
+    from meshctl.core.k8s.cni.netconf import NetworkConfig
 
 CNI_VERSION = "1.0.0"
 NETWORK = "meshctl-demo"
@@ -42,7 +46,7 @@ class Pod:
     sandbox: str  # its /run/netns name
     ip: str
     host_veth: str
-    result: Mapping[str, Any]
+    result: Result
 
     @property
     def ref(self) -> netns.NetnsRef:
@@ -61,7 +65,7 @@ def cni_dir() -> Path:
     )
 
 
-def conflist(subnet: ipaddress.IPv4Network, ipam_dir: Path) -> dict[str, Any]:
+def conflist(subnet: ipaddress.IPv4Network, ipam_dir: Path) -> NetworkConfig:
     """The node's network: a bridge with host-local addresses from ``subnet``."""
     return {
         "cniVersion": CNI_VERSION,
@@ -89,7 +93,7 @@ _LOOPBACK = {"cniVersion": CNI_VERSION, "name": "cni-loopback", "type": "loopbac
 class Runtime:
     """Runs a network config list for pods of one node, the way a container runtime does."""
 
-    def __init__(self, node_netns: str, network: Mapping[str, Any], cni_path: str) -> None:
+    def __init__(self, node_netns: str, network: NetworkConfig, cni_path: str) -> None:
         """``cni_path``: the plugin directories, ``:``-separated (``CNI_PATH``), first wins."""
         self.node = netns.NetnsRef(node_netns, f"{netns.RUN_DIR}/{node_netns}")
         self.network = network
@@ -108,11 +112,11 @@ class Runtime:
     def _exec(
         self,
         command: str,
-        conf: Mapping[str, Any],
+        conf: Mapping[str, object],
         sandbox: str,
         ifname: str,
         pod: Mapping[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> Result:
         """One plugin run; ``pod``: its ``K8S_POD_*`` CNI_ARGS (name, namespace, uid), as
         containerd passes them."""
         binary = self._binary(str(conf["type"]))
@@ -149,16 +153,20 @@ class Runtime:
                 hint="run 'meshctl demo down' and try again",
             )
         out = done.stdout.strip()
-        return dict(json.loads(out)) if out else {}
+        return cast("Result", dict(json.loads(out))) if out else {}
 
     def add(self, name: str, namespace: str, sandbox: str, uid: str) -> Pod:
         """Create the pod's netns and run ADD through the chain; its address comes back."""
         netns.add(sandbox)
         self._exec("ADD", _LOOPBACK, sandbox, "lo")
         pod = {"name": name, "namespace": namespace, "uid": uid}
-        result: dict[str, Any] | None = None
+        result: Result | None = None
         for plugin in self.network["plugins"]:
-            conf = {**plugin, "name": self.network["name"], "cniVersion": CNI_VERSION}
+            conf: dict[str, object] = {
+                **plugin,
+                "name": self.network["name"],
+                "cniVersion": CNI_VERSION,
+            }
             if result is not None:
                 conf["prevResult"] = result
             result = self._exec("ADD", conf, sandbox, "eth0", pod)
@@ -168,12 +176,16 @@ class Runtime:
         return Pod(name, namespace, sandbox, ip, _host_veth(result), result)
 
     def delete(
-        self, sandbox: str, result: Mapping[str, Any] | None, pod: Mapping[str, str] | None = None
+        self, sandbox: str, result: Result | None, pod: Mapping[str, str] | None = None
     ) -> list[str]:
         """DEL through the chain in reverse (with the ADD's result), then remove the netns."""
         errors = []
         for plugin in reversed(self.network["plugins"]):
-            conf = {**plugin, "name": self.network["name"], "cniVersion": CNI_VERSION}
+            conf: dict[str, object] = {
+                **plugin,
+                "name": self.network["name"],
+                "cniVersion": CNI_VERSION,
+            }
             if result:
                 conf["prevResult"] = dict(result)
             try:
@@ -187,7 +199,7 @@ class Runtime:
         return errors
 
 
-def _host_veth(result: Mapping[str, Any]) -> str:
+def _host_veth(result: Result) -> str:
     """The node-side veth in a bridge result: the interface that is neither bridge nor pod's."""
     for iface in result.get("interfaces", []):
         if iface.get("name") != BRIDGE and "sandbox" not in iface:

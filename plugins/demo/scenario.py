@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from meshctl.core.pki import certs
 from meshctl.core.wire import pcap
@@ -39,7 +40,10 @@ from meshctl.process import self_command
 
 from . import ambient, mesh
 from .node import Pod, Runtime, cni_dir, conflist
-from .state import LOGS, Record
+from .state import LOGS, Record, Sandbox
+
+if TYPE_CHECKING:
+    from meshctl.core.wire.dump import CertificateSummary
 
 PODS = (("client", "default", True), ("server", "prod", True), ("legacy", "legacy", False))
 
@@ -137,11 +141,11 @@ class Demo:
         runtime = Runtime(rec.node, rec.network, rec.cni_dir)
         for name, namespace, _ in PODS:
             sandbox = rec.netns_name(name)
-            ids = {"name": name, "namespace": namespace, "uid": self.uids[name]}
+            ids: Sandbox = {"name": name, "namespace": namespace, "uid": self.uids[name]}
             rec.pods[sandbox] = ids
             rec.save()
             pod = runtime.add(name, namespace, sandbox, self.uids[name])
-            rec.pods[sandbox] = {**ids, "result": dict(pod.result)}
+            rec.pods[sandbox] = {**ids, "result": pod.result.copy()}
             rec.save()
             self.pods[name] = pod
         chain = " + ".join(str(p["type"]) for p in rec.network["plugins"])
@@ -279,10 +283,10 @@ class Demo:
             else:
                 self.enrollment[pod.name] = "not enrolled"
 
-    def pod_certificates(self) -> dict[str, dict[str, object]]:
+    def pod_certificates(self) -> dict[str, CertificateSummary]:
         """The node proxy's certificate per enrolled pod's identity (its ``workloadState``)."""
         state = mesh.config_dump(self.node_ref).get("workloadState") or {}
-        out: dict[str, dict[str, object]] = {}
+        out: dict[str, CertificateSummary] = {}
         for entry in state.values() if isinstance(state, dict) else ():
             if isinstance(entry, dict) and isinstance(entry.get("certificate"), dict):
                 out[str(entry.get("identity"))] = entry["certificate"]

@@ -21,12 +21,16 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from meshctl.errors import NetError, UserError
 from meshctl.net import netns
 
 from .node import Runtime
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.cni.messages import Result
+    from meshctl.core.k8s.cni.netconf import NetworkConfig
 
 STATE_FILE = "state.json"
 
@@ -56,6 +60,18 @@ def default_dir() -> Path:
     return folder
 
 
+class Sandbox(TypedDict, total=False):
+    """A pod's sandbox as the record keeps it (its result once ADD gave one)."""
+
+    name: str
+    namespace: str
+    uid: str
+    result: Result
+
+
+_NO_NETWORK: NetworkConfig = {}
+
+
 @dataclass(slots=True)
 class Record:
     """What one run created; saved after every change."""
@@ -64,9 +80,9 @@ class Record:
     run_id: str = field(default_factory=lambda: secrets.token_hex(3))
     pid: int = field(default_factory=os.getpid)
     node: str = ""
-    network: dict[str, Any] = field(default_factory=dict)
+    network: NetworkConfig = field(default_factory=_NO_NETWORK.copy)
     cni_dir: str = ""
-    pods: dict[str, dict[str, Any]] = field(default_factory=dict)  # netns -> {name, result, ...}
+    pods: dict[str, Sandbox] = field(default_factory=dict)  # by netns
     kept: bool = False  # left running by --keep: its command has ended, the mesh has not
 
     def netns_name(self, role: str) -> str:
@@ -100,7 +116,7 @@ class Record:
             run_id=str(data.get("run_id", "")),
             pid=int(data.get("pid", 0)),
             node=str(data.get("node", "")),
-            network=dict(data.get("network", {})),
+            network=cast("NetworkConfig", dict(data.get("network", {}))),
             cni_dir=str(data.get("cni_dir", "")),
             pods=dict(data.get("pods", {})),
             kept=bool(data.get("kept", False)),
@@ -158,10 +174,15 @@ def teardown(record: Record) -> list[str]:
         else None
     )
 
-    def remove(name: str, pod: dict[str, Any]) -> list[str]:
+    def remove(name: str, pod: Sandbox) -> list[str]:
         if runtime is not None and Path(f"{netns.RUN_DIR}/{name}").exists():
-            ids = {k: str(pod[k]) for k in ("name", "namespace", "uid") if pod.get(k)}
-            return runtime.delete(name, pod.get("result"), ids if len(ids) == 3 else None)
+            ids = {
+                "name": pod.get("name"),
+                "namespace": pod.get("namespace"),
+                "uid": pod.get("uid"),
+            }
+            known = {k: str(v) for k, v in ids.items() if v}
+            return runtime.delete(name, pod.get("result"), known if len(known) == 3 else None)
         try:
             netns.delete(name)
         except NetError as exc:

@@ -59,7 +59,7 @@ def _render(values: Values, own: GatewayValues) -> list[Object]:
         options, settings, workload_name=name, app_containers=[], probers={}
     )
     proxy["ports"] = [
-        *({"name": n, "containerPort": t, "protocol": "TCP"} for n, _, t in PORTS),
+        *(render.container_port(n, t) for n, _, t in PORTS),
         *proxy["ports"],
     ]
     selector = {"app": NAME, "istio.io/rev": values.revision}

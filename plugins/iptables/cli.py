@@ -14,7 +14,7 @@ import functools
 import inspect
 import ipaddress
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Annotated, Any
 
@@ -207,12 +207,12 @@ def target_options(func: Callable[..., None]) -> Callable[..., None]:
     return _with_options(_TARGET_OPTIONS, "target")(func)
 
 
-def _file_section(ctx: typer.Context) -> tuple[dict[str, Any], str]:
+def _file_section(ctx: typer.Context) -> tuple[Mapping[str, object], str]:
     data, file_name = ctx.meta.get("meshctl.settings_file", ({}, "settings file"))
     return config.section(data, "iptables", file_name), file_name
 
 
-def _settings(ctx: typer.Context, flags: dict[str, Any]) -> CaptureSettings:
+def _settings(ctx: typer.Context, flags: Mapping[str, object]) -> CaptureSettings:
     if flags.get("outbound_ports_exclude") in FORMATS:  # `-o json`, as on other commands
         raise UserError(
             f"-o {flags['outbound_ports_exclude']}: -o takes ports here, it is istio-iptables' "
@@ -236,7 +236,7 @@ def _settings(ctx: typer.Context, flags: dict[str, Any]) -> CaptureSettings:
     return settings
 
 
-def _target(ctx: typer.Context, flags: dict[str, Any]) -> tuple[KernelTarget, Any]:
+def _target(ctx: typer.Context, flags: Mapping[str, object]) -> tuple[KernelTarget, Any]:
     from meshctl.net import netns
 
     section, file_name = _file_section(ctx)
@@ -257,7 +257,7 @@ def _family_header(family: Family, what: str) -> str:
 @capture_options
 def render_cmd(
     ctx: typer.Context,
-    capture: dict[str, Any],
+    capture: Mapping[str, object],
     family: Annotated[
         str,
         options.choice(
@@ -306,8 +306,8 @@ def _families(built: CapturePlan, choice: str) -> tuple[Family, ...]:
 @target_options
 def apply_cmd(
     ctx: typer.Context,
-    capture: dict[str, Any],
-    target: dict[str, Any],
+    capture: Mapping[str, object],
+    target: Mapping[str, object],
     dry_run: options.DryRunOption = False,
 ) -> None:
     """Install the capture rules (twice changes nothing; a changed config reconciles)."""
@@ -340,7 +340,9 @@ def apply_cmd(
 @app.command("check")
 @capture_options
 @target_options
-def check_cmd(ctx: typer.Context, capture: dict[str, Any], target: dict[str, Any]) -> None:
+def check_cmd(
+    ctx: typer.Context, capture: Mapping[str, object], target: Mapping[str, object]
+) -> None:
     """Compare the installed rules with the desired ones; exit 3 and print a diff on drift."""
     from meshctl.net import capture as kernel
 
@@ -367,7 +369,7 @@ def check_cmd(ctx: typer.Context, capture: dict[str, Any], target: dict[str, Any
 @target_options
 def clean_cmd(
     ctx: typer.Context,
-    target: dict[str, Any],
+    target: Mapping[str, object],
     dry_run: options.DryRunOption = False,
 ) -> None:
     """Remove every MESH_ chain and jump (and meshctl's policy routing), nothing else."""
@@ -399,7 +401,7 @@ def clean_cmd(
 @capture_options
 def trace_cmd(
     ctx: typer.Context,
-    capture: dict[str, Any],
+    capture: Mapping[str, object],
     dst: Annotated[
         str,
         options.option("--dst", parse=values.ENDPOINT, help="Destination ([v6]:port for IPv6)."),
@@ -521,7 +523,7 @@ def _assumed_source(
 @capture_options
 def validate_cmd(
     ctx: typer.Context,
-    capture: dict[str, Any],
+    capture: Mapping[str, object],
     netns: NetnsOption = None,
     probe_port: Annotated[
         int, options.port("--iptables-probe-port", help="Port the probe connects to.")

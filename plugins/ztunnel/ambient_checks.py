@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.install.checks import Result
@@ -21,17 +21,28 @@ from meshctl.errors import KubeError
 
 from .manifest import NAME as NODE_PROXY
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
+
 ADMIN_PORT = 15000
 METRICS_PORT = 15020
 
 
-def enrolled_state(pod: dict[str, Any]) -> str | None:
+def pod_identity(ctx: Any, pod: Pod) -> str:
+    """The SPIFFE id the pod's certificate must name: its namespace and service account in the
+    mesh's trust domain."""
+    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
+    namespace = pod["metadata"]["namespace"]
+    return f"spiffe://{ctx.values.trust_domain}/ns/{namespace}/sa/{account}"
+
+
+def enrolled_state(pod: Pod) -> str | None:
     """The agent's annotation on ``pod`` (enabled, pending) or None."""
     value = ((pod.get("metadata") or {}).get("annotations") or {}).get(ambient.REDIRECTION)
     return str(value) if value else None
 
 
-def wants_ambient(ctx: Any, pod: dict[str, Any]) -> ambient.Enrollment:
+def wants_ambient(ctx: Any, pod: Pod) -> ambient.Enrollment:
     from meshctl.kube import objects
     from meshctl.kube.resources import NAMESPACES
 
@@ -39,7 +50,7 @@ def wants_ambient(ctx: Any, pod: dict[str, Any]) -> ambient.Enrollment:
     return ambient.enrollment(pod, namespace)
 
 
-def node_proxy(ctx: Any, pod: dict[str, Any]) -> dict[str, Any] | None:
+def node_proxy(ctx: Any, pod: Pod) -> Pod | None:
     """The running node proxy pod on ``pod``'s node (memoised per run)."""
     from meshctl.kube import objects
     from meshctl.kube.resources import PODS
@@ -56,11 +67,11 @@ def node_proxy(ctx: Any, pod: dict[str, Any]) -> dict[str, Any] | None:
         )
         running = [p for p in items if (p.get("status") or {}).get("phase") == "Running"]
         ctx.memo[key] = running[0] if running else None
-    found: dict[str, Any] | None = ctx.memo[key]
+    found: Pod | None = ctx.memo[key]
     return found
 
 
-def not_enrolled(ctx: Any, pod: dict[str, Any], workload: str) -> Result:
+def not_enrolled(ctx: Any, pod: Pod, workload: str) -> Result:
     """The pod has no sidecar and no enrollment: why, with the fix for either mode."""
     namespace, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
     decision = wants_ambient(ctx, pod)
@@ -83,7 +94,7 @@ def not_enrolled(ctx: Any, pod: dict[str, Any], workload: str) -> Result:
 
 
 def identity(  # noqa: PLR0911 (one answer per finding)
-    ctx: Any, pod: dict[str, Any], mesh_roots: Callable[[], set[str]]
+    ctx: Any, pod: Pod, mesh_roots: Callable[[], set[str]]
 ) -> Result:
     """The node proxy on the pod's node serves it with its identity's certificate."""
     from meshctl.kube.portforward import http_get
@@ -124,8 +135,7 @@ def identity(  # noqa: PLR0911 (one answer per finding)
             hint="the node agent hands pods over ZDS: see both logs; restarting the pod "
             "enrolls it again",
         )
-    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
-    expected = f"spiffe://{ctx.values.trust_domain}/ns/{pod['metadata']['namespace']}/sa/{account}"
+    expected = pod_identity(ctx, pod)
     cert = entry.get("certificate") or {}
     chain = cert.get("certChain") or []
     if not chain or cert.get("state") != "Available":
@@ -154,7 +164,7 @@ def identity(  # noqa: PLR0911 (one answer per finding)
     )
 
 
-def metrics_text(ctx: Any, pod: dict[str, Any]) -> tuple[str, str] | Result:
+def metrics_text(ctx: Any, pod: Pod) -> tuple[str, str] | Result:
     """The node proxy's metrics for ``pod``'s node and the identity to look for, or a Result
     saying why there are none to read."""
     from meshctl.kube import api
@@ -172,6 +182,4 @@ def metrics_text(ctx: Any, pod: dict[str, Any]) -> tuple[str, str] | Result:
         return Result.fail(
             f"cannot read the node proxy's metrics: {exc.message}", hint="is it ready?"
         )
-    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
-    namespace = pod["metadata"]["namespace"]
-    return text, f"spiffe://{ctx.values.trust_domain}/ns/{namespace}/sa/{account}"
+    return text, pod_identity(ctx, pod)

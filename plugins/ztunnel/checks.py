@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshctl.core.k8s import layout
 from meshctl.core.k8s.inject.render import PROXY_CONTAINER
@@ -21,6 +21,9 @@ from meshctl.errors import KubeError
 
 from . import ambient_checks
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
+
 CATEGORY = "meshctl-data-plane"
 ADMIN_PORT = 15000
 METRICS_PORT = 15020
@@ -28,18 +31,18 @@ _SAMPLE = re.compile(r"^istio_tcp_connections_opened_total\{(?P<labels>[^}]*)\}\
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
-def _pod(ctx: Any) -> dict[str, Any] | None:
+def _pod(ctx: Any) -> Pod | None:
     from meshctl.kube import objects
     from meshctl.kube.resources import PODS
 
     if "workload" not in ctx.memo:
         namespace, name = ctx.workload.split("/")
         ctx.memo["workload"] = objects.get(ctx.kube, PODS, name, namespace)
-    pod: dict[str, Any] | None = ctx.memo["workload"]
+    pod: Pod | None = ctx.memo["workload"]
     return pod
 
 
-def _proxied(pod: dict[str, Any]) -> bool:
+def _proxied(pod: Pod) -> bool:
     spec = pod.get("spec") or {}
     names = [
         c.get("name")
@@ -70,8 +73,7 @@ def _identity(ctx: Any) -> Result:  # noqa: PLR0911 (one answer per finding)
         )
     if status != 200:
         return Result.fail(f"/config_dump answered {status}", hint="see the proxy's log")
-    account = (pod.get("spec") or {}).get("serviceAccountName") or "default"
-    expected = f"spiffe://{ctx.values.trust_domain}/ns/{namespace}/sa/{account}"
+    expected = ambient_checks.pod_identity(ctx, pod)
     certificates = dump.get("certificates") or []
     chain = (certificates[0].get("certChain") or []) if certificates else []
     if not chain:

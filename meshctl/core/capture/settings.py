@@ -507,7 +507,7 @@ def settings_from_args(args: Sequence[str]) -> CaptureSettings:
     spellings = {
         spelling: f for f in fields(CaptureSettings) for spelling in f.metadata["flag"].split("/")
     }
-    flags: dict[str, Any] = {}
+    flags: dict[str, str | bool] = {}
     words = iter(args)
     for word in words:
         name, eq, inline = word.partition("=") if word.startswith("--") else (word, "", "")

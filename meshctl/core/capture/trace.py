@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from meshctl.core.capture.render import rule_text
 from meshctl.core.capture.rules import Criterion, Match, Option, Rule, RuleSet, Table
@@ -79,6 +79,25 @@ class Step:
     detail: str  # the failing condition, or what the matched rule did
 
 
+class StepFacts(TypedDict):
+    table: str
+    chain: str
+    index: int
+    rule: str  # as iptables-save writes it
+    matched: bool
+    detail: str
+
+
+class TraceFacts(TypedDict):
+    """A trace as ``meshctl iptables trace -o json|yaml`` prints it."""
+
+    connection: str
+    steps: list[StepFacts]
+    verdict: str
+    port: int | None
+    reason: str
+
+
 @dataclass(frozen=True, slots=True)
 class Trace:
     connection: Connection
@@ -88,7 +107,7 @@ class Trace:
     reason: str
     final: Connection = field(compare=False)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> TraceFacts:
         return {
             "connection": self.connection.summary(),
             "steps": [

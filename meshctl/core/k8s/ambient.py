@@ -1,6 +1,7 @@
 """Ambient enrollment: which pods the node proxy serves, and how their capture is configured.
 
-Owns Istio's rules for ambient mode as pure decisions over pod and namespace objects (plain JSON):
+Owns Istio's rules for ambient mode as pure decisions over Pod and Namespace objects (their
+views; every field read as possibly absent or null):
 a pod is enrolled when it or its namespace carries ``istio.io/dataplane-mode=ambient``, the pod
 does not carry ``istio.io/dataplane-mode=none``, is not hostNetwork, has no sidecar and is not
 finished or being deleted; and the capture settings of its in-pod rules (the pod's annotations:
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshctl.core.capture.settings import CaptureSettings, parse_interfaces
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject.errors import InvalidAnnotationError
 from meshctl.core.k8s.inject.render import PROXY_CONTAINER
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Namespace, Pod
 
 DATAPLANE_MODE = "istio.io/dataplane-mode"
 MODE_AMBIENT = "ambient"
@@ -37,8 +41,8 @@ class Enrollment:
 
 
 def enrollment(  # noqa: PLR0911 (one answer per rule, each with its reason)
-    pod: Mapping[str, Any],
-    namespace: Mapping[str, Any] | None,
+    pod: Pod,
+    namespace: Namespace | None,
     *,
     excluded_namespaces: Sequence[str] = (),
 ) -> Enrollment:
@@ -79,7 +83,7 @@ class ExitPlan:
 
 
 def exit_plan(  # noqa: PLR0911 (one answer per case, each with its reason)
-    own_pod: Mapping[str, Any] | None, daemonset: Mapping[str, Any] | None, *, mode: str = "auto"
+    own_pod: Pod | None, daemonset: Mapping[str, object] | None, *, mode: str = "auto"
 ) -> ExitPlan:
     """Release every pod (an uninstall) or keep them captured for the next agent (an upgrade
     or a restart), as istio-cni decides: by whether the agent's DaemonSet is going away.
@@ -116,7 +120,7 @@ def exit_plan(  # noqa: PLR0911 (one answer per case, each with its reason)
 AGENT_ENV = "AMBIENT_ENABLED"  # istio-cni's switch: the node agent runs in ambient mode
 
 
-def runs_agent(pod: Mapping[str, Any]) -> bool:
+def runs_agent(pod: Pod) -> bool:
     """Whether ``pod`` is a running ambient node agent (its container has ``AMBIENT_ENABLED``
     true), whoever installed it."""
     if _mapping(pod.get("status")).get("phase") != "Running":
@@ -128,7 +132,7 @@ def runs_agent(pod: Mapping[str, Any]) -> bool:
     )
 
 
-def left_captured(pods: Sequence[Mapping[str, Any]], served_nodes: Sequence[str]) -> list[str]:
+def left_captured(pods: Sequence[Pod], served_nodes: Sequence[str]) -> list[str]:
     """``NS/NAME (node N)`` of each pod still annotated as redirected for ambient on a node
     where no ambient node agent runs (``served_nodes`` are those where one does): its in-pod
     rules send its traffic to a node proxy that is gone, so it refuses every connection."""
@@ -145,7 +149,7 @@ def left_captured(pods: Sequence[Mapping[str, Any]], served_nodes: Sequence[str]
     return sorted(out)
 
 
-def has_sidecar(pod: Mapping[str, Any]) -> bool:
+def has_sidecar(pod: Pod) -> bool:
     """Injected by a sidecar injector (status annotation) or running an ``istio-proxy``."""
     meta = _mapping(pod.get("metadata"))
     if ann.STATUS in _mapping(meta.get("annotations")):
@@ -157,7 +161,7 @@ def has_sidecar(pod: Mapping[str, Any]) -> bool:
     return any(c.get("name") == PROXY_CONTAINER for c in containers)
 
 
-def dns_requested(pod: Mapping[str, Any], *, default: bool) -> bool:
+def dns_requested(pod: Pod, *, default: bool) -> bool:
     """Whether the pod's DNS should go to the node proxy: ``ambient.istio.io/dns-capture`` over
     the node's default. Raises ``InvalidAnnotationError`` for a value that is not a boolean."""
     annotations = _mapping(_mapping(pod.get("metadata")).get("annotations"))
@@ -165,9 +169,7 @@ def dns_requested(pod: Mapping[str, Any], *, default: bool) -> bool:
     return default if value is None else ann.parse_bool(DNS_CAPTURE, str(value))
 
 
-def capture_settings(
-    pod: Mapping[str, Any], *, dns: bool = False, ipv6: bool = False
-) -> CaptureSettings:
+def capture_settings(pod: Pod, *, dns: bool = False, ipv6: bool = False) -> CaptureSettings:
     """The capture settings of the pod's in-pod rules: ambient mode, DNS capture when ``dns``
     (see ``dns_requested``), Istio's virtual interfaces annotation, both families with ``ipv6``.
     Raises ``InvalidAnnotationError`` for a virtual interfaces annotation that names no
@@ -189,7 +191,7 @@ def capture_settings(
     )
 
 
-def pod_ips(pod: Mapping[str, Any]) -> list[str]:
+def pod_ips(pod: Pod) -> list[str]:
     """The pod's IPs as its status reports them (empty before the CNI result reached the API)."""
     status = _mapping(pod.get("status"))
     ips = [str(_mapping(p).get("ip", "")) for p in status.get("podIPs") or ()]
@@ -198,5 +200,5 @@ def pod_ips(pod: Mapping[str, Any]) -> list[str]:
     return [ip for ip in ips if ip]
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
+def _mapping(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}

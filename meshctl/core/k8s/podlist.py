@@ -13,11 +13,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from meshctl import yamlread
 from meshctl.core.pki.identity import IdentityError, SpiffeId
 from meshctl.structured import InputError, Limits
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Namespace, ObjectMeta, Pod
 
 # Derived pod uids: uuid5 of "<namespace>/<name>" under this namespace.
 _UID_NAMESPACE = uuid.UUID("6f0d2b8e-5c1a-4f3e-9a57-1d2c3b4a5e6f")
@@ -30,22 +33,23 @@ class InventoryError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Inventory:
-    """Namespaces by name and Pods by uid, as plain API-shaped dicts."""
+    """Namespaces by name and Pods by uid, in the shapes the API server returns (names,
+    namespaces, uids and label and annotation maps checked)."""
 
-    namespaces: Mapping[str, dict[str, Any]] = field(default_factory=dict)
-    pods: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+    namespaces: Mapping[str, Namespace] = field(default_factory=dict)
+    pods: Mapping[str, Pod] = field(default_factory=dict)
 
-    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+    def pod(self, namespace: str, name: str) -> Pod | None:
         for pod in self.pods.values():
             meta = pod["metadata"]
             if meta["namespace"] == namespace and meta["name"] == name:
                 return pod
         return None
 
-    def namespace(self, name: str) -> dict[str, Any] | None:
+    def namespace(self, name: str) -> Namespace | None:
         return self.namespaces.get(name)
 
-    def pods_on(self, node: str) -> dict[str, dict[str, Any]]:
+    def pods_on(self, node: str) -> dict[str, Pod]:
         """The pods whose ``spec.nodeName`` is ``node`` (a watch's field selector)."""
         return {
             uid: pod
@@ -61,8 +65,8 @@ def derived_uid(namespace: str, name: str) -> str:
 def parse(text: str | bytes, source: str, limits: Limits = Limits()) -> Inventory:  # noqa: B008
     """The inventory in ``text`` (read from ``source``, named in every error), read within
     ``limits`` (``meshctl.structured``)."""
-    namespaces: dict[str, dict[str, Any]] = {}
-    pods: dict[str, dict[str, Any]] = {}
+    namespaces: dict[str, Namespace] = {}
+    pods: dict[str, Pod] = {}
     seen: set[tuple[str, str]] = set()
     for number, item in enumerate(_items(text, source, limits), start=1):
         where = f"{source}: item {number}"
@@ -71,7 +75,7 @@ def parse(text: str | bytes, source: str, limits: Limits = Limits()) -> Inventor
         if kind == "Namespace":
             if name in namespaces:
                 raise InventoryError(f"{where}: Namespace {name} is listed twice")
-            namespaces[name] = {**item, "metadata": meta}
+            namespaces[name] = cast("Namespace", {**item, "metadata": meta})
             continue
         pod = _pod(item, meta, where)
         key = (meta["namespace"], name)
@@ -104,7 +108,7 @@ def _items(text: str | bytes, source: str, limits: Limits) -> list[Any]:
     return items
 
 
-def _pod(item: dict[str, Any], meta: dict[str, Any], where: str) -> dict[str, Any]:
+def _pod(item: Mapping[str, object], meta: ObjectMeta, where: str) -> Pod:
     """The pod with its namespace (``default`` when unset) and uid filled in, checked."""
     name = meta["name"]
     namespace = meta.setdefault("namespace", "default")
@@ -119,10 +123,10 @@ def _pod(item: dict[str, Any], meta: dict[str, Any], where: str) -> dict[str, An
             f"{where} (Pod {namespace}/{name}): spec.serviceAccountName {account!r} is not "
             "a service account name"
         )
-    return {**item, "metadata": meta}
+    return cast("Pod", {**item, "metadata": meta})
 
 
-def _kind_and_metadata(item: Any, where: str) -> tuple[str, dict[str, Any]]:
+def _kind_and_metadata(item: object, where: str) -> tuple[str, ObjectMeta]:
     if not isinstance(item, dict):
         raise InventoryError(f"{where}: expected a Namespace or Pod object, got {_type(item)}")
     kind = item.get("kind")
@@ -134,7 +138,7 @@ def _kind_and_metadata(item: Any, where: str) -> tuple[str, dict[str, Any]]:
     meta = item.get("metadata")
     if not isinstance(meta, dict):
         raise InventoryError(f"{where} ({kind}): metadata must be a mapping with a name")
-    meta = dict(meta)
+    meta = cast("ObjectMeta", dict(meta))  # its name and string maps are checked below
     _check_name(meta.get("name"), f"{where} ({kind}): metadata.name")
     for key in ("labels", "annotations"):
         values = meta.get(key)

@@ -8,12 +8,15 @@ capability dropped except the ones it names.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Capabilities, SecurityContext
 
 
-def node_security_context(add: Sequence[str] = ()) -> dict[str, Any]:
+def node_security_context(add: Sequence[str] = ()) -> SecurityContext:
     """The container securityContext of a node component that needs the ``add`` capabilities."""
-    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    capabilities: Capabilities = {"drop": ["ALL"]}
     if add:
         capabilities["add"] = list(add)
     return {

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, TypeVar
 
 from meshctl import yamlread
 from meshctl.structured import InputError
@@ -22,6 +23,19 @@ ANNOTATION = "proxy.istio.io/config"
 ENV = "PROXY_CONFIG"
 _DURATION = re.compile(r"^\d+(\.\d+)?(ms|s|m|h)$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+_T = TypeVar("_T")
+
+
+class ProxyConfigJson(TypedDict, total=False):
+    """``PROXY_CONFIG``: Istio's field names, the fields set."""
+
+    holdApplicationUntilProxyStarts: bool
+    terminationDrainDuration: str
+    concurrency: int
+    proxyMetadata: dict[str, str]
+    statusPort: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,7 +51,7 @@ class ProxyConfig:
 
     def to_env(self) -> str:
         """``PROXY_CONFIG``: the set fields as JSON, Istio's names ("{}" when none)."""
-        out: dict[str, Any] = {}
+        out: ProxyConfigJson = {}
         if self.hold_application is not None:
             out["holdApplicationUntilProxyStarts"] = self.hold_application
         if self.termination_drain is not None:
@@ -50,9 +64,9 @@ class ProxyConfig:
             out["statusPort"] = self.status_port
         return json.dumps(out, separators=(",", ":"))
 
-    def ztunnel_settings(self, cpus: int) -> dict[str, Any]:
+    def ztunnel_settings(self, cpus: int) -> dict[str, str | int]:
         """The ``meshctl ztunnel run`` settings this asks for (below its flags and env)."""
-        out: dict[str, Any] = {}
+        out: dict[str, str | int] = {}
         if self.termination_drain is not None:
             out["drain-deadline"] = self.termination_drain
         if self.concurrency is not None:
@@ -99,13 +113,13 @@ def _port(value: Any) -> int:
     return int(value)
 
 
-# Istio's field name -> (our field, its validator).
-_FIELDS = {
-    "holdApplicationUntilProxyStarts": ("hold_application", _bool),
-    "terminationDrainDuration": ("termination_drain", _duration),
-    "concurrency": ("concurrency", _count),
-    "proxyMetadata": ("metadata", _metadata),
-    "statusPort": ("status_port", _port),
+# Istio's field name -> its validator.
+_FIELDS: dict[str, Callable[[Any], object]] = {
+    "holdApplicationUntilProxyStarts": _bool,
+    "terminationDrainDuration": _duration,
+    "concurrency": _count,
+    "proxyMetadata": _metadata,
+    "statusPort": _port,
 }
 
 
@@ -120,15 +134,24 @@ def parse(text: str, *, source: str = ANNOTATION) -> ProxyConfig:
         data = {}
     if not isinstance(data, dict):
         raise ProxyConfigError(f"{source} must be a mapping of ProxyConfig fields")
-    values: dict[str, Any] = {}
     unsupported = []
-    for key, value in data.items():
+    for key, value in data.items():  # checked in the document's order: the first bad one is named
         if key not in _FIELDS:
             unsupported.append(str(key))
             continue
-        name, check = _FIELDS[key]
         try:
-            values[name] = check(value)
+            _FIELDS[key](value)
         except ProxyConfigError as exc:
             raise ProxyConfigError(f"{source}: {key} {exc}") from None
-    return ProxyConfig(**values, unsupported=tuple(unsupported))
+
+    def given(key: str, check: Callable[[Any], _T]) -> _T | None:
+        return check(data[key]) if key in data else None  # checked above: cannot fail
+
+    return ProxyConfig(
+        hold_application=given("holdApplicationUntilProxyStarts", _bool),
+        termination_drain=given("terminationDrainDuration", _duration),
+        concurrency=given("concurrency", _count),
+        metadata=given("proxyMetadata", _metadata) or {},
+        status_port=given("statusPort", _port),
+        unsupported=tuple(unsupported),
+    )

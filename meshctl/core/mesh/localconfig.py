@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from meshctl.core.mesh.records import (
     DEFAULT_TRUST_DOMAIN,
@@ -31,6 +31,14 @@ from meshctl.core.mesh.records import (
 )
 from meshctl.core.mesh.store import Store
 from meshctl.core.pki.identity import IdentityError
+
+
+class LocalConfig(TypedDict, total=False):
+    """A document ``parse_local_config`` accepted (each record as ``render`` writes it)."""
+
+    workloads: list[dict[str, object]]
+    services: list[dict[str, object]]
+    policies: list[dict[str, object]]
 
 
 def parse_local_config(doc: Any) -> Store:
@@ -214,7 +222,7 @@ class _Mapping:
             raise LocalConfigError(self.sub(key), f"expected a mapping, got {_kind(value)}")
         return [(str(k), v, f"{self.sub(key)}[{k!r}]") for k, v in value.items()]
 
-    def passive(self, keys: tuple[str, ...]) -> dict[str, Any]:
+    def passive(self, keys: tuple[str, ...]) -> dict[str, object]:
         return {k: self.get(k) for k in keys if self.value.get(k) is not None}
 
     def done(self) -> None:

@@ -9,7 +9,7 @@ render(record)) == record`` for every record, also after a JSON round trip (port
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 from meshctl.core.mesh.localconfig import parse_record
 from meshctl.core.mesh.records import (
@@ -27,7 +27,20 @@ from meshctl.core.mesh.store import Update
 _STRING_MATCH_KINDS = {"exact": "Exact", "prefix": "Prefix", "suffix": "Suffix"}
 
 
-def render(record: Record) -> dict[str, Any]:
+class PlainUpdate(TypedDict):
+    """An ``Update`` as JSON-safe data."""
+
+    kind: str  # a Kind's value
+    key: str
+    version: str
+    record: dict[str, object] | None  # as ``render`` writes it; None: deleted
+
+
+# A record's mapping is open: the fields ztunnel's reader accepts and meshctl keeps without
+# acting on (``extra``) ride along, so it is a JSON object rather than a closed TypedDict.
+
+
+def render(record: Record) -> dict[str, object]:
     """The record as the local config writes it."""
     if isinstance(record, Workload):
         return _workload(record)
@@ -40,7 +53,7 @@ def _ports(ports: Mapping[int, int]) -> dict[str, int]:
     return {str(p): t for p, t in ports.items()}
 
 
-def _workload(w: Workload) -> dict[str, Any]:
+def _workload(w: Workload) -> dict[str, object]:
     return {
         "uid": w.uid,
         "name": w.name,
@@ -63,7 +76,7 @@ def _workload(w: Workload) -> dict[str, Any]:
     }
 
 
-def _service(s: Service) -> dict[str, Any]:
+def _service(s: Service) -> dict[str, object]:
     return {
         "name": s.name,
         "namespace": s.namespace,
@@ -75,14 +88,14 @@ def _service(s: Service) -> dict[str, Any]:
     }
 
 
-def _string_match(m: StringMatch) -> dict[str, Any]:
+def _string_match(m: StringMatch) -> dict[str, object]:
     if m.kind == "presence":
         return {"Presence": []}
     return {_STRING_MATCH_KINDS[m.kind]: m.value}
 
 
-def _match(m: RbacMatch) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _match(m: RbacMatch) -> dict[str, object]:
+    out: dict[str, object] = {}
     for key, values in (
         ("namespaces", m.namespaces),
         ("notNamespaces", m.not_namespaces),
@@ -114,7 +127,7 @@ def _match(m: RbacMatch) -> dict[str, Any]:
     return out
 
 
-def _policy(p: Policy) -> dict[str, Any]:
+def _policy(p: Policy) -> dict[str, object]:
     return {
         "name": p.name,
         "namespace": p.namespace,
@@ -125,7 +138,7 @@ def _policy(p: Policy) -> dict[str, Any]:
     }
 
 
-def update_to_plain(update: Update) -> dict[str, Any]:
+def update_to_plain(update: Update) -> PlainUpdate:
     """An update as JSON-safe data (the supervisor -> data plane channel carries these)."""
     return {
         "kind": update.kind.value,

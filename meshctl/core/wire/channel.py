@@ -15,8 +15,19 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from meshctl.core.mesh.localconfig import LocalConfig
+    from meshctl.core.mesh.render import PlainUpdate
+    from meshctl.core.wire.dump import (
+        CertificateFacts,
+        Connections,
+        DiscoveryFacts,
+        WorkerReport,
+    )
 
 VERSION = 2
 MAX_FRAME = 16 * 1024 * 1024
@@ -79,13 +90,13 @@ class Certs:
     generation: int = 0
     # What /config_dump shows of each certificate (``certificate_facts``), read here by the
     # supervisor so the data plane never loads an X.509 parser (``cryptography``: ~9 MB RSS).
-    chain_facts: tuple[dict[str, Any], ...] = ()
-    root_facts: tuple[dict[str, Any], ...] = ()
+    chain_facts: tuple[CertificateFacts, ...] = ()
+    root_facts: tuple[CertificateFacts, ...] = ()
 
 
 def certificate_facts(
     serial: str, not_before: str, not_after: str, uri_sans: list[str]
-) -> dict[str, Any]:
+) -> CertificateFacts:
     """One certificate as ``/config_dump`` shows it (ztunnel's field names, ISO 8601 times)."""
     return {
         "serialNumber": serial,
@@ -115,7 +126,7 @@ class Workloads:
     """Supervisor -> data plane: a whole local-config document (already validated)."""
 
     TYPE: ClassVar[str] = "workloads"
-    document: dict[str, Any]
+    document: LocalConfig
     generation: int = 0
 
 
@@ -128,7 +139,7 @@ class WorkloadUpdates:
     """
 
     TYPE: ClassVar[str] = "workload_updates"
-    updates: tuple[dict[str, Any], ...]
+    updates: tuple[PlainUpdate, ...]
     generation: int
 
 
@@ -137,7 +148,7 @@ class XdsState:
     """Supervisor -> data plane: the discovery client's state, for ``/config_dump``."""
 
     TYPE: ClassVar[str] = "xds_state"
-    state: dict[str, Any]
+    state: DiscoveryFacts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -196,7 +207,7 @@ class Report:
     request: int
     worker: int
     pid: int
-    connections: dict[str, Any]
+    connections: Connections
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,7 +217,7 @@ class Gathered:
 
     TYPE: ClassVar[str] = "gathered"
     request: int
-    reports: tuple[dict[str, Any], ...] = ()  # Report fields: worker, pid, connections
+    reports: tuple[WorkerReport, ...] = ()
     missing: tuple[int, ...] = ()
 
 
@@ -290,7 +301,7 @@ _KINDS: dict[str, type[Message]] = {
 
 def encode(message: Message) -> bytes:
     """One frame for ``message``."""
-    body: dict[str, Any] = {"v": VERSION, "type": message.TYPE}
+    body: dict[str, object] = {"v": VERSION, "type": message.TYPE}
     for f in fields(message):
         value = getattr(message, f.name)
         body[f.name] = list(value) if isinstance(value, tuple) else value
@@ -317,7 +328,8 @@ def decode(body: bytes) -> Message:
     unknown = set(raw) - set(names)
     if unknown:
         raise ChannelError(f"{kind.TYPE}: unknown field(s) {', '.join(sorted(unknown))}")
-    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
+    # The JSON as sent: only the field names are checked here (by the constructor).
+    values: Mapping[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
     try:
         return kind(**values)
     except TypeError as exc:

@@ -69,7 +69,7 @@ class ClusterIndex:
 
     # -- changes ---------------------------------------------------------------------------------
 
-    def upsert(self, resource: Resource, obj: Any) -> list[Update]:
+    def upsert(self, resource: Resource, obj: Mapping[str, object]) -> list[Update]:
         """The object was added or modified (a watch ADDED/MODIFIED event, or a list item)."""
         if resource is Resource.NAMESPACE:
             name = objects.text(obj, "metadata", "name")
@@ -111,7 +111,9 @@ class ClusterIndex:
             return self._set_slice(key, None)
         return self._set_policy(key, None)
 
-    def replace(self, resource: Resource, items: Iterable[Any]) -> tuple[list[Update], list[str]]:
+    def replace(
+        self, resource: Resource, items: Iterable[Mapping[str, object]]
+    ) -> tuple[list[Update], list[str]]:
         """A full list (after a relist): removes what it lacks, sets what it has.
 
         Returns the updates and one problem line per malformed item (skipped).

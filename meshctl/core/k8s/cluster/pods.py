@@ -59,7 +59,7 @@ class PodFacts:
         return (self.namespace, self.name)
 
 
-def read_pod(obj: Any) -> PodFacts:
+def read_pod(obj: Mapping[str, object]) -> PodFacts:
     """``PodFacts`` of a Pod object; ``objects.ObjectError`` when it is malformed."""
     namespace, name = objects.identify(obj, "Pod")
     labels = objects.string_map(obj, "metadata", "labels")
@@ -172,7 +172,7 @@ def build_workload(
         return None
     protocol, native = tunnel(pod, namespace_labels)
     canonical_name, canonical_revision = canonical(pod.labels, pod.workload_name)
-    extra: dict[str, Any] = {}
+    extra: dict[str, object] = {}
     if pod.host_network:
         extra["networkMode"] = "HostNetwork"
     if native:

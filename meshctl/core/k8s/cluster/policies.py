@@ -118,7 +118,7 @@ def _accounts(values: Any, where: str, namespace: str) -> tuple[tuple[str, str],
     return tuple(out)
 
 
-def read_policy(obj: Any, *, root_namespace: str) -> PolicyFacts:
+def read_policy(obj: Mapping[str, object], *, root_namespace: str) -> PolicyFacts:
     """The policy's L4 form; ``objects.ObjectError`` when the object is malformed."""
     namespace, name = objects.identify(obj, KIND)
     spec = objects.field(obj, "spec") or {}

@@ -72,7 +72,7 @@ def store_key(settings: ClusterSettings, namespace: str, name: str) -> str:
     return f"{namespace}/{hostname(settings, namespace, name)}"
 
 
-def read_service(obj: Any) -> ServiceFacts:
+def read_service(obj: Mapping[str, object]) -> ServiceFacts:
     namespace, name = objects.identify(obj, "Service")
     vips: list[IPAddress] = []
     cluster_ips = objects.items(obj, "spec", "clusterIPs") or [
@@ -110,7 +110,7 @@ def _name(port: Any) -> str:
     return name if isinstance(name, str) else ""
 
 
-def read_endpoint_slice(obj: Any) -> SliceFacts:
+def read_endpoint_slice(obj: Mapping[str, object]) -> SliceFacts:
     namespace, name = objects.identify(obj, "EndpointSlice")
     pods = set()
     for endpoint in objects.items(obj, "endpoints"):

@@ -18,15 +18,29 @@ import base64
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from meshctl.core.k8s.cni.spec import PLUGIN_TYPE
 from meshctl.structured import InputError, load_json
 
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Kubeconfig, KubeconfigCluster
+
 CONF_EXTENSIONS = (".conf", ".conflist", ".json")
+Plugin = dict[str, object]  # one plugin's config: its "type", then its own keys (unread)
 
 
-def parse(name: str, raw: bytes) -> dict[str, Any] | None:
+class NetworkConfig(TypedDict, total=False):
+    """A config ``parse`` accepted: a list (``plugins``, each with a ``type``), or one plugin's
+    config (its ``type`` and its own keys, which ride along unread)."""
+
+    cniVersion: str
+    name: str
+    type: str
+    plugins: list[Plugin]
+
+
+def parse(name: str, raw: bytes) -> NetworkConfig | None:
     """The config when it is one a runtime would load, else None (not JSON, no type, no plugins)."""
     if not name.endswith(CONF_EXTENSIONS):
         return None
@@ -38,9 +52,9 @@ def parse(name: str, raw: bytes) -> dict[str, Any] | None:
         return None
     if "plugins" in data:
         plugins = data["plugins"]
-        ok = isinstance(plugins, list) and bool(plugins)
-        return data if ok and all(_typed(p) for p in plugins) else None
-    return data if _typed(data) else None
+        ok = isinstance(plugins, list) and bool(plugins) and all(_typed(p) for p in plugins)
+        return cast(NetworkConfig, data) if ok else None
+    return cast(NetworkConfig, data) if _typed(data) else None
 
 
 def primary(files: Mapping[str, bytes]) -> str | None:
@@ -48,13 +62,23 @@ def primary(files: Mapping[str, bytes]) -> str | None:
     return next((name for name in sorted(files) if parse(name, files[name]) is not None), None)
 
 
-def entries(data: Mapping[str, Any], plugin_type: str = PLUGIN_TYPE) -> list[dict[str, Any]]:
+def _plugins(data: NetworkConfig) -> list[Plugin]:
+    """The config's plugins (a single plugin's config counts as a list of one)."""
+    return data["plugins"] if "plugins" in data else [cast(Plugin, data)]
+
+
+def _head(data: NetworkConfig) -> Plugin:
+    """The keys a list keeps of a single config it wraps, in this order."""
+    fields = cast(Plugin, data)
+    return {k: fields[k] for k in ("cniVersion", "name") if k in fields}
+
+
+def entries(data: NetworkConfig, plugin_type: str = PLUGIN_TYPE) -> list[Plugin]:
     """Our entries in a parsed config (a single config counts as a list of one)."""
-    plugins = data.get("plugins") if "plugins" in data else [data]
-    return [p for p in plugins or () if isinstance(p, dict) and p.get("type") == plugin_type]
+    return [p for p in _plugins(data) if p.get("type") == plugin_type]
 
 
-def installed(data: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
+def installed(data: NetworkConfig, entry: Mapping[str, object]) -> bool:
     """The config holds exactly our entry, once, as the last plugin of a list."""
     plugins = data.get("plugins")
     return (
@@ -64,7 +88,7 @@ def installed(data: Mapping[str, Any], entry: Mapping[str, Any]) -> bool:
     )
 
 
-def merge(name: str, raw: bytes, entry: Mapping[str, Any]) -> tuple[str, bytes]:
+def merge(name: str, raw: bytes, entry: Mapping[str, object]) -> tuple[str, bytes]:
     """``(new file name, new bytes)`` of the config with our entry appended (or wrapped in)."""
     data = parse(name, raw)
     if data is None:
@@ -76,7 +100,7 @@ def merge(name: str, raw: bytes, entry: Mapping[str, Any]) -> tuple[str, bytes]:
     if data.get("type") == kind:
         raise ValueError(f"{name} configures {kind} alone; it needs a primary plugin before it")
     inner = {k: v for k, v in data.items() if k not in ("cniVersion", "name")}
-    head = {k: data[k] for k in ("cniVersion", "name") if k in data}
+    head = _head(data)
     return conflist_name(name), render({**head, "plugins": [inner, dict(entry)]})
 
 
@@ -94,7 +118,7 @@ def conflist_name(name: str) -> str:
     return f"{stem}.conflist"
 
 
-def render(data: Mapping[str, Any]) -> bytes:
+def render(data: Mapping[str, object]) -> bytes:
     """Key order kept (a reader diffing before/after sees only our entry), 2-space indent."""
     return (json.dumps(data, indent=2, ensure_ascii=False) + "\n").encode()
 
@@ -184,32 +208,29 @@ def _same_as_original(backup: Backup, current: bytes, plugin_type: str) -> bool:
     original = parse(backup.original_name, backup.original)
     if data is None or original is None:
         return False
-    plugins = [p for p in data.get("plugins", [data]) if p.get("type") != plugin_type]
+    plugins = [p for p in _plugins(data) if p.get("type") != plugin_type]
     if "plugins" in original:
         return {**data, "plugins": plugins} == original
-    head = {k: data[k] for k in ("cniVersion", "name") if k in data}
+    head = _head(data)
     return len(plugins) == 1 and {**head, **plugins[0]} == original
 
 
 def kubeconfig(server: str, token: str, ca_pem: bytes | None, *, insecure: bool = False) -> bytes:
     """A kubeconfig for the plugin: the service account's bearer token and the cluster CA."""
-    cluster: dict[str, Any] = {"server": server}
+    cluster: KubeconfigCluster = {"server": server}
     if insecure:
         cluster["insecure-skip-tls-verify"] = True
     elif ca_pem:
         cluster["certificate-authority-data"] = base64.b64encode(ca_pem).decode()
-    return render(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [{"name": "local", "cluster": cluster}],
-            "users": [{"name": PLUGIN_TYPE, "user": {"token": token}}],
-            "contexts": [
-                {"name": PLUGIN_TYPE, "context": {"cluster": "local", "user": PLUGIN_TYPE}}
-            ],
-            "current-context": PLUGIN_TYPE,
-        }
-    )
+    config: Kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [{"name": PLUGIN_TYPE, "user": {"token": token}}],
+        "contexts": [{"name": PLUGIN_TYPE, "context": {"cluster": "local", "user": PLUGIN_TYPE}}],
+        "current-context": PLUGIN_TYPE,
+    }
+    return render(config)
 
 
 def _typed(plugin: Any) -> bool:

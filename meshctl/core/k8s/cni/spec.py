@@ -13,10 +13,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Final, cast
 
 from meshctl.core.k8s.layout import MESH_NAMESPACE
 from meshctl.structured import InputError, Limits, load_json
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.cni.messages import ErrorResult, Result
 
 SUPPORTED_VERSIONS: Final = ("0.3.1", "0.4.0", "1.0.0", "1.1.0")
 LATEST_VERSION: Final = SUPPORTED_VERSIONS[-1]
@@ -70,7 +73,7 @@ class CniError(Exception):
         self.details = details
 
     def to_json(self, cni_version: str = LATEST_VERSION) -> str:
-        body: dict[str, Any] = {"cniVersion": cni_version, "code": self.code, "msg": self.msg}
+        body: ErrorResult = {"cniVersion": cni_version, "code": self.code, "msg": self.msg}
         if self.details:
             body["details"] = self.details
         return json.dumps(body)
@@ -107,8 +110,8 @@ class Request:
     netns: str = ""
     ifname: str = ""
     args: Mapping[str, str] = field(default_factory=dict)
-    config: Mapping[str, Any] = field(default_factory=dict)
-    prev_result: Mapping[str, Any] | None = None
+    config: Mapping[str, object] = field(default_factory=dict)  # the JSON on stdin
+    prev_result: Result | None = None
     plugin: PluginConfig = field(default_factory=PluginConfig)
 
     @property
@@ -131,7 +134,7 @@ def error_version(env: Mapping[str, str], stdin: bytes, limits: Limits = Limits(
     return version if version in SUPPORTED_VERSIONS else LATEST_VERSION
 
 
-def readable_config(stdin: bytes, limits: Limits = Limits()) -> dict[str, Any] | None:  # noqa: B008
+def readable_config(stdin: bytes, limits: Limits = Limits()) -> dict[str, object] | None:  # noqa: B008
     """The config on ``stdin`` when it is a JSON object within ``limits``, else None (for
     reporting a request that was refused)."""
     try:
@@ -197,12 +200,12 @@ def parse_request(env: Mapping[str, str], stdin: bytes, limits: Limits = Limits(
         ifname=env.get("CNI_IFNAME", ""),
         args=args,
         config=config,
-        prev_result=prev,
+        prev_result=cast("Result | None", prev),
         plugin=plugin_config(config),
     )
 
 
-def _config_version(config: Mapping[str, Any]) -> str:
+def _config_version(config: Mapping[str, object]) -> str:
     """The config's ``cniVersion``, one we support (codes 7 and 1 say what is wrong)."""
     version = config.get("cniVersion")
     if version is None or version == "":
@@ -233,35 +236,49 @@ def parse_cni_args(text: str) -> dict[str, str]:
     return out
 
 
-def plugin_config(config: Mapping[str, Any]) -> PluginConfig:
+def plugin_config(config: Mapping[str, object]) -> PluginConfig:
     """Our keys from the network config, type-checked (code 7 names the key and the value)."""
-    values: dict[str, Any] = {}
-    for key in ("run_dir", "kubeconfig", "local_inventory", "log_level", "iptables_backend"):
-        if key in config:
-            values[key] = _string(config, key)
+    default = PluginConfig()
+    strings = {
+        key: _string(config, key) if key in config else getattr(default, key)
+        for key in ("run_dir", "kubeconfig", "local_inventory", "log_level", "iptables_backend")
+    }
+    exclude = default.exclude_namespaces
     if "exclude_namespaces" in config:
         raw = config["exclude_namespaces"]
         if not isinstance(raw, list) or not all(isinstance(i, str) for i in raw):
             raise CniError(INVALID_CONFIG, f"exclude_namespaces must be a list of names: {raw!r}")
-        values["exclude_namespaces"] = tuple(raw)
+        exclude = tuple(raw)
+    ambient = default.ambient_enabled
     if "ambient_enabled" in config:
         raw = config["ambient_enabled"]
         if not isinstance(raw, bool):
             raise CniError(INVALID_CONFIG, f"ambient_enabled must be true or false: {raw!r}")
-        values["ambient_enabled"] = raw
+        ambient = raw
+    seconds: dict[str, float] = {}
     for key in ("pod_lookup_timeout", "api_timeout", "agent_timeout"):
-        if key in config:
-            raw = config[key]
-            if isinstance(raw, bool) or not isinstance(raw, int | float) or raw <= 0:
-                raise CniError(INVALID_CONFIG, f"{key} must be a positive number: {raw!r}")
-            values[key] = float(raw)
-    if values.get("log_level", "info") not in ("debug", "info", "warning", "error"):
-        raise CniError(INVALID_CONFIG, f"log_level: invalid value {values['log_level']!r}")
-    if values.get("iptables_backend", "iptc") not in ("auto", "nft", "legacy", "iptc"):
+        raw = config.get(key, getattr(default, key))
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or raw <= 0:
+            raise CniError(INVALID_CONFIG, f"{key} must be a positive number: {raw!r}")
+        seconds[key] = float(raw)
+    if strings["log_level"] not in ("debug", "info", "warning", "error"):
+        raise CniError(INVALID_CONFIG, f"log_level: invalid value {strings['log_level']!r}")
+    if strings["iptables_backend"] not in ("auto", "nft", "legacy", "iptc"):
         raise CniError(
-            INVALID_CONFIG, f"iptables_backend: invalid value {values['iptables_backend']!r}"
+            INVALID_CONFIG, f"iptables_backend: invalid value {strings['iptables_backend']!r}"
         )
-    return PluginConfig(**values)
+    return PluginConfig(
+        run_dir=strings["run_dir"],
+        kubeconfig=strings["kubeconfig"],
+        local_inventory=strings["local_inventory"],
+        log_level=strings["log_level"],
+        iptables_backend=strings["iptables_backend"],
+        exclude_namespaces=exclude,
+        ambient_enabled=ambient,
+        pod_lookup_timeout=seconds["pod_lookup_timeout"],
+        api_timeout=seconds["api_timeout"],
+        agent_timeout=seconds["agent_timeout"],
+    )
 
 
 def add_result(request: Request) -> str:
@@ -277,7 +294,7 @@ def version_result(request: Request) -> str:
     )
 
 
-def _decode(stdin: bytes, limits: Limits) -> dict[str, Any]:
+def _decode(stdin: bytes, limits: Limits) -> dict[str, object]:
     if not stdin.strip():
         raise CniError(
             DECODE_FAILURE,
@@ -297,13 +314,13 @@ def _decode(stdin: bytes, limits: Limits) -> dict[str, Any]:
     return data
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
     names |= {list: "an array", dict: "an object", type(None): "null"}
     return names.get(type(value), type(value).__name__)
 
 
-def _string(config: Mapping[str, Any], key: str) -> str:
+def _string(config: Mapping[str, object], key: str) -> str:
     value = config[key]
     if not isinstance(value, str):
         raise CniError(INVALID_CONFIG, f"{key} must be a string: {value!r}")

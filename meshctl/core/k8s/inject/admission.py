@@ -18,7 +18,7 @@ import logging
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonpatch
 
@@ -27,6 +27,9 @@ from meshctl.core.k8s.inject.errors import InjectError
 from meshctl.core.k8s.inject.pipeline import inject_pod
 from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.structured import InputError, Limits, load_json
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import AdmissionResponse, AdmissionReviewAnswer
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +113,8 @@ class MalformedReviewError(ValueError):
 
 
 def review(
-    document: Any, settings: InjectSettings, *, extra_env: tuple[tuple[str, str], ...] = ()
-) -> dict[str, Any]:
+    document: object, settings: InjectSettings, *, extra_env: tuple[tuple[str, str], ...] = ()
+) -> AdmissionReviewAnswer:
     """The AdmissionReview answering ``document`` (raises ``MalformedReviewError``)."""
     if not isinstance(document, dict):
         raise MalformedReviewError("expected an AdmissionReview object")
@@ -128,14 +131,16 @@ def review(
 
 
 def admit(
-    request: Mapping[str, Any],
+    request: Mapping[str, object],
     settings: InjectSettings,
     *,
     extra_env: tuple[tuple[str, str], ...] = (),
-) -> dict[str, Any]:
+) -> AdmissionResponse:
     """The ``response`` for one admission ``request``: allowed, with a patch when injecting."""
     uid = request.get("uid")
-    allowed: dict[str, Any] = {"uid": uid, "allowed": True}
+    if not isinstance(uid, str):
+        raise MalformedReviewError("AdmissionReview without a request uid")
+    allowed: AdmissionResponse = {"uid": uid, "allowed": True}
     kind = request.get("kind")
     kind_name = kind.get("kind") if isinstance(kind, dict) else "Pod"
     operation = request.get("operation", "CREATE")

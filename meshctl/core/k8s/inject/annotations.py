@@ -59,7 +59,7 @@ ISTIO_PREFIXES = (
 
 # --- written: what injection leaves on the pod ----------------------------------------------------
 STATUS = "sidecar.istio.io/status"  # Istio's JSON shape; marks a pod as injected
-UNDO = "inject.meshctl.io/undo"  # meshctl's own: what to restore on uninject (see pipeline.py)
+UNDO = "inject.meshctl.io/undo"  # meshctl's own: what to restore on uninject (see undo.py)
 DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
 DEFAULT_LOGS_CONTAINER = "kubectl.kubernetes.io/default-logs-container"
 TLS_MODE_LABEL = "security.istio.io/tlsMode"
@@ -232,6 +232,15 @@ def parse_json_objects(key: str, value: str, *, what: str) -> dict[str, dict[str
     ):
         raise InvalidAnnotationError(key, value, expected=f"a JSON object of name -> {what}")
     return data
+
+
+def json_object(text: str) -> dict[str, object] | None:
+    """An annotation's value read as a JSON object (what injection wrote), or None."""
+    try:
+        data = load_json(text, "annotation")
+    except InputError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 @functools.lru_cache(maxsize=256)  # a few quantities, read for every pod of a long manifest

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from meshctl import yamlread
 from meshctl.core.k8s.inject import kinds
@@ -25,7 +25,7 @@ from meshctl.output import yaml_documents
 from meshctl.structured import Document, InputError, Limits
 
 # A transform of one pod template: (template, workload name, namespace) -> result.
-PodTransform = Callable[[Mapping[str, Any], str, str | None], Injected]
+PodTransform = Callable[[Mapping[str, object], str, str | None], Injected]
 # Called once per document done, for a progress display (the CLI's; the core only counts).
 Tick = Callable[[], None]
 
@@ -179,12 +179,15 @@ def _get(obj: Any, path: tuple[str, ...]) -> Any:
     return obj
 
 
-def _replace(obj: dict[str, Any], path: tuple[str, ...], value: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``obj`` with ``value`` at ``path``: only the mappings on the path are copied."""
+def _replace(
+    obj: Mapping[str, object], path: tuple[str, ...], value: Mapping[str, object]
+) -> Mapping[str, object]:
+    """A copy of ``obj`` with ``value`` at ``path``: only the mappings on the path are copied
+    (each one ``_object`` walked to find the template)."""
     if not path:
         return value
     head, *rest = path
-    return {**obj, head: _replace(obj[head], tuple(rest), value)}
+    return {**obj, head: _replace(cast("Mapping[str, object]", obj[head]), tuple(rest), value)}
 
 
 def _kind_of_value(value: Any) -> str:
@@ -218,10 +221,10 @@ def inject_text(
 def pod_transform(settings: InjectSettings, *, uninject: bool = False) -> PodTransform:
     """What ``inject -f`` does to each pod template: inject it, or remove an injection."""
 
-    def inject(template: Mapping[str, Any], name: str, namespace: str | None) -> Injected:
+    def inject(template: Mapping[str, object], name: str, namespace: str | None) -> Injected:
         return inject_pod(template, settings, workload_name=name, namespace=namespace)
 
-    def remove(template: Mapping[str, Any], name: str, namespace: str | None) -> Injected:
+    def remove(template: Mapping[str, object], name: str, namespace: str | None) -> Injected:
         return Injected(uninject_pod(template))
 
     return remove if uninject else inject

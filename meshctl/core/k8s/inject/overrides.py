@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Literal, TypeAlias, cast
 
 from meshctl.structured import InputError, load_json
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Container, PodSpec
 
 ANNOTATION = "proxy.istio.io/overrides"
 AUTO_IMAGE = "auto"
@@ -28,11 +31,16 @@ _MERGE_KEYS = {
     "volumeDevices": "devicePath",
 }
 
+ContainerList = Literal["initContainers", "containers"]
+CONTAINER_LISTS: tuple[ContainerList, ...] = ("initContainers", "containers")
+# Where a container was: its list, its index.
+Taken: TypeAlias = "tuple[ContainerList, int, Container]"
 
-def take(spec: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
+
+def take(spec: PodSpec) -> list[Taken]:
     """Removes the user's ``istio-*`` containers from ``spec`` (in place): (field, index, it)."""
-    taken = []
-    for field in ("initContainers", "containers"):
+    taken: list[Taken] = []
+    for field in CONTAINER_LISTS:
         items = spec.get(field)
         if not isinstance(items, list):
             continue
@@ -43,26 +51,42 @@ def take(spec: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
     return taken
 
 
-def put_back(spec: dict[str, Any], taken: list[Any]) -> None:
+def put_back(spec: PodSpec, taken: Iterable[Taken]) -> None:
     """Puts containers ``take`` removed back where they were (in place)."""
     for field, index, item in sorted(taken, key=lambda t: (t[0], t[1])):
-        items = spec.setdefault(field, [])
-        if not isinstance(items, list):
+        items = spec.get(field)
+        if items is None:
+            if field in spec:
+                continue  # null in the user's YAML: stays as written
+            items = spec[field] = []
+        items.insert(min(index, len(items)), item)
+
+
+def taken_from_record(value: object) -> list[Taken]:
+    """The ``[field, index, container]`` entries an undo record kept (what ``take`` returned);
+    an entry of another shape (the record was edited) is passed over."""
+    out: list[Taken] = []
+    for entry in value if isinstance(value, list) else ():
+        if not isinstance(entry, list) or len(entry) != 3:
             continue
-        items.insert(min(int(index), len(items)), item)
+        field, index, item = entry
+        if field in CONTAINER_LISTS and isinstance(index, int) and isinstance(item, dict):
+            out.append((field, index, cast("Container", item)))
+    return out
 
 
-def merge(injected: dict[str, Any], user: Mapping[str, Any]) -> dict[str, Any]:
+def merge(injected: Container, user: Mapping[str, object]) -> Container:
     """``injected`` with the user's fields merged over it."""
-    out = copy.deepcopy(injected)
+    # Field by field, whatever the user wrote: the container as the JSON it is.
+    out = cast("dict[str, object]", copy.deepcopy(injected))
     for key, value in user.items():
         if key == "name" or (key == "image" and value in (AUTO_IMAGE, "", None)):
             continue
         out[key] = _merged(key, out.get(key), value)
-    return out
+    return cast("Container", out)
 
 
-def _merged(key: str, base: Any, patch: Any) -> Any:
+def _merged(key: str, base: object, patch: object) -> object:
     if isinstance(patch, dict) and isinstance(base, dict):
         merged = dict(base)
         for k, v in patch.items():
@@ -70,7 +94,7 @@ def _merged(key: str, base: Any, patch: Any) -> Any:
         return merged
     merge_key = _MERGE_KEYS.get(key)
     if merge_key and isinstance(patch, list) and isinstance(base, list):
-        result: list[Any] = [dict(b) if isinstance(b, dict) else b for b in base]
+        result: list[object] = [dict(b) if isinstance(b, dict) else b for b in base]
         for item in patch:
             found = next(
                 (
@@ -90,9 +114,9 @@ def _merged(key: str, base: Any, patch: Any) -> Any:
     return copy.deepcopy(patch)
 
 
-def annotation(taken: list[tuple[str, int, dict[str, Any]]], injected_names: set[str]) -> str:
+def annotation(taken: Iterable[Taken], injected_names: set[str]) -> str:
     """Istio's record of the overrides applied, so a re-injection can apply them again."""
-    record: dict[str, list[dict[str, Any]]] = {}
+    record: dict[str, list[dict[str, object]]] = {}
     for field, _, item in taken:
         if item.get("name") not in injected_names:
             continue
@@ -102,7 +126,7 @@ def annotation(taken: list[tuple[str, int, dict[str, Any]]], injected_names: set
     return json.dumps(record, separators=(",", ":"))
 
 
-def from_annotation(text: str) -> list[tuple[str, int, dict[str, Any]]]:
+def from_annotation(text: str) -> list[Taken]:
     """The overrides an Istio-injected pod recorded, to put back at the end of their lists."""
     try:
         record = load_json(text, ANNOTATION)
@@ -110,9 +134,9 @@ def from_annotation(text: str) -> list[tuple[str, int, dict[str, Any]]]:
         return []
     if not isinstance(record, dict):
         return []
-    out = []
-    for field in ("initContainers", "containers"):
+    out: list[Taken] = []
+    for field in CONTAINER_LISTS:
         for item in record.get(field) or ():
             if isinstance(item, dict) and item.get("name") in NAMES:
-                out.append((field, 1 << 30, item))
+                out.append((field, 1 << 30, cast("Container", item)))
     return out

@@ -16,11 +16,14 @@ field (thresholds, periods, the timeout) stays as the user wrote it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from meshctl.core.k8s.inject.errors import ManifestError
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Container, HTTPGetAction, Probe
 
 PROBERS_ENV = "ISTIO_KUBE_APP_PROBERS"
 PROXY_CONTAINER = "istio-proxy"
@@ -45,20 +48,20 @@ def probe_path(container: str, suffix: str) -> str:
 class Rewritten:
     """What ``rewrite`` did: the probers for the proxy, and the untouched originals by path."""
 
-    probers: dict[str, Any] = field(default_factory=dict)
-    originals: dict[str, Any] = field(default_factory=dict)
+    probers: dict[str, Probe] = field(default_factory=dict)
+    originals: dict[str, Probe] = field(default_factory=dict)
 
-    def not_in_probers(self) -> dict[str, Any]:
+    def not_in_probers(self) -> dict[str, Probe]:
         """The originals the probers do not already say (a named port's name): what an undo
         record must keep besides the probers."""
         return {
             path: original
             for path, original in self.originals.items()
-            if any(self.probers[path].get(a) != v for a, v in original.items())
+            if any(_action(self.probers[path], a) != v for a, v in original.items())
         }
 
 
-def rewrite(containers: list[Any], status_port: int) -> Rewritten:
+def rewrite(containers: Sequence[Container], status_port: int) -> Rewritten:
     """Points the probes and hooks of ``containers`` (changed in place) at the proxy.
 
     ``containers``: the pod's init containers, then its containers (the proxy's own probes are
@@ -66,32 +69,33 @@ def rewrite(containers: list[Any], status_port: int) -> Rewritten:
     """
     done = Rewritten()
     for container, holder, key, suffix, actions in _handlers(containers):
-        handler = holder[key]
+        handler = cast("dict[str, object]", holder[key])
         action = next((a for a in actions if isinstance(handler.get(a), dict)), None)
         if action is None:
             continue
         name = container["name"]
-        original = handler[action]
+        original = cast("dict[str, object]", handler[action])
         resolved = dict(original)
         resolved["port"] = _port_number(container, original.get("port"), f"{key} of {name}")
         if resolved["port"] == status_port:
             continue  # aimed at the proxy already: nothing to take over (as Istio skips it)
         path = probe_path(name, suffix)
-        prober: dict[str, Any] = {action: resolved}
+        # The user's action (and timeout) as the kubelet would read them: the proxy runs them.
+        prober: dict[str, object] = {action: resolved}
         if handler.get("timeoutSeconds"):
             prober["timeoutSeconds"] = handler["timeoutSeconds"]
-        done.probers[path] = prober
-        done.originals[path] = {action: original}
+        done.probers[path] = cast("Probe", prober)
+        done.originals[path] = cast("Probe", {action: original})
         holder[key] = _replace_action(handler, action, _target(action, original, path, status_port))
     return done
 
 
 def restore(
-    containers: list[Any], originals: Mapping[str, Any], status_port: int | None = None
+    containers: Sequence[Container], originals: Mapping[str, object], status_port: int | None = None
 ) -> None:
     """Puts back every probe and hook ``rewrite`` redirected, from ``originals`` (in place)."""
     for container, holder, key, suffix, _ in _handlers(containers):
-        handler = holder[key]
+        handler = cast("dict[str, object]", holder[key])
         path = probe_path(container["name"], suffix)
         original = originals.get(path)
         target = handler.get("httpGet")
@@ -107,34 +111,36 @@ def restore(
 
 
 def _handlers(
-    containers: list[Any],
-) -> Iterator[tuple[dict[str, Any], dict[str, Any], str, str, tuple[str, ...]]]:
+    containers: Sequence[Container],
+) -> Iterator[tuple[Container, dict[str, object], str, str, tuple[str, ...]]]:
     """(container, holder, key, suffix, actions) for every probe and hook: ``holder[key]`` is
-    the probe (or hook handler) mapping."""
+    the probe (or hook handler) mapping. The holders are the user's JSON (a container checked
+    for its name only), read as such."""
     for container in containers:
-        if not isinstance(container, dict) or not isinstance(container.get("name"), str):
-            continue
         if container["name"] == PROXY_CONTAINER:
             continue
+        fields = cast("dict[str, object]", container)
         for key, suffix in PROBE_KINDS:
-            if isinstance(container.get(key), dict):
-                yield container, container, key, suffix, PROBE_ACTIONS
-        lifecycle = container.get("lifecycle")
+            if isinstance(fields.get(key), dict):
+                yield container, fields, key, suffix, PROBE_ACTIONS
+        lifecycle = fields.get("lifecycle")
         if isinstance(lifecycle, dict):
             for key, suffix in HOOK_KINDS:
                 if isinstance(lifecycle.get(key), dict):
                     yield container, lifecycle, key, suffix, HOOK_ACTIONS
 
 
-def _target(
-    action: str, original: Mapping[str, Any], path: str, status_port: int
-) -> dict[str, Any]:
+def _action(prober: Probe, name: str) -> object:
+    return cast("dict[str, object]", prober).get(name)
+
+
+def _target(action: str, original: Mapping[str, object], path: str, status_port: int) -> object:
     """The ``httpGet`` the kubelet now sends: to the proxy, in plain HTTP."""
     if action != "httpGet":
         return {"path": path, "port": status_port}
     # Headers stay (as in Istio's rewrite). The host goes: the kubelet must reach the pod's own
     # proxy (a host there would send it elsewhere); the proxy honours the host in its prober.
-    target = {k: v for k, v in original.items() if k != "host"}
+    target = cast("HTTPGetAction", {k: v for k, v in original.items() if k != "host"})
     target["path"], target["port"] = path, status_port
     if str(target.get("scheme", "")).upper() == "HTTPS":
         target["scheme"] = "HTTP"  # kubelet -> HTTP -> proxy -> HTTPS -> app
@@ -142,15 +148,15 @@ def _target(
 
 
 def _replace_action(
-    handler: dict[str, Any], old_key: str, value: dict[str, Any], *, new_key: str = "httpGet"
-) -> dict[str, Any]:
+    handler: Mapping[str, object], old_key: str, value: object, *, new_key: str = "httpGet"
+) -> dict[str, object]:
     """``handler`` with ``old_key`` replaced by ``new_key: value`` in the same place."""
     return {
         (new_key if k == old_key else k): (value if k == old_key else v) for k, v in handler.items()
     }
 
 
-def _port_number(container: Mapping[str, Any], port: Any, what: str) -> Any:
+def _port_number(container: Container, port: object, what: str) -> object:
     """A probe's port as a number: a name is looked up in the container's ports."""
     if not isinstance(port, str):
         return port

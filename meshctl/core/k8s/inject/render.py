@@ -2,7 +2,7 @@
 
 Owns the shape of what meshctl adds (names and mount paths follow Istio's, so Istio's docs and
 ``kubectl logs -c istio-proxy`` habits apply). Pure: settings and per-pod options in, fresh
-mappings out; the caller decides where they go (pipeline.py).
+mappings out; the caller decides where they go (merge.py).
 """
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from meshctl.core.k8s import proxyconfig
 from meshctl.core.k8s.inject import annotations as ann
@@ -29,6 +30,21 @@ from meshctl.core.k8s.inject.interception import (
 )
 from meshctl.core.k8s.inject.probes import PROBERS_ENV
 from meshctl.core.k8s.inject.settings import InjectSettings
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import (
+        Capabilities,
+        Container,
+        ContainerPort,
+        EnvVar,
+        HTTPGetAction,
+        Probe,
+        ResourceRequirements,
+        SecurityContext,
+        Sysctl,
+        Volume,
+        VolumeMount,
+    )
 
 INIT_CONTAINER = "istio-init"
 VALIDATION_CONTAINER = "istio-validation"  # CNI mode: proves the CNI plugin's capture works
@@ -60,15 +76,15 @@ class PodOptions:
     native_sidecar: bool
     rewrite_probes: bool
     interception: Interception
-    resources: dict[str, dict[str, str]]
+    resources: ResourceRequirements
     readiness_initial_delay: int
     readiness_period: int
     readiness_failure_threshold: int
     status_port: int  # probes and merged metrics (status.sidecar.istio.io/port); 0: none
     proxy_config: proxyconfig.ProxyConfig  # proxy.istio.io/config
     gateway: bool = False  # inject.istio.io/templates: gateway (no capture, a plain container)
-    user_volumes: dict[str, dict[str, Any]]  # name -> volume source (userVolume)
-    user_mounts: dict[str, dict[str, Any]]  # volume name -> mount (userVolumeMount)
+    user_volumes: dict[str, dict[str, object]]  # name -> volume source (userVolume)
+    user_mounts: dict[str, dict[str, object]]  # volume name -> mount (userVolumeMount)
 
 
 def pod_options(annotations: dict[str, str], settings: InjectSettings) -> PodOptions:
@@ -130,21 +146,21 @@ def _proxy_config(annotations: dict[str, str]) -> proxyconfig.ProxyConfig:
         ) from None
 
 
-def hold_application(options: PodOptions, container: dict[str, Any]) -> None:
+def hold_application(options: PodOptions, container: Container) -> None:
     """holdApplicationUntilProxyStarts for a classic sidecar: the app containers start only
     once the proxy's postStart hook has seen it ready (a native sidecar's startup probe does
     that by itself)."""
     container["lifecycle"] = {"postStart": {"exec": {"command": [MESHCTL, "ztunnel", "wait"]}}}
 
 
-def _objects(annotations: dict[str, str], key: str, what: str) -> dict[str, dict[str, Any]]:
+def _objects(annotations: dict[str, str], key: str, what: str) -> dict[str, dict[str, object]]:
     value = annotations.get(key)
     return {} if value is None else ann.parse_json_objects(key, value, what=what)
 
 
 def _resources(
     annotations: dict[str, str], settings: InjectSettings, *, defaults: bool = True
-) -> dict[str, dict[str, str]]:
+) -> ResourceRequirements:
     """Istio's rule: with any of the four resource annotations set, the proxy gets exactly what
     they say (requests from proxyCPU/proxyMemory, limits only from the *Limit ones); with none,
     the settings' requests and limits."""
@@ -155,13 +171,18 @@ def _resources(
         ("limits", "memory", ann.PROXY_MEMORY_LIMIT, settings.proxy_memory_limit),
     )
     given = any(key in annotations for _, _, key, _ in keys)
-    chosen: dict[str, dict[str, str]] = {}
+    sections: dict[str, dict[str, str]] = {}
     for section, resource, key, default in keys:
         value = annotations.get(key)
         if value is not None:
-            chosen.setdefault(section, {})[resource] = ann.parse_quantity(key, value)
+            sections.setdefault(section, {})[resource] = ann.parse_quantity(key, value)
         elif defaults and not given:
-            chosen.setdefault(section, {})[resource] = default
+            sections.setdefault(section, {})[resource] = default
+    chosen: ResourceRequirements = {}
+    if "requests" in sections:
+        chosen["requests"] = sections["requests"]
+    if "limits" in sections:
+        chosen["limits"] = sections["limits"]
     # The API server refuses a pod whose request exceeds its limit; say which annotation did it.
     for resource, key in (("cpu", ann.PROXY_CPU), ("memory", ann.PROXY_MEMORY)):
         request = chosen.get("requests", {}).get(resource)
@@ -180,7 +201,7 @@ def _resources(
     return chosen
 
 
-def init_container(options: PodOptions, settings: InjectSettings) -> dict[str, Any]:
+def init_container(options: PodOptions, settings: InjectSettings) -> Container:
     """The privileged one-shot container that installs the capture rules in the pod's netns."""
     return _capture_container(
         INIT_CONTAINER,
@@ -200,7 +221,7 @@ def init_container(options: PodOptions, settings: InjectSettings) -> dict[str, A
     )
 
 
-def validation_container(options: PodOptions, settings: InjectSettings) -> dict[str, Any]:
+def validation_container(options: PodOptions, settings: InjectSettings) -> Container:
     """CNI mode's unprivileged one-shot check, Istio's ``istio-validation``: a probe from the
     proxy's uid must be redirected, else it exits 126 and the kubelet restarts the pod (the CNI
     plugin may not have set up capture for it yet). Runs before the proxy: it borrows the
@@ -227,8 +248,8 @@ def validation_container(options: PodOptions, settings: InjectSettings) -> dict[
 
 
 def _capture_container(
-    name: str, verb: str, options: PodOptions, settings: InjectSettings, security: dict[str, Any]
-) -> dict[str, Any]:
+    name: str, verb: str, options: PodOptions, settings: InjectSettings, security: SecurityContext
+) -> Container:
     """``meshctl iptables <verb>`` with the pod's capture arguments, as an init container."""
     args = iptables_args(options.interception, proxy_uid=settings.proxy_uid, proxy_gid=settings.gid)
     metadata = _metadata_env(options)
@@ -250,16 +271,16 @@ def proxy_container(
     *,
     workload_name: str,
     app_containers: list[str],
-    probers: dict[str, Any],
+    probers: Mapping[str, Probe],
     extra_env: tuple[tuple[str, str], ...] = (),
     prometheus_env: str | None = None,
-) -> dict[str, Any]:
+) -> Container:
     """The proxy (``meshctl ztunnel run --mode sidecar``), a native sidecar unless told not to."""
 
-    def field_env(name: str, path: str) -> dict[str, Any]:
+    def field_env(name: str, path: str) -> EnvVar:
         return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
-    env: list[dict[str, Any]] = [
+    env: list[EnvVar] = [
         field_env("POD_NAME", "metadata.name"),
         field_env("POD_NAMESPACE", "metadata.namespace"),
         field_env("SERVICE_ACCOUNT", "spec.serviceAccountName"),
@@ -293,50 +314,51 @@ def proxy_container(
         text = json.dumps(dict(sorted(probers.items())), separators=(",", ":"))
         env.append({"name": PROBERS_ENV, "value": text})
     # Env from the webhook's URL path (see admission.py) overrides the settings' values.
-    by_name = {e["name"]: e for e in env}
+    at = {e["name"]: i for i, e in enumerate(env)}
     for name, value in extra_env:
-        if name in by_name:
-            by_name[name].clear()
-            by_name[name].update(name=name, value=value)
+        if name in at:
+            env[at[name]] = {"name": name, "value": value}
         else:
-            by_name[name] = {"name": name, "value": value}
-            env.append(by_name[name])
+            at[name] = len(env)
+            env.append({"name": name, "value": value})
 
-    capabilities: dict[str, list[str]] = {"drop": ["ALL"]}
+    capabilities: Capabilities = {"drop": ["ALL"]}
     if options.interception.mode == "TPROXY":
         # TPROXY mode binds to foreign addresses (IP_TRANSPARENT), which needs NET_ADMIN.
         capabilities = {"add": ["NET_ADMIN"], "drop": ["ALL"]}
-    container: dict[str, Any] = {
+    # Built field by field in the order Istio's template writes them (the output keeps it).
+    container: Container = {
         "name": PROXY_CONTAINER,
         "image": options.image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": [MESHCTL],
         "args": ["ztunnel", "run", "--mode", "sidecar"],
-        # A restartable init container (KEP-753) when native: starts before the app, stops after
-        # it, and does not keep a Job's pod running once the Job's containers are done.
-        **({"restartPolicy": "Always"} if options.native_sidecar else {}),
-        "env": env,
-        "ports": [
-            _port("mesh-outbound", OUTBOUND_CAPTURE_PORT),
-            _port("mesh-inbound", INBOUND_CAPTURE_PORT),
-            _port("mesh-hbone", HBONE_PORT),
-            _port("mesh-metrics", options.status_port or STATUS_PORT),
-            _port("mesh-health", READINESS_PORT),
-        ],
-        # Status port 0: no probes of the proxy either (Istio's template does the same).
-        **({} if options.status_port == 0 else _proxy_probes(options)),
-        "resources": _copy_resources(options.resources),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": capabilities,
-            "privileged": False,
-            "readOnlyRootFilesystem": True,
-            "runAsGroup": settings.gid,
-            "runAsNonRoot": True,
-            "runAsUser": settings.proxy_uid,
-        },
-        "volumeMounts": _proxy_mounts(options),
     }
+    if options.native_sidecar:
+        # A restartable init container (KEP-753): starts before the app, stops after it, and
+        # does not keep a Job's pod running once the Job's containers are done.
+        container["restartPolicy"] = "Always"
+    container["env"] = env
+    container["ports"] = [
+        container_port("mesh-outbound", OUTBOUND_CAPTURE_PORT),
+        container_port("mesh-inbound", INBOUND_CAPTURE_PORT),
+        container_port("mesh-hbone", HBONE_PORT),
+        container_port("mesh-metrics", options.status_port or STATUS_PORT),
+        container_port("mesh-health", READINESS_PORT),
+    ]
+    if options.status_port != 0:  # port 0: no probes of the proxy either (as Istio's template)
+        _add_proxy_probes(container, options)
+    container["resources"] = _copy_resources(options.resources)
+    container["securityContext"] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": capabilities,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsGroup": settings.gid,
+        "runAsNonRoot": True,
+        "runAsUser": settings.proxy_uid,
+    }
+    container["volumeMounts"] = _proxy_mounts(options)
     if options.gateway:
         # Istio's gateway template: the ids only (it binds low ports, with the pod's sysctl),
         # and no startup probe (nothing waits for a gateway's proxy).
@@ -348,16 +370,17 @@ def proxy_container(
     return container
 
 
-def _proxy_mounts(options: PodOptions) -> list[dict[str, Any]]:
+def _proxy_mounts(options: PodOptions) -> list[VolumeMount]:
     """The proxy's mounts, then the user's (``sidecar.istio.io/userVolumeMount``, as Istio's
     template adds them). A user mount at one of our paths replaces ours: that is how
     certificates from a Secret reach the proxy's cert dir, and two mounts at one path would make
     the API server refuse the pod."""
-    user: list[dict[str, Any]] = [
-        {"name": name, **mount} for name, mount in options.user_mounts.items()
+    # The user's JSON, as the API server will read it (it refuses what is no VolumeMount).
+    user = [
+        cast("VolumeMount", {"name": name, **mount}) for name, mount in options.user_mounts.items()
     ]
     taken = {posixpath.normpath(str(mount.get("mountPath", ""))) for mount in user}
-    ours: list[dict[str, Any]] = [
+    ours: list[VolumeMount] = [
         {"name": CERTS_VOLUME, "mountPath": CERTS_PATH},
         {"name": TMP_VOLUME, "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
         {"name": TOKEN_VOLUME, "mountPath": TOKEN_PATH, "readOnly": True},
@@ -367,7 +390,7 @@ def _proxy_mounts(options: PodOptions) -> list[dict[str, Any]]:
 
 
 # A gateway pod's proxy may bind ports below 1024 without a capability (Istio's template).
-GATEWAY_SYSCTL = {"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}
+GATEWAY_SYSCTL: Sysctl = {"name": "net.ipv4.ip_unprivileged_port_start", "value": "0"}
 
 
 def _effective_config(options: PodOptions) -> proxyconfig.ProxyConfig:
@@ -376,33 +399,31 @@ def _effective_config(options: PodOptions) -> proxyconfig.ProxyConfig:
     return dataclasses.replace(options.proxy_config, status_port=port, unsupported=())
 
 
-def _metadata_env(options: PodOptions) -> list[dict[str, Any]]:
+def _metadata_env(options: PodOptions) -> list[EnvVar]:
     return [{"name": k, "value": v} for k, v in options.proxy_config.metadata.items()]
 
 
-def _proxy_probes(options: PodOptions) -> dict[str, Any]:
-    ready = {"path": "/healthz/ready", "port": READINESS_PORT}
-    return {
-        "readinessProbe": {
-            "httpGet": dict(ready),
-            "initialDelaySeconds": options.readiness_initial_delay,
-            "periodSeconds": options.readiness_period,
-            "timeoutSeconds": 3,
-            "failureThreshold": options.readiness_failure_threshold,
-        },
-        # Up to 10 minutes for the first certificate; as a native sidecar this also holds the
-        # app containers back until the proxy is ready (the kubelet waits on it).
-        "startupProbe": {
-            "httpGet": dict(ready),
-            "initialDelaySeconds": 0,
-            "periodSeconds": 1,
-            "timeoutSeconds": 3,
-            "failureThreshold": 600,
-        },
+def _add_proxy_probes(container: Container, options: PodOptions) -> None:
+    ready: HTTPGetAction = {"path": "/healthz/ready", "port": READINESS_PORT}
+    container["readinessProbe"] = {
+        "httpGet": ready.copy(),
+        "initialDelaySeconds": options.readiness_initial_delay,
+        "periodSeconds": options.readiness_period,
+        "timeoutSeconds": 3,
+        "failureThreshold": options.readiness_failure_threshold,
+    }
+    # Up to 10 minutes for the first certificate; as a native sidecar this also holds the app
+    # containers back until the proxy is ready (the kubelet waits on it).
+    container["startupProbe"] = {
+        "httpGet": ready.copy(),
+        "initialDelaySeconds": 0,
+        "periodSeconds": 1,
+        "timeoutSeconds": 3,
+        "failureThreshold": 600,
     }
 
 
-def volumes(settings: InjectSettings, options: PodOptions) -> list[dict[str, Any]]:
+def volumes(settings: InjectSettings, options: PodOptions) -> list[Volume]:
     """The pod volumes the proxy mounts, in the order of ``VOLUMES``, then the user's
     ``sidecar.istio.io/userVolume`` ones."""
     return [
@@ -423,13 +444,22 @@ def volumes(settings: InjectSettings, options: PodOptions) -> list[dict[str, Any
             },
         },
         {"name": ROOT_CA_VOLUME, "configMap": {"name": settings.root_ca_configmap}},
-        *({"name": name, **source} for name, source in options.user_volumes.items()),
+        *(
+            cast("Volume", {"name": name, **source})
+            for name, source in options.user_volumes.items()
+        ),
     ]
 
 
-def _port(name: str, number: int) -> dict[str, Any]:
+def container_port(name: str, number: int) -> ContainerPort:
+    """A TCP port of a container, named."""
     return {"name": name, "containerPort": number, "protocol": "TCP"}
 
 
-def _copy_resources(resources: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-    return {section: dict(values) for section, values in resources.items()}
+def _copy_resources(resources: ResourceRequirements) -> ResourceRequirements:
+    copied: ResourceRequirements = {}
+    if "requests" in resources:
+        copied["requests"] = dict(resources["requests"])
+    if "limits" in resources:
+        copied["limits"] = dict(resources["limits"])
+    return copied

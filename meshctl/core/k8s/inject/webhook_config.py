@@ -17,13 +17,20 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject.admission import INJECT_PATH
 from meshctl.core.k8s.inject.pipeline import IGNORED_NAMESPACES
 from meshctl.core.k8s.layout import MESH_NAMESPACE
 from meshctl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import (
+        LabelSelectorRequirement,
+        MutatingWebhook,
+        WebhookClientConfig,
+    )
 
 NAMESPACE_LABEL = "meshctl-injection"
 ISTIO_NAMESPACE_LABEL = "istio-injection"
@@ -42,9 +49,9 @@ class WebhookTarget:
     port: int = 443
     path: str = INJECT_PATH
 
-    def client_config(self, ca_bundle: bytes | None) -> dict[str, Any]:
+    def client_config(self, ca_bundle: bytes | None) -> WebhookClientConfig:
         """The webhook's ``clientConfig`` (without ``caBundle`` when ``ca_bundle`` is None)."""
-        config: dict[str, Any]
+        config: WebhookClientConfig
         if self.url is not None:
             if not self.url.startswith("https://"):
                 raise ConfigError(
@@ -82,7 +89,7 @@ def webhook_configuration(
     revision: str = "default",
     reinvocation_policy: str = "Never",
     timeout_seconds: int = 10,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The MutatingWebhookConfiguration object for ``revision``, ready to apply.
 
     ``ca_bundle`` None leaves ``caBundle`` out: the control plane's leader patches it in.
@@ -104,7 +111,9 @@ def webhook_configuration(
         )
     client_config = target.client_config(ca_bundle)
 
-    def webhook(name: str, namespace: list[dict[str, Any]], pod: list[dict[str, Any]]) -> Any:
+    def webhook(
+        name: str, namespace: list[LabelSelectorRequirement], pod: list[LabelSelectorRequirement]
+    ) -> MutatingWebhook:
         return {
             "name": f"{name}.{WEBHOOK_DOMAIN}",
             "admissionReviewVersions": ["v1", "v1beta1"],
@@ -170,8 +179,8 @@ def webhook_configuration(
     }
 
 
-def _expr(key: str, operator: str, values: list[str] | None = None) -> dict[str, Any]:
-    expression: dict[str, Any] = {"key": key, "operator": operator}
+def _expr(key: str, operator: str, values: list[str] | None = None) -> LabelSelectorRequirement:
+    expression: LabelSelectorRequirement = {"key": key, "operator": operator}
     if values is not None:
         expression["values"] = values
     return expression

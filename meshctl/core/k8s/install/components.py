@@ -26,7 +26,7 @@ from meshctl.errors import ConfigError
 from meshctl.structured import Json
 
 # A Kubernetes object as a component renders it (read-only JSON; install stamps a copy).
-Object = Mapping[str, Json]
+Object = Mapping[str, object]
 V = TypeVar("V")
 
 # Istio's profiles, described for the confirmation prompt and --help.

@@ -22,6 +22,13 @@ bytes to write come out of ``data_to_send``/``buffers_to_send``. Invariants:
   hold it while it dispatches the events of the read that ended it. Only an id this connection
   never used is misuse.
 
+Why one file, above the house's ~600 lines: this is one state machine. Every frame handler reads
+and writes the same connection state (the stream table, both flow-control windows, the HPACK
+decoder, the abuse budgets) and the invariants above hold across all of them at once; split by
+frame type or by side, each part would reach into the others' private state, and a reader could
+no longer check an invariant in one place. The frame codec (``frames``) and the events
+(``events``) live beside it, as they share no state.
+
 Why not h2: h2 builds frame objects and runs two state machines per frame, validates and logs
 per header, and walks every stream to count open ones; for HBONE's short CONNECT streams that
 was most of a proxy's CPU per connection. The unit tests drive this code against h2 as an

@@ -522,3 +522,16 @@ def test_a_user_mount_at_the_cert_dir_replaces_the_injected_one():
     volumes = {v["name"]: v for v in injected["spec"]["volumes"]}
     assert volumes["mesh-certs"] == {"name": "mesh-certs", "secret": {"secretName": "web-certs"}}
     assert uninject_pod(injected) == original
+
+
+def test_an_edited_undo_record_puts_back_only_the_containers_it_recorded_intact():
+    p = pod()
+    p["spec"]["containers"].append({"name": "istio-proxy", "image": "auto"})
+    result = inject(p)
+    annotations = result["metadata"]["annotations"]
+    record = json.loads(annotations[ann.UNDO])
+    # Entries that are no longer [field, index, container]: a list injection never adds to,
+    # and shapes that are not entries at all.
+    record["overrides"] += [["volumes", 0, {"name": "stray"}], "junk", [1, 2]]
+    annotations[ann.UNDO] = json.dumps(record)
+    assert uninject_pod(result) == p

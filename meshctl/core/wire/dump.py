@@ -1,0 +1,158 @@
+"""The data plane's ``/config_dump``: the JSON its admin port answers, in ztunnel's names.
+
+Owns the shape of the dump and of its parts: each certificate's facts, the open connections
+(flows) of a worker, the discovery client's state, the per-identity certificate summaries and,
+in node mode, each enrolled pod's state. The data plane writes it (``plugins/dataplane/admin``),
+the supervisor channel carries parts of it between processes (``channel``), and ``meshctl
+verify`` and the demo read it from a proxy they did not build, so for a reader every field of
+the whole dump may be absent (``total=False``). Imported for types only: the data plane and the
+CNI plugin do not pay for defining these at start-up.
+"""
+
+from __future__ import annotations
+
+from typing import NotRequired, TypedDict
+
+
+class CertificateFacts(TypedDict):
+    """One certificate (ISO 8601 times)."""
+
+    serialNumber: str
+    validFrom: str
+    expirationTime: str
+    uriSans: list[str]
+
+
+class FlowEnd(TypedDict):
+    addr: str
+    workload: str | None  # NAMESPACE/NAME
+    identity: str | None  # SPIFFE id
+
+
+class FlowFacts(TypedDict):
+    """One open connection: both ends, bytes so far."""
+
+    direction: str
+    src: FlowEnd
+    dst: FlowEnd
+    hboneAddr: str | None
+    service: str | None
+    mutualTls: bool
+    bytesReceived: int
+    bytesSent: int
+    durationSeconds: float
+    worker: NotRequired[int]  # which worker holds it (``/config_dump`` adds it)
+
+
+class Connections(TypedDict):
+    """One worker's connections."""
+
+    inbound_tunnels: int
+    pooled: int
+    open: int
+    flows: list[FlowFacts]
+
+
+class WorkerReport(TypedDict):
+    """A ``Report``'s fields, as ``Gathered`` carries them."""
+
+    worker: int
+    pid: int
+    connections: Connections
+
+
+class TypeFacts(TypedDict):
+    """The discovery client's state of one resource type."""
+
+    subscription: str
+    acked: bool
+    lastAckedNonce: str
+    resources: int
+    responses: int
+    nacks: int
+    lastNack: str
+
+
+class DiscoveryFacts(TypedDict):
+    """The discovery client's state."""
+
+    address: str
+    node: str
+    connected: bool
+    connections: int
+    lastError: str
+    synced: bool
+    waitingFor: list[str]  # types not ACKed yet
+    types: dict[str, TypeFacts]
+
+
+class CertSourceFacts(TypedDict):
+    kind: str  # "files" or "ca"
+    caAddress: str
+    renewing: bool
+    lastError: str
+    failingSince: str
+    lastSuccess: str
+    nextRefresh: str
+
+
+class CertificateSummary(TypedDict):
+    """One identity's certificates in ``/config_dump`` (ztunnel's ``certificates`` entries)."""
+
+    identity: str
+    state: str  # Available, Expired, Unavailable (none yet)
+    certChain: NotRequired[list[CertificateFacts]]
+    rootCerts: NotRequired[list[CertificateFacts]]
+    source: NotRequired[CertSourceFacts]
+
+
+class PodInfo(TypedDict):
+    name: str
+    namespace: str
+    serviceAccount: str
+
+
+class PodState(TypedDict):
+    """One enrolled pod (node mode): ztunnel's ``workloadState`` entry, with its sockets."""
+
+    info: PodInfo
+    state: str
+    netns: str
+    listeners: dict[str, str]  # role -> address
+    identity: str
+    certificate: CertificateSummary
+
+
+class WorkerShare(TypedDict):
+    index: int
+    pid: int
+    inboundTunnels: int
+    pooled: int
+    open: int
+
+
+class WorkerFacts(TypedDict):
+    index: int
+    of: int
+    pid: int
+
+
+class ConfigDump(TypedDict, total=False):
+    """``/config_dump``: ztunnel's shape, and each worker's share of the connections (the data
+    plane writes every field but the last three's mode-dependent ones; a reader may find any
+    absent)."""
+
+    version: str
+    config: dict[str, object]
+    worker: WorkerFacts  # the one that answered
+    workloads: list[dict[str, object]]
+    services: list[dict[str, object]]
+    policies: list[dict[str, object]]
+    certificates: list[CertificateSummary]
+    xds: DiscoveryFacts | dict[str, object]  # {} without a discovery client
+    connections: Connections
+    workers: list[WorkerShare]
+    workersMissing: list[int]
+    identity: str  # sidecar mode: the workload's
+    workloadState: dict[str, PodState]  # node mode: uid -> pod
+    podsSynced: bool
