@@ -85,12 +85,13 @@ def attach(
         if not named:
             accepted = Condition("Accepted", False, "NoMatchingParent", _no_listener(ref))
         elif not allowed:
+            taking = any(HTTPROUTE in ls.supported_kinds for ls in named)
+            why = f"from namespace {route.meta.namespace}" if taking else "at all"
             accepted = Condition(
                 "Accepted",
                 False,
                 "NotAllowedByListeners",
-                f"no listener of {ref.namespace}/{ref.name} allows HTTPRoutes from "
-                f"namespace {route.meta.namespace}",
+                f"no listener of {ref.namespace}/{ref.name} takes HTTPRoutes {why}",
             )
         elif not hosted:
             accepted = Condition(
@@ -132,9 +133,8 @@ def resolved_refs(rules: Sequence[Rule]) -> Condition:
     bad = [b for rule in rules for b in rule.backends if not b.resolved]
     if not bad:
         return Condition("ResolvedRefs", True, "ResolvedRefs", "references resolved")
-    return Condition(
-        "ResolvedRefs", False, bad[0].problem, "; ".join(b.detail or b.problem for b in bad)
-    )
+    messages = dict.fromkeys(b.detail or b.problem for b in bad)  # each problem once, in order
+    return Condition("ResolvedRefs", False, bad[0].problem, "; ".join(messages))
 
 
 def _same_parent(entry: Any, ref: ParentRef, namespace: str) -> bool:

@@ -161,7 +161,7 @@ def listener_states(
         supported = spec.protocol in SUPPORTED_PROTOCOLS
         problems: list[tuple[str, str]] = []
         usable: tuple[SecretRef, ...] = ()
-        if supported and spec.protocol == Protocol.HTTPS:
+        if supported and spec.protocol == Protocol.HTTPS and spec.tls_mode == "Terminate":
             usable, problems = _certificates(spec, gw.meta.namespace, certificates, grants)
         if not supported:
             kinds: tuple[tuple[str, str], ...] = ()
@@ -280,7 +280,9 @@ def gateway_status(
     }
     listeners = []
     for ls in state.listeners:
-        if not ls.serves:
+        if not state.accepted.status:
+            ready = Condition("Programmed", False, "Invalid", "gateway not accepted")
+        elif not ls.serves:
             ready = Condition("Programmed", False, "Invalid", "listener serves nothing")
         elif programmed.status:
             ready = Condition("Programmed", True, "Programmed", "listener programmed")

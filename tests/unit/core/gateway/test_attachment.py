@@ -191,3 +191,19 @@ def test_a_new_generation_updates_observed_generation_but_not_transition_times()
     [accepted, resolved] = parent(result)["conditions"]
     assert accepted["observedGeneration"] == resolved["observedGeneration"] == 2
     assert accepted["lastTransitionTime"] == EARLIER
+
+
+def test_the_same_backend_problem_is_said_once():
+    web = route("web", rule("missing", path="/a"), rule("missing", path="/b"))
+    result = run(gateway_class(), gateway(), web, service())
+    assert parent(result)["conditions"][1]["message"] == "Service infra/missing not found"
+
+
+def test_a_listener_taking_no_httproutes_says_so():
+    tcp_only = listener(allowedRoutes={"kinds": [{"kind": "TCPRoute"}]})
+    result = run(gateway_class(), gateway(tcp_only), route(), service())
+    accepted = parent(result)["conditions"][0]
+    assert (accepted["reason"], accepted["message"]) == (
+        "NotAllowedByListeners",
+        "no listener of infra/gw takes HTTPRoutes at all",
+    )

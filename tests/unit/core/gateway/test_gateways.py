@@ -210,3 +210,18 @@ def test_https_routes_are_served_by_sni_listener_with_its_certificate():
     assert decision.listener is not None
     assert [str(c) for c in decision.listener.certificates] == ["infra/cert"]
     assert decision.backends[0].label == "infra/svc:80"
+
+
+def test_listeners_of_a_gateway_not_accepted_are_invalid_not_pending():
+    result = run(gateway_class(), gateway(addresses=[{"value": "1.2.3.4"}]))
+    assert condition(listener_status(result, "http")["conditions"], "Programmed") == (
+        "False",
+        "Invalid",
+    )
+
+
+def test_a_passthrough_listener_is_unsupported_without_certificate_complaints():
+    passthrough = listener("tls", 443, "HTTPS", tls={"mode": "Passthrough"})
+    conditions = listener_status(run(gateway_class(), gateway(passthrough)), "tls")["conditions"]
+    assert condition(conditions, "Accepted") == ("False", "UnsupportedValue")
+    assert condition(conditions, "ResolvedRefs") == ("True", "ResolvedRefs")
