@@ -119,7 +119,11 @@ def read_ingress(
                 Rule(
                     index=counter,
                     name=f"rules[{i}].paths[{j}]",
-                    matches=(RouteMatch(path=PathMatch(_PATH_TYPES[kind], value)),),
+                    matches=(
+                        RouteMatch(
+                            path=PathMatch(_PATH_TYPES[kind], paths.decode_unreserved(value))
+                        ),
+                    ),
                     backends=(_backend(objects.field(p, "backend"), m.namespace, services),),
                 )
             )

@@ -141,7 +141,7 @@ def holds(match: RouteMatch, request: Request, path: str, params: dict[str, str]
 def match(table: RouteTable, request: Request) -> Decision:
     """The decision for ``request`` on ``table`` (see the module's docstring for the order)."""
     host = hostnames.request_host(request.host)
-    path = paths.remove_dot_segments(request.path or "/")
+    path = paths.normalize(request.path or "/")
     port = table.port(request.port)
     if port is None:
         return _reject(Outcome.NO_ROUTE, 404, f"no listener on port {request.port}", path=path)
@@ -162,10 +162,9 @@ def match(table: RouteTable, request: Request) -> Decision:
                 )
     if chosen is None:
         return _fallback(port, request, host, path, f"host {host}: no listener")
-    hosts = [vh for vh in chosen.hosts if hostnames.matches(vh.hostname, host, one_label=one_label)]
-    if not hosts:
+    vhost = chosen.host(host, one_label=one_label)  # most specific: no fall-through to a wider one
+    if vhost is None:
         return _fallback(port, request, host, path, f"host {host}", chosen.listener)
-    vhost = hosts[0]  # most specific: no fall-through to a wider hostname
     params: dict[str, str] | None = None
     for entry in vhost.entries:
         if entry.match.query and params is None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from .hostnames import ANY
+from .hostnames import ANY, matches
 
 
 class PathType(enum.StrEnum):
@@ -225,6 +225,24 @@ class VirtualHost:
 class ListenerRoutes:
     listener: Listener
     hosts: tuple[VirtualHost, ...]  # most specific hostname first
+    # exact hostnames by name, then the wildcards and ANY in order: a lookup, not a scan
+    _exact: dict[str, VirtualHost] = field(init=False, repr=False, compare=False)
+    _patterns: tuple[VirtualHost, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        exact = {vh.hostname: vh for vh in self.hosts if not vh.hostname.startswith("*")}
+        object.__setattr__(self, "_exact", exact)
+        patterns = tuple(vh for vh in self.hosts if vh.hostname.startswith("*"))
+        object.__setattr__(self, "_patterns", patterns)
+
+    def host(self, name: str, *, one_label: bool = False) -> VirtualHost | None:
+        """The most specific host naming ``name`` (normalised), or None."""
+        found = self._exact.get(name)
+        if found is not None:
+            return found
+        return next(
+            (vh for vh in self._patterns if matches(vh.hostname, name, one_label=one_label)), None
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -98,7 +98,7 @@ def _match(obj: Any, where: str, problems: list[Problem]) -> RouteMatch:
         if bad:
             problems.append((UNSUPPORTED, f"{where}.path: {bad}"))
         else:
-            path = PathMatch(PathType(kind), value)
+            path = PathMatch(PathType(kind), paths.decode_unreserved(value))  # as requests are
     else:
         problems.append((UNSUPPORTED, f"{where}.path: type {kind} is not supported"))
     method = objects.text(obj, "method")

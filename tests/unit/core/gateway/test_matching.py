@@ -247,3 +247,9 @@ def test_choose_backend_splits_draws_by_weight_and_skips_zero_weights():
     assert choose_backend(backends, 1.0).name == "b"
     with pytest.raises(ValueError, match="weight above 0"):
         choose_backend((backend("zero", weight=0),), 0.5)
+
+
+def test_escaped_unreserved_characters_cannot_slip_past_a_route():
+    t = single(route("r", ((prefix("/admin"),), "admin"), ((prefix("/"),), "other")))
+    assert _to(t, "/%61dmin/x") == "admin"
+    assert _to(t, "/public/%2E%2E/admin") == "admin"

@@ -4,6 +4,7 @@ import pytest
 
 from meshctl.core.gateway.paths import (
     invalid_path,
+    normalize,
     prefix_matches,
     remove_dot_segments,
     replace_prefix,
@@ -76,3 +77,19 @@ def test_paths_the_api_refuses_are_invalid(value):
 def test_ordinary_paths_are_valid():
     assert invalid_path("/") == ""
     assert invalid_path("/foo/bar-baz_1.2~") == ""
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        ("/%61dmin", "/admin"),
+        ("/%2e%2e/admin", "/admin"),
+        ("/a%2Fb", "/a%2Fb"),  # an escaped "/" is not a separator
+        ("/a%2fb", "/a%2Fb"),
+        ("/%7Euser", "/~user"),
+        ("/100%", "/100%"),  # not an escape
+        ("/%zz", "/%zz"),
+    ],
+)
+def test_unreserved_escapes_are_decoded_before_dot_segments(path, expected):
+    assert normalize(path) == expected

@@ -141,3 +141,8 @@ def test_filters_and_timeouts_are_read():
     assert rule.filters.response_headers is not None
     assert rule.filters.response_headers.add == (("d", "4"),)
     assert (rule.timeouts.request_ms, rule.timeouts.backend_request_ms) == (10_000, 2_000)
+
+
+def test_route_paths_are_compared_with_unreserved_escapes_decoded():
+    [rule], _ = _read({"matches": [{"path": {"type": "Exact", "value": "/%7Euser"}}]})
+    assert rule.matches[0].path.value == "/~user"
