@@ -27,7 +27,9 @@ def match_text(match: RouteMatch) -> str:
 def backend_text(backend: Backend) -> str:
     text = f"{backend.label} weight {backend.weight}"
     if not backend.resolved:
-        text += f" ({backend.problem}: {backend.detail})"
+        text += (
+            f" ({backend.problem}: {backend.detail})" if backend.detail else f" ({backend.problem})"
+        )
     return text
 
 
