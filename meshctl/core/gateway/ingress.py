@@ -16,6 +16,7 @@ Invariant: pure; a path, backend or TLS entry we cannot use is a problem line, n
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from meshctl.core.k8s.cluster import objects
@@ -93,10 +94,16 @@ def _backend(obj: Any, namespace: str, services: Services) -> Backend:
     )
 
 
-def read_ingress(
-    obj: Any, services: Services, problems: list[str]
-) -> tuple[Meta, list[Route], Rule | None]:
-    """An Ingress's routes (one per rule, for its host) and its defaultBackend as a rule."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IngressFacts:
+    meta: Meta
+    routes: tuple[Route, ...]  # one per rule, for its host
+    fallback: Rule | None  # defaultBackend
+    tls: tuple[tuple[tuple[str, ...], str], ...]  # (hosts, secretName) per tls[] entry
+
+
+def read_ingress(obj: Any, services: Services, problems: list[str]) -> IngressFacts:
+    """What we serve of an Ingress; a part we cannot use is a problem line."""
     m = meta(obj, "Ingress")
     key = RouteKey("Ingress", m.namespace, m.name)
     routes = []
@@ -145,7 +152,14 @@ def read_ingress(
             name="defaultBackend",
             backends=(_backend(default, m.namespace, services),),
         )
-    return m, routes, fallback
+    tls = tuple(
+        (
+            tuple(str(h).lower() for h in objects.items(entry, "hosts")),
+            objects.text(entry, "secretName"),
+        )
+        for entry in objects.items(obj, "spec", "tls")
+    )
+    return IngressFacts(meta=m, routes=tuple(routes), fallback=fallback, tls=tls)
 
 
 def ingress_table(
@@ -158,37 +172,38 @@ def ingress_table(
 ) -> tuple[RouteTable, list[str]]:
     """One table for every Ingress of ours (empty without any), and the problems found."""
     problems: list[str] = []
-    read: list[tuple[Meta, list[Route], Rule | None, Any]] = []
+    read: list[IngressFacts] = []
     for obj in ingresses:
         try:
-            m, routes, fallback = read_ingress(obj, services, problems)
+            read.append(read_ingress(obj, services, problems))
         except ObjectError as exc:
             problems.append(f"Ingress skipped: {exc}")
-            continue
-        read.append((m, routes, fallback, obj))
     if not read:
         return RouteTable(one_label_wildcards=True), problems
-    read.sort(key=lambda r: (r[0].created or "~", f"{r[0].namespace}/{r[0].name}"))
-    routes = [route for _, rs, _, _ in read for route in rs]
-    default = None
-    for m, _, fallback, _ in read:
-        if fallback is not None:  # the oldest Ingress's
-            default = Entry(
-                route=RouteKey("Ingress", m.namespace, m.name),
-                created=m.created,
-                rule=fallback,
+    read.sort(key=lambda r: (r.meta.created or "~", f"{r.meta.namespace}/{r.meta.name}"))
+    routes = [route for ing in read for route in ing.routes]
+    default = next(
+        (
+            Entry(
+                route=RouteKey("Ingress", ing.meta.namespace, ing.meta.name),
+                created=ing.meta.created,
+                rule=ing.fallback,
                 match_index=0,
-                match=fallback.matches[0],
+                match=ing.fallback.matches[0],
             )
-            break
+            for ing in read
+            if ing.fallback is not None  # the oldest Ingress's
+        ),
+        None,
+    )
     served: list[tuple[Listener, list[Route]]] = [
         (Listener(owner=OWNER, name="http", port=http_port, protocol=Protocol.HTTP), routes)
     ]
     owners: dict[str, str] = {}
-    for m, _, _, obj in read:
-        for i, tls in enumerate(objects.items(obj, "spec", "tls")):
+    for ing in read:
+        m = ing.meta
+        for i, (hosts, secret) in enumerate(ing.tls):
             where = f"Ingress {m.namespace}/{m.name} tls[{i}]"
-            secret = objects.text(tls, "secretName")
             facts = certificates.get((m.namespace, secret))
             if not secret:
                 problems.append(f"{where}: no secretName")
@@ -197,7 +212,7 @@ def ingress_table(
                 why = "not found" if facts is None else (facts.message or "invalid")
                 problems.append(f"{where}: Secret {m.namespace}/{secret} {why}")
                 continue
-            for host in [str(h).lower() for h in objects.items(tls, "hosts")] or [ANY]:
+            for host in hosts or (ANY,):
                 if host in owners:
                     problems.append(f"{where}: host {host} already has TLS from {owners[host]}")
                     continue

@@ -191,7 +191,11 @@ def _routes(
     attached: dict[tuple[str, str], dict[str, list[Route]]] = {k: {} for k in gateways}
     routes = _read_all(cluster.http_routes, read_route, "HTTPRoute", problems)
     for route in sorted(routes, key=lambda r: r.meta.key):
-        results, model = _route(route, gateways, services, grants, labels)
+        try:
+            results, model = _route(route, gateways, services, grants, labels)
+        except ObjectError as exc:  # a rule of a shape the API's validation would refuse
+            problems.append(f"HTTPRoute {route.meta.name} skipped: {exc}")
+            continue
         for result in results:
             if result.ref.gateway is None:
                 continue

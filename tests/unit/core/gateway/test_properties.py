@@ -18,7 +18,9 @@ from meshctl.core.gateway.model import (
     RouteMatch,
     Rule,
 )
+from meshctl.core.gateway.translate import Cluster, translate
 
+from .cluster import KINDS as KIND_FIELDS
 from .tables import backend, listener
 
 SEGMENTS = st.sampled_from(["a", "b", "ab", "ba", "aa", "a.b"])
@@ -208,3 +210,117 @@ def test_a_wildcard_names_hosts_ending_in_its_suffix_with_more_labels(suffix, ho
     assert hostnames.matches(pattern, host) == ends
     one = ends and host.count(".") == suffix.count(".") + 1
     assert hostnames.matches(pattern, host, one_label=True) == one
+
+
+KEYS = st.sampled_from(
+    [
+        "metadata", "name", "namespace", "generation", "creationTimestamp", "labels", "spec",
+        "status", "gatewayClassName", "controllerName", "listeners", "port", "protocol",
+        "hostname", "hostnames", "tls", "mode", "certificateRefs", "allowedRoutes", "namespaces",
+        "from", "selector", "matchLabels", "matchExpressions", "kinds", "kind", "group",
+        "parentRefs", "sectionName", "rules", "matches", "path", "type", "value", "headers",
+        "queryParams", "method", "filters", "requestRedirect", "urlRewrite", "statusCode",
+        "requestHeaderModifier", "set", "add", "remove", "backendRefs", "weight", "timeouts",
+        "request", "parents", "conditions", "controllerName", "to", "ingressClassName", "http",
+        "paths", "pathType", "backend", "service", "number", "defaultBackend", "secretName",
+        "hosts", "ports", "annotations",
+    ]
+)  # fmt: skip
+JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-2, 70000)
+    | st.sampled_from(["", "a", "/", "*.x.io", "HTTP", "meshctl", "Exact"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(KEYS, inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@given(st.lists(st.tuples(st.sampled_from(sorted(KIND_FIELDS)), JSON), max_size=8))
+def test_translate_never_raises_on_any_shape_of_object(objects):
+    lists: dict[str, list[object]] = {field: [] for field in KIND_FIELDS.values()}
+    for kind, body in objects:
+        lists[KIND_FIELDS[kind]].append(body)
+    result = translate(Cluster(**lists), now="2026-12-02T10:00:00Z")  # type: ignore[arg-type]
+    for t in [*result.gateways.values(), result.ingress]:
+        match(t, Request(port=80, host="a.x.io", path="/a"))
+
+
+def _realistic() -> list[dict[str, object]]:
+    from . import cluster as c
+
+    ingress = {
+        "kind": "Ingress",
+        "metadata": {"name": "i", "namespace": "infra"},
+        "spec": {
+            "ingressClassName": "meshctl",
+            "tls": [{"hosts": ["a.x.io"], "secretName": "cert"}],
+            "defaultBackend": {"service": {"name": "svc", "port": {"number": 80}}},
+            "rules": [
+                {
+                    "host": "a.x.io",
+                    "http": {
+                        "paths": [
+                            {
+                                "pathType": "Prefix",
+                                "path": "/a",
+                                "backend": {"service": {"name": "svc", "port": {"name": "http"}}},
+                            }
+                        ]
+                    },
+                }
+            ],
+        },
+    }
+    redirect = {
+        "type": "RequestRedirect",
+        "requestRedirect": {"path": {"type": "ReplacePrefixMatch"}},
+    }
+    return [
+        c.gateway_class(),
+        c.gateway(
+            c.listener(),
+            c.https(
+                hostname="*.x.io",
+                allowedRoutes={
+                    "namespaces": {"from": "Selector", "selector": {"matchLabels": {"a": "b"}}}
+                },
+            ),
+        ),
+        c.route("r", c.rule("svc", path="/a", filters=[redirect]), hostnames=["a.x.io"]),
+        c.grant("infra", [(c.GROUP, "HTTPRoute", "app")], [("", "Service", "svc")]),
+        c.service(),
+        c.namespace("infra", a="b"),
+        ingress,
+    ]
+
+
+def _paths(value: object, at: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    out = [at]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*at, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*at, i))
+    return out
+
+
+@given(st.data())
+def test_translate_never_raises_when_any_field_of_real_objects_is_garbage(data):
+    objects = _realistic()
+    fields = [KIND_FIELDS[str(obj["kind"])] for obj in objects]  # the list each one goes to
+    for _ in range(data.draw(st.integers(1, 3))):
+        index = data.draw(st.integers(0, len(objects) - 1))
+        at = data.draw(st.sampled_from(_paths(objects[index])[1:]))
+        parent = objects[index]
+        for step in at[:-1]:
+            parent = parent[step]  # type: ignore[index]
+        parent[at[-1]] = data.draw(JSON)  # type: ignore[index]
+    lists: dict[str, list[object]] = {field: [] for field in KIND_FIELDS.values()}
+    for field, obj in zip(fields, objects, strict=True):
+        lists[field].append(obj)
+    result = translate(Cluster(**lists), now="2026-12-02T10:00:00Z")  # type: ignore[arg-type]
+    for t in [*result.gateways.values(), result.ingress]:
+        for port in (80, 443):
+            match(t, Request(port=port, host="a.x.io", path="/a/b", sni="a.x.io"))
