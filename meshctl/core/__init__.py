@@ -10,6 +10,9 @@ arrows pointing down):
   spec, network configs, which pods the plugin captures), ``ambient`` (enrollment and the node
   agent's exit), ``podlist`` (a node's pods from a file), pod-spec pieces, the image, probes,
   ProxyConfig.
+- ``gateway/``: the ingress gateway as values: Gateway API and Ingress objects -> route tables
+  and status, a request -> a routing decision by the APIs' precedence (above ``k8s/``: it reads
+  objects with its readers).
 - ``capture/``: traffic-capture rules as data, rendered to and parsed from iptables-restore text.
 - ``xds/``: Delta xDS streams as state machines and the resources each proxy may see.
 - ``wire/``: wire schemas and protocols: the supervisor channel, ZDS, HBONE (sans-IO HTTP/2
