@@ -8,4 +8,6 @@ out; a request in, a routing decision out.
   own (``gatewayapi``, ``rules``, ``backends``, ``gateways``, ``attachment``, ``ingress``,
   ``conditions`` are its parts). ``table``: the precedence order; ``hostnames`` and ``paths``:
   the API's matching rules. ``render``: tables and decisions as plain data.
+- ``config``: what one proxy is given (table, certificates, endpoints): the seam between the
+  controller (or a local file) and ``meshctl gateway run``.
 """
