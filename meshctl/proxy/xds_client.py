@@ -4,11 +4,12 @@ Owns the stream (``envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAg
 over TLS with the bearer token and ``clusterid`` headers, plus ``XDS_HEADER_*``), the initial
 request per type in ztunnel's order with ztunnel's node id and metadata, one ACK or NACK per
 response (a NACK names each refused resource and why), reconnects with ztunnel's backoff (10 ms
-doubling to 15 s; back to 10 ms after a clean end or a server recycling the stream), and the
-client's own store, fed from responses. Invariants: a refused resource never reaches the store and
-is not recorded as held, so a reconnect asks for it again; after a reconnect the server is told
-every name and version held (``initial_resource_versions``) and sends only the difference; the
-client is ``synced`` once it has ACKed a response of each type; no token is ever logged.
+doubling to 15 s; back to 10 ms after a clean end or a server recycling the stream), and feeding
+its source of the proxy's store (``SourcedStore``: the local config is another) from responses.
+Invariants: a refused resource never reaches the store and is not recorded as held, so a
+reconnect asks for it again; after a reconnect the server is told every name and version held
+(``initial_resource_versions``) and sends only the difference; the client is ``synced`` once it
+has ACKed a response of each type; no token is ever logged.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from google.protobuf import json_format, struct_pb2
 
 from meshctl import config, xds
 from meshctl.core.backoff import Backoff
-from meshctl.core.mesh.localconfig import LocalConfig
+from meshctl.core.mesh.localconfig import LocalConfig, parse_local_config
 from meshctl.core.mesh.records import Kind, Policy, Service, Workload
 from meshctl.core.mesh.render import render, update_to_plain
-from meshctl.core.mesh.store import Store, Update
+from meshctl.core.mesh.store import SourcedStore, Store, Update
 from meshctl.core.wire import channel
 from meshctl.core.xds.resources import AUTHORIZATION_TYPE, TYPES
 from meshctl.errors import ConfigError
@@ -137,13 +138,24 @@ OnChange = Callable[[Store, list[Update]], None]
 
 
 class XdsClient:
-    """One proxy's discovery client. ``run`` keeps a stream up until ``stop`` is set."""
+    """One proxy's discovery client. ``run`` keeps a stream up until ``stop`` is set.
+
+    It feeds the ``source`` of ``store`` (by default a store of its own); ``on_change`` hears
+    the store as it is after each response and the updates that response made to it.
+    """
 
     def __init__(
-        self, config: XdsConfig, on_change: OnChange, on_state: Callable[[], None]
+        self,
+        config: XdsConfig,
+        on_change: OnChange,
+        on_state: Callable[[], None],
+        *,
+        store: SourcedStore | None = None,
+        source: str = "xds",
     ) -> None:
         self.config = config
-        self.store = Store()
+        self.sources = store or SourcedStore((source,))
+        self.source = source
         self._on_change = on_change
         self._on_state = on_state
         self._types = {t: _TypeState() for t in TYPES}
@@ -152,6 +164,11 @@ class XdsClient:
         self.last_error = ""
         self.synced = asyncio.Event()  # every type ACKed once: the data plane may start
         self._got_response = False  # on the current connection
+
+    @property
+    def store(self) -> Store:
+        """The records discovery sent (and this client holds)."""
+        return self.sources.layer(self.source)
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -306,9 +323,9 @@ class XdsClient:
                     updates.append(Update(kind=kind, key=name))
                     break
         if updates:
-            before = self.store
-            self.store = before.apply(updates)
-            self._on_change(self.store, updates)
+            changed = self.sources.apply(self.source, updates)
+            if changed:
+                self._on_change(self.sources.current, changed)
         ack = xds_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=response.nonce)
         if rejects:
             message = "; ".join(rejects)
@@ -429,8 +446,9 @@ def build_config(settings: DiscoverySettings, env: Mapping[str, str] | None = No
 
 
 class XdsFeed(Feed):
-    """Certificates from ``certs`` (a file or CA feed: everything it sends but workloads),
-    workloads from discovery.
+    """Certificates from ``certs`` (a file or CA feed), workloads from one store with two
+    sources: the local config ``certs`` sends (``local``, which wins a key both hold) and
+    discovery (``xds``), as ztunnel merges its local config and xDS into one state.
 
     The data plane gets no workloads until the client has ACKed a response of every type (so it
     is not ready before: ztunnel's rule), then the whole store once, then each change as it
@@ -439,7 +457,10 @@ class XdsFeed(Feed):
 
     def __init__(self, *, certs: Feed, client_config: XdsConfig) -> None:
         self._certs = certs
-        self.client = XdsClient(client_config, self._changed, self._state_changed)
+        self.store = SourcedStore(("local", "xds"))
+        self.client = XdsClient(
+            client_config, self._changed, self._state_changed, store=self.store, source="xds"
+        )
         self._generation = 0
         self._pending: list[channel.Message] = []
         self._sent_snapshot = False
@@ -460,7 +481,7 @@ class XdsFeed(Feed):
         self._wake.set()
 
     def _snapshot(self) -> channel.Workloads:
-        store = self.client.store
+        store = self.store.current
         document: LocalConfig = {
             "workloads": [render(w) for w in store.workloads],
             "services": [render(s) for s in store.services],
@@ -468,11 +489,18 @@ class XdsFeed(Feed):
         }
         return channel.Workloads(document=document, generation=self._generation)
 
-    @staticmethod
-    def _not_workloads(messages: list[channel.Message]) -> list[channel.Message]:
-        return [
-            m for m in messages if not isinstance(m, channel.Workloads | channel.WorkloadUpdates)
-        ]
+    def _not_workloads(self, messages: list[channel.Message]) -> list[channel.Message]:
+        """``messages`` but the local config's, which feed the store's ``local`` source."""
+        out: list[channel.Message] = []
+        for m in messages:
+            if isinstance(m, channel.Workloads):
+                # Checked by the source that read it (``file_sources.read_local_config``).
+                changed = self.store.replace("local", parse_local_config(m.document))
+                if changed:
+                    self._changed(self.store.current, changed)
+            elif not isinstance(m, channel.WorkloadUpdates):  # no certificate feed sends these
+                out.append(m)
+        return out
 
     def current(self) -> list[channel.Message]:
         out = self._not_workloads(self._certs.current())
