@@ -172,9 +172,6 @@ def objects(install: InstallValues, own: CniValues) -> list[Object]:
     ]
 
 
-_HOST_NETWORK = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
-
-
 def _mount(name: str, path: str) -> Object:
     if name == "cni-netns-dir":  # namespaces pinned after we started
         return {"name": name, "mountPath": path, "mountPropagation": "HostToContainer"}
