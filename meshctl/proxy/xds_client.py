@@ -29,14 +29,10 @@ from google.protobuf import json_format, struct_pb2
 
 from meshctl import config, xds
 from meshctl.core.backoff import Backoff
-from meshctl.core.mesh.localconfig import LocalConfig, parse_local_config
 from meshctl.core.mesh.records import Kind, Policy, Service, Workload
-from meshctl.core.mesh.render import render, update_to_plain
 from meshctl.core.mesh.store import SourcedStore, Store, Update
-from meshctl.core.wire import channel
 from meshctl.core.xds.resources import AUTHORIZATION_TYPE, TYPES
 from meshctl.errors import ConfigError
-from meshctl.process import Feed
 from meshctl.proto import xds_pb2, xds_pb2_grpc
 from meshctl.structured import InputError, load_json
 
@@ -443,99 +439,3 @@ def build_config(settings: DiscoverySettings, env: Mapping[str, str] | None = No
         server_name=settings.alt_xds_hostname,
         headers=headers,
     )
-
-
-class XdsFeed(Feed):
-    """Certificates from ``certs`` (a file or CA feed), workloads from one store with two
-    sources: the local config ``certs`` sends (``local``, which wins a key both hold) and
-    discovery (``xds``), as ztunnel merges its local config and xDS into one state.
-
-    The data plane gets no workloads until the client has ACKed a response of every type (so it
-    is not ready before: ztunnel's rule), then the whole store once, then each change as it
-    arrives (``WorkloadUpdates``), and the client's state for ``/config_dump`` when it changes.
-    """
-
-    def __init__(self, *, certs: Feed, client_config: XdsConfig) -> None:
-        self._certs = certs
-        self.store = SourcedStore(("local", "xds"))
-        self.client = XdsClient(
-            client_config, self._changed, self._state_changed, store=self.store, source="xds"
-        )
-        self._generation = 0
-        self._pending: list[channel.Message] = []
-        self._sent_snapshot = False
-        self._sent_state: DiscoveryFacts | None = None
-        self._wake = asyncio.Event()
-        self._stop = asyncio.Event()
-
-    def _changed(self, store: Store, updates: list[Update]) -> None:
-        self._generation += 1
-        if self._sent_snapshot:
-            plain = tuple(update_to_plain(u) for u in updates)
-            self._pending.append(
-                channel.WorkloadUpdates(updates=plain, generation=self._generation)
-            )
-        self._wake.set()
-
-    def _state_changed(self) -> None:
-        self._wake.set()
-
-    def _snapshot(self) -> channel.Workloads:
-        store = self.store.current
-        document: LocalConfig = {
-            "workloads": [render(w) for w in store.workloads],
-            "services": [render(s) for s in store.services],
-            "policies": [render(p) for p in store.policies],
-        }
-        return channel.Workloads(document=document, generation=self._generation)
-
-    def _not_workloads(self, messages: list[channel.Message]) -> list[channel.Message]:
-        """``messages`` but the local config's, which feed the store's ``local`` source."""
-        out: list[channel.Message] = []
-        for m in messages:
-            if isinstance(m, channel.Workloads):
-                # Checked by the source that read it (``file_sources.read_local_config``).
-                changed = self.store.replace("local", parse_local_config(m.document))
-                if changed:
-                    self._changed(self.store.current, changed)
-            elif not isinstance(m, channel.WorkloadUpdates):  # no certificate feed sends these
-                out.append(m)
-        return out
-
-    def current(self) -> list[channel.Message]:
-        out = self._not_workloads(self._certs.current())
-        if self.client.synced.is_set():
-            out.append(self._snapshot())
-        out.append(channel.XdsState(state=self.client.state()))
-        return out
-
-    def changes(self) -> list[channel.Message]:
-        out = self._not_workloads(self._certs.changes())
-        if self.client.synced.is_set() and not self._sent_snapshot:
-            self._sent_snapshot = True
-            self._pending.clear()  # the snapshot has them
-            out.append(self._snapshot())
-        out += self._pending
-        self._pending = []
-        state = self.client.state()
-        if state != self._sent_state:
-            self._sent_state = state
-            out.append(channel.XdsState(state=state))
-        return out
-
-    async def wait(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        self._wake.clear()
-
-    async def run(self) -> None:
-        """The certificates' own work (a CA client renewing) beside the discovery client."""
-        await asyncio.gather(self._certs.run(), self._discover())
-
-    async def _discover(self) -> None:
-        while True:
-            try:
-                await self.client.run(self._stop)
-            except Exception:  # a bug in the client must not leave the proxy without discovery
-                log.exception("discovery client failed; restarting it")
-                await asyncio.sleep(1.0)
