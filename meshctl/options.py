@@ -41,6 +41,16 @@ if TYPE_CHECKING:
 MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 
 
+def command_app(**settings: Any) -> typer.Typer:
+    """A plugin's Typer app with the house's settings: no completion options of its own (the
+    ``completion`` command serves every shell), no rich tracebacks or markup (errors are
+    ``Error:``/``Hint:`` lines, help is plain text); ``settings``: Typer's others (``help``,
+    ``no_args_is_help``, ``invoke_without_command`` ...)."""
+    return typer.Typer(
+        add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None, **settings
+    )
+
+
 def env_help(help: str, env: str | Sequence[str] | None) -> str:  # noqa: A002 (click's name)
     """``help`` with the env var(s) that set the option, as every option shows them."""
     names = [env] if isinstance(env, str) else list(env or ())

@@ -1,8 +1,8 @@
 """What the supervisor feeds the data plane: certificates from ``--cert-dir`` and the local config.
 
 Owns reading and validating both sources, and noticing when they change (by content, polled), so
-a rotation or an edited local config reaches the data plane without a restart (discovery's feed
-is ``xds.XdsFeed``). Invariants: a
+a rotation or an edited local config reaches the data plane without a restart (the local config
+goes into the proxy's one store, beside discovery: ``workload_feed.WorkloadFeed``). Invariants: a
 source that fails validation at start is a ``UserError`` with a hint; one that fails on reload
 is logged and the previous good state stays in force; PEM bytes are never logged; the X.509
 library is imported only to read certificates (the lean supervisor starts from certificates

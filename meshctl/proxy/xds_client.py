@@ -4,11 +4,12 @@ Owns the stream (``envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAg
 over TLS with the bearer token and ``clusterid`` headers, plus ``XDS_HEADER_*``), the initial
 request per type in ztunnel's order with ztunnel's node id and metadata, one ACK or NACK per
 response (a NACK names each refused resource and why), reconnects with ztunnel's backoff (10 ms
-doubling to 15 s; back to 10 ms after a clean end or a server recycling the stream), and the
-client's own store, fed from responses. Invariants: a refused resource never reaches the store and
-is not recorded as held, so a reconnect asks for it again; after a reconnect the server is told
-every name and version held (``initial_resource_versions``) and sends only the difference; the
-client is ``synced`` once it has ACKed a response of each type; no token is ever logged.
+doubling to 15 s; back to 10 ms after a clean end or a server recycling the stream), and feeding
+its source of the proxy's store (``SourcedStore``: the local config is another) from responses.
+Invariants: a refused resource never reaches the store and is not recorded as held, so a
+reconnect asks for it again; after a reconnect the server is told every name and version held
+(``initial_resource_versions``) and sends only the difference; the client is ``synced`` once it
+has ACKed a response of each type; no token is ever logged.
 """
 
 from __future__ import annotations
@@ -28,14 +29,10 @@ from google.protobuf import json_format, struct_pb2
 
 from meshctl import config, xds
 from meshctl.core.backoff import Backoff
-from meshctl.core.mesh.localconfig import LocalConfig
 from meshctl.core.mesh.records import Kind, Policy, Service, Workload
-from meshctl.core.mesh.render import render, update_to_plain
-from meshctl.core.mesh.store import Store, Update
-from meshctl.core.wire import channel
+from meshctl.core.mesh.store import SourcedStore, Store, Update
 from meshctl.core.xds.resources import AUTHORIZATION_TYPE, TYPES
 from meshctl.errors import ConfigError
-from meshctl.process import Feed
 from meshctl.proto import xds_pb2, xds_pb2_grpc
 from meshctl.structured import InputError, load_json
 
@@ -137,13 +134,24 @@ OnChange = Callable[[Store, list[Update]], None]
 
 
 class XdsClient:
-    """One proxy's discovery client. ``run`` keeps a stream up until ``stop`` is set."""
+    """One proxy's discovery client. ``run`` keeps a stream up until ``stop`` is set.
+
+    It feeds the ``source`` of ``store`` (by default a store of its own); ``on_change`` hears
+    the store as it is after each response and the updates that response made to it.
+    """
 
     def __init__(
-        self, config: XdsConfig, on_change: OnChange, on_state: Callable[[], None]
+        self,
+        config: XdsConfig,
+        on_change: OnChange,
+        on_state: Callable[[], None],
+        *,
+        store: SourcedStore | None = None,
+        source: str = "xds",
     ) -> None:
         self.config = config
-        self.store = Store()
+        self.sources = store or SourcedStore((source,))
+        self.source = source
         self._on_change = on_change
         self._on_state = on_state
         self._types = {t: _TypeState() for t in TYPES}
@@ -152,6 +160,11 @@ class XdsClient:
         self.last_error = ""
         self.synced = asyncio.Event()  # every type ACKed once: the data plane may start
         self._got_response = False  # on the current connection
+
+    @property
+    def store(self) -> Store:
+        """The records discovery sent (and this client holds)."""
+        return self.sources.layer(self.source)
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -306,9 +319,9 @@ class XdsClient:
                     updates.append(Update(kind=kind, key=name))
                     break
         if updates:
-            before = self.store
-            self.store = before.apply(updates)
-            self._on_change(self.store, updates)
+            changed = self.sources.apply(self.source, updates)
+            if changed:
+                self._on_change(self.sources.current, changed)
         ack = xds_pb2.DeltaDiscoveryRequest(type_url=type_url, response_nonce=response.nonce)
         if rejects:
             message = "; ".join(rejects)
@@ -426,88 +439,3 @@ def build_config(settings: DiscoverySettings, env: Mapping[str, str] | None = No
         server_name=settings.alt_xds_hostname,
         headers=headers,
     )
-
-
-class XdsFeed(Feed):
-    """Certificates from ``certs`` (a file or CA feed: everything it sends but workloads),
-    workloads from discovery.
-
-    The data plane gets no workloads until the client has ACKed a response of every type (so it
-    is not ready before: ztunnel's rule), then the whole store once, then each change as it
-    arrives (``WorkloadUpdates``), and the client's state for ``/config_dump`` when it changes.
-    """
-
-    def __init__(self, *, certs: Feed, client_config: XdsConfig) -> None:
-        self._certs = certs
-        self.client = XdsClient(client_config, self._changed, self._state_changed)
-        self._generation = 0
-        self._pending: list[channel.Message] = []
-        self._sent_snapshot = False
-        self._sent_state: DiscoveryFacts | None = None
-        self._wake = asyncio.Event()
-        self._stop = asyncio.Event()
-
-    def _changed(self, store: Store, updates: list[Update]) -> None:
-        self._generation += 1
-        if self._sent_snapshot:
-            plain = tuple(update_to_plain(u) for u in updates)
-            self._pending.append(
-                channel.WorkloadUpdates(updates=plain, generation=self._generation)
-            )
-        self._wake.set()
-
-    def _state_changed(self) -> None:
-        self._wake.set()
-
-    def _snapshot(self) -> channel.Workloads:
-        store = self.client.store
-        document: LocalConfig = {
-            "workloads": [render(w) for w in store.workloads],
-            "services": [render(s) for s in store.services],
-            "policies": [render(p) for p in store.policies],
-        }
-        return channel.Workloads(document=document, generation=self._generation)
-
-    @staticmethod
-    def _not_workloads(messages: list[channel.Message]) -> list[channel.Message]:
-        return [
-            m for m in messages if not isinstance(m, channel.Workloads | channel.WorkloadUpdates)
-        ]
-
-    def current(self) -> list[channel.Message]:
-        out = self._not_workloads(self._certs.current())
-        if self.client.synced.is_set():
-            out.append(self._snapshot())
-        out.append(channel.XdsState(state=self.client.state()))
-        return out
-
-    def changes(self) -> list[channel.Message]:
-        out = self._not_workloads(self._certs.changes())
-        if self.client.synced.is_set() and not self._sent_snapshot:
-            self._sent_snapshot = True
-            self._pending.clear()  # the snapshot has them
-            out.append(self._snapshot())
-        out += self._pending
-        self._pending = []
-        state = self.client.state()
-        if state != self._sent_state:
-            self._sent_state = state
-            out.append(channel.XdsState(state=state))
-        return out
-
-    async def wait(self, timeout: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), timeout)
-        self._wake.clear()
-
-    async def run(self) -> None:
-        """The certificates' own work (a CA client renewing) beside the discovery client."""
-        await asyncio.gather(self._certs.run(), self._discover())
-
-    async def _discover(self) -> None:
-        while True:
-            try:
-                await self.client.run(self._stop)
-            except Exception:  # a bug in the client must not leave the proxy without discovery
-                log.exception("discovery client failed; restarting it")
-                await asyncio.sleep(1.0)

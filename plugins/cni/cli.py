@@ -24,12 +24,9 @@ if TYPE_CHECKING:
 
 SECTION = "cni"
 
-app = typer.Typer(
+app = options.command_app(
     help="Sidecar capture without init containers: the CNI plugin's node installer.",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
 )
 
 

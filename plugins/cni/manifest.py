@@ -19,7 +19,7 @@ from meshctl.core.k8s.ambient import AGENT_ENV
 from meshctl.core.k8s.cni.spec import DEFAULT_RUN_DIR
 from meshctl.core.k8s.install.components import InstallValues, Object
 from meshctl.core.k8s.install.values import dns_label, value
-from meshctl.core.k8s.podspec import node_security_context
+from meshctl.core.k8s.podspec import node_daemonset, node_security_context
 from meshctl.core.wire import zds
 
 NAME = "meshctl-cni-node"
@@ -130,44 +130,25 @@ def objects(install: InstallValues, own: CniValues) -> list[Object]:
             {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 -- the pod's own emptyDir
         ],
     }
-    daemonset: Object = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": meta,
-        "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "template": {
-                "metadata": {"labels": labels, "annotations": {"sidecar.istio.io/inject": "false"}},
-                "spec": {
-                    **(
-                        {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
-                        if ambient
-                        else {}
-                    ),
-                    "serviceAccountName": NAME,
-                    # Pods cannot start on a node without the mesh's CNI plugin in place.
-                    "priorityClassName": "system-node-critical",
-                    "tolerations": [{"operator": "Exists"}],
-                    # Ambient: an uninstall releases every pod before the agent exits.
-                    "terminationGracePeriodSeconds": 30 if ambient else 10,
-                    "nodeSelector": {"kubernetes.io/os": "linux"},
-                    "containers": [container],
-                    "volumes": [
-                        *(
-                            {"name": n, "hostPath": {"path": host, "type": "DirectoryOrCreate"}}
-                            for n, host, _ in mounts
-                        ),
-                        *(
-                            {"name": n, "hostPath": {"path": host, "type": "FileOrCreate"}}
-                            for n, host, _ in files
-                        ),
-                        {"name": "tmp", "emptyDir": {}},
-                    ],
-                },
-            },
-        },
-    }
+    daemonset = node_daemonset(
+        meta=meta,
+        labels=labels,
+        container=container,
+        volumes=[
+            *(
+                {"name": n, "hostPath": {"path": host, "type": "DirectoryOrCreate"}}
+                for n, host, _ in mounts
+            ),
+            *(
+                {"name": n, "hostPath": {"path": host, "type": "FileOrCreate"}}
+                for n, host, _ in files
+            ),
+            {"name": "tmp", "emptyDir": {}},
+        ],
+        # Ambient: an uninstall releases every pod before the agent exits.
+        grace_seconds=30 if ambient else 10,
+        host_network=ambient,
+    )
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
@@ -189,9 +170,6 @@ def objects(install: InstallValues, own: CniValues) -> list[Object]:
         },
         daemonset,
     ]
-
-
-_HOST_NETWORK = {"hostNetwork": True, "dnsPolicy": "ClusterFirstWithHostNet"}
 
 
 def _mount(name: str, path: str) -> Object:

@@ -19,7 +19,7 @@ SHELLS = get_args(Shell)
 PROG_NAME = "meshctl"
 COMPLETE_VAR = "_MESHCTL_COMPLETE"  # the root command reads the same name (meshctl.cli)
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+app = options.command_app()
 
 
 @app.command()

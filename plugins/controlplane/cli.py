@@ -23,12 +23,9 @@ from .settings import DEFAULT_REPLICAS, MAX_REPLICAS, ControlPlaneSettings
 
 SECTION = "controlplane"
 
-app = typer.Typer(
+app = options.command_app(
     help="The control plane: workload CA, discovery, injection webhook and root distribution.",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
 )
 
 

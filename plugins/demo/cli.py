@@ -36,12 +36,9 @@ if TYPE_CHECKING:
     from .scenario import Demo
     from .state import Record
 
-app = typer.Typer(
+app = options.command_app(
     help="A whole mesh on this machine: pods, CA, proxies, mTLS, policy (--check: assert it).",
     invoke_without_command=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
 )
 
 

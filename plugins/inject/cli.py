@@ -40,13 +40,7 @@ log = logging.getLogger(__name__)
 
 SECTION = "inject"  # the settings file's section for these commands
 
-app = typer.Typer(
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    invoke_without_command=True,
-    no_args_is_help=False,
-)
+app = options.command_app(invoke_without_command=True, no_args_is_help=False)
 
 ImageOption = Annotated[
     str | None,

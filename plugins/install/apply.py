@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from meshctl import config
 from meshctl.core.k8s.install import manifest as mf
@@ -171,17 +172,8 @@ class Installer:
             if crds_pending and item.kind != "CustomResourceDefinition":
                 self._wait_established(crds_pending)
                 crds_pending = []
-            resource = self.inventory.resource(item.object)
-            namespace = self.inventory.namespace_of(item.object)
             before = self.live.get(item.key)
-            answer = objects.apply(
-                self.kube,
-                resource,
-                dict(item.object),
-                namespace,
-                field_manager=mf.FIELD_MANAGER,
-                force=True,
-            )
+            answer = self._server_apply(item, self.inventory.namespace_of(item.object))
             if before is None:
                 outcome = "created"
             elif _version(before) == _version(answer):
@@ -195,6 +187,21 @@ class Installer:
         if crds_pending:
             self._wait_established(crds_pending)
         return done
+
+    def _server_apply(
+        self, item: mf.Rendered, namespace: str | None, *, dry_run: bool = False
+    ) -> Mapping[str, Any]:
+        """Server-side apply of ``item`` as this install's field manager, taking over the fields
+        another manager holds (``kubectl apply --server-side --force-conflicts``)."""
+        return objects.apply(
+            self.kube,
+            self.inventory.resource(item.object),
+            dict(item.object),
+            namespace,
+            field_manager=mf.FIELD_MANAGER,
+            force=True,
+            dry_run=dry_run,
+        )
 
     def _wait_established(self, crds: Sequence[mf.Rendered]) -> None:
         deadline = time.monotonic() + CRD_ESTABLISH_TIMEOUT
@@ -224,21 +231,12 @@ class Installer:
                 unchecked.append(f"{item.key} (its CRD is installed with it)")
                 answers.append(item.object)
                 continue
-            resource = self.inventory.resource(item.object)
             namespace = self.inventory.namespace_of(item.object)
             if namespace and not namespaces.setdefault(namespace, self._exists(namespace)):
                 unchecked.append(f"{item.key} (namespace {namespace} is created with it)")
                 answers.append(item.object)
                 continue
-            answer = objects.apply(
-                self.kube,
-                resource,
-                dict(item.object),
-                namespace,
-                field_manager=mf.FIELD_MANAGER,
-                force=True,
-                dry_run=True,
-            )
+            answer = self._server_apply(item, namespace, dry_run=True)
             # As kubectl shows objects: without managedFields (its --show-managed-fields).
             answer.get("metadata", {}).pop("managedFields", None)
             answers.append(answer)

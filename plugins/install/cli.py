@@ -26,16 +26,11 @@ from meshctl.values import Duration
 if TYPE_CHECKING:
     from .apply import Installer
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
-uninstall_app = typer.Typer(
-    add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None
-)
-manifest_app = typer.Typer(
+app = options.command_app()
+uninstall_app = options.command_app()
+manifest_app = options.command_app(
     help="Print the manifest of an install ('manifest generate').",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
 )
 
 ProfileOpt = Annotated[

@@ -34,12 +34,9 @@ log = logging.getLogger(__name__)
 
 EXIT_VALIDATION_FAILED = 126  # Istio's validation container code; the CNI repair loop keys on it
 
-app = typer.Typer(
+app = options.command_app(
     help="Traffic capture rules (Istio's istio-iptables, with MESH_ chains).",
     no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
 )
 
 

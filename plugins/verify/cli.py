@@ -38,7 +38,7 @@ from meshctl.values import Duration, format_duration
 if TYPE_CHECKING:
     from meshctl.core.k8s.install.components import Registry, Values
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+app = options.command_app()
 
 RETRY_INTERVAL = 2.0
 

@@ -12,7 +12,7 @@ from meshctl.output import OutputFormat, render
 
 from .info import VersionInfo, client_info
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+app = options.command_app()
 
 
 @app.command()

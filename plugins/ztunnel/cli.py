@@ -20,12 +20,7 @@ from meshctl.values import format_duration
 
 from .settings import DEFAULT_WORKERS, MAX_WORKERS, InjectedConfig, ZtunnelSettings
 
-app = typer.Typer(
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    no_args_is_help=True,
-)
+app = options.command_app(no_args_is_help=True)
 log = logging.getLogger(__name__)
 
 CA_TTL = timedelta(days=3650)  # the development CA's lifetime

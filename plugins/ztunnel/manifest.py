@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from meshctl.core.k8s import layout
 from meshctl.core.k8s.install.components import InstallValues, Object
 from meshctl.core.k8s.install.values import value
-from meshctl.core.k8s.podspec import node_security_context
+from meshctl.core.k8s.podspec import node_daemonset, node_security_context
 from meshctl.core.wire import zds
 
 from .settings import DEFAULT_WORKERS, MAX_WORKERS
@@ -101,37 +101,19 @@ def objects(
             "expirationSeconds": TOKEN_SECONDS,
         }
     }
-    daemonset: Object = {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": meta,
-        "spec": {
-            "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    # The node proxy is never itself a pod of the mesh.
-                    "annotations": {"sidecar.istio.io/inject": "false"},
-                },
-                "spec": {
-                    "serviceAccountName": NAME,
-                    "priorityClassName": "system-node-critical",
-                    "tolerations": [{"operator": "Exists"}],
-                    "terminationGracePeriodSeconds": 30,
-                    "nodeSelector": {"kubernetes.io/os": "linux"},
-                    "containers": [container],
-                    "volumes": [
-                        {
-                            "name": "cni-ztunnel-sock-dir",
-                            "hostPath": {"path": ztunnel_dir, "type": "DirectoryOrCreate"},
-                        },
-                        {"name": "istio-token", "projected": {"sources": [token]}},
-                        {"name": "istiod-ca-cert", "configMap": {"name": layout.ROOT_CONFIGMAP}},
-                        {"name": "tmp", "emptyDir": {}},
-                    ],
-                },
+    daemonset = node_daemonset(
+        meta=meta,
+        labels=labels,
+        container=container,
+        volumes=[
+            {
+                "name": "cni-ztunnel-sock-dir",
+                "hostPath": {"path": ztunnel_dir, "type": "DirectoryOrCreate"},
             },
-        },
-    }
+            {"name": "istio-token", "projected": {"sources": [token]}},
+            {"name": "istiod-ca-cert", "configMap": {"name": layout.ROOT_CONFIGMAP}},
+            {"name": "tmp", "emptyDir": {}},
+        ],
+        grace_seconds=30,
+    )
     return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}, daemonset]

@@ -304,6 +304,66 @@ class LiveStore:
         return new
 
 
+class SourcedStore:
+    """One store fed by several sources (ztunnel's one state behind its local config and xDS).
+
+    Each source's records are kept apart from the others', so a source removing a key leaves
+    another source's record for that key in force; where more than one source holds a key, the
+    one named first in ``sources`` wins. ``live`` is the merged store its consumers read and
+    subscribe to; they hear only the changes that reach it.
+    """
+
+    def __init__(self, sources: Sequence[str]) -> None:
+        if not sources or len(set(sources)) != len(sources):
+            raise ValueError(f"sources must be distinct names, got {list(sources)!r}")
+        self._layers: dict[str, Store] = dict.fromkeys(sources, Store())
+        self.live = LiveStore()
+
+    @property
+    def current(self) -> Store:
+        return self.live.current
+
+    def layer(self, source: str) -> Store:
+        """The records ``source`` holds, whether or not another source's win in ``current``."""
+        return self._layers[source]
+
+    def apply(self, source: str, updates: Sequence[Update]) -> list[Update]:
+        """``source``'s changes; the updates they made to ``current``, in the source's order
+        (one per key: its last), each passed on as it came unless another source wins its key."""
+        self._layers[source] = self._layers[source].apply(updates)
+        keys = dict.fromkeys(reversed([(u.kind, u.key) for u in updates]))
+        return self._merge(source, reversed(keys), passed=True)
+
+    def replace(self, source: str, store: Store) -> list[Update]:
+        """``source`` now holds exactly ``store``'s records (a source that sends whole
+        documents, such as the local config file); the updates this made to ``current``."""
+        old = self._layers[source]
+        self._layers[source] = store
+        keys = dict.fromkeys([*store.versions(), *old.versions()])
+        return self._merge(source, keys, passed=False)
+
+    def _merge(
+        self, source: str, keys: Iterable[tuple[Kind, str]], *, passed: bool
+    ) -> list[Update]:
+        """The updates that bring ``current`` to the winners' records for ``keys``; ``passed``:
+        a key ``source`` wins (or nobody holds) is updated even when its record did not change
+        (a source's update reaches consumers as it came)."""
+        current = self.live.current
+        merged: list[Update] = []
+        for kind, key in keys:
+            winner = next((n for n, s in self._layers.items() if s.version(kind, key)), None)
+            layer = self._layers.get(winner or source, Store())
+            record, version = layer.get(kind, key), layer.version(kind, key) or ""
+            unchanged = record == current.get(kind, key) and (
+                record is None or version == current.version(kind, key)
+            )
+            if unchanged and not (passed and winner in (source, None)):
+                continue
+            merged.append(Update(kind=kind, key=key, record=record, version=version))
+        self.live.apply(merged)
+        return merged
+
+
 class _Draft:
     """Copies of a store's tables that one ``apply`` edits before freezing them in a new Store."""
 

@@ -30,6 +30,7 @@ from meshctl.core.wire import channel
 from meshctl.errors import UserError
 from meshctl.process import Feed, PodFeed
 from meshctl.proxy.file_sources import LocalConfigSource
+from meshctl.proxy.workload_feed import WorkloadFeed
 
 from .. import rundir
 from ..settings import ZtunnelSettings
@@ -133,12 +134,9 @@ def sidecar_feed(
             local_config=local_config,
             warn=not quiet,
         )
-    xds = _xds_config(settings)
-    if xds is not None:
-        from meshctl.proxy.xds_client import XdsFeed
-
-        feed = XdsFeed(certs=feed, client_config=xds)
-    return feed
+    # Workloads: one store, fed by the local config (which the certificate feed reads) and, with
+    # a control plane, discovery.
+    return WorkloadFeed(certs=feed, client_config=_xds_config(settings))
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,12 +248,11 @@ def run_node(handover: Handover) -> int:
             trust_domain=settings.trust_domain,
             identities=identities,
         )
-        run.feed = NodeFeed(sources.files, identities)
-        if sources.xds is not None:
-            from meshctl.proxy.xds_client import XdsFeed
-
-            # Workloads from discovery; the pods' certificates as before (broadcast as issued).
-            run.feed = XdsFeed(certs=run.feed, client_config=sources.xds)
+        # The pods' certificates (broadcast as issued); workloads from the local config and,
+        # with a control plane, discovery, into one store.
+        run.feed = WorkloadFeed(
+            certs=NodeFeed(sources.files, identities), client_config=sources.xds
+        )
         pods.send = supervisor.send_pod
         client = ZdsClient(settings.inpod_uds, pods)
         task = asyncio.ensure_future(client.run())
