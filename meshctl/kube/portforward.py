@@ -1,4 +1,5 @@
-"""One HTTP GET to a port on a pod's loopback, through the API server's port forwarding.
+"""A stream to a port on a pod's loopback through the API server's port forwarding, and one
+HTTP GET over it.
 
 What ``istioctl proxy-config`` does to reach a proxy's admin port (15000 listens on 127.0.0.1
 only): ``pods/portforward`` over a websocket, then plain HTTP/1.0 on the forwarded stream.
@@ -9,16 +10,18 @@ failure is a one-line ``KubeError`` naming the pod and port.
 from __future__ import annotations
 
 import contextlib
+import socket
 import time
+from collections.abc import Iterator
 
 from meshctl.errors import KubeError
 from meshctl.kube.client import Kube
 
 
-def http_get(
-    kube: Kube, namespace: str, pod: str, port: int, path: str, *, timeout: float = 10.0
-) -> tuple[int, bytes]:
-    """``GET path`` on ``127.0.0.1:port`` inside the pod; the status and the body."""
+@contextlib.contextmanager
+def stream(kube: Kube, namespace: str, pod: str, port: int) -> Iterator[socket.socket]:
+    """A stream to ``127.0.0.1:port`` inside the pod (a socket), closed on exit. Raises
+    ``KubeError`` when the API server refuses the forwarding."""
     from kubernetes.client import CoreV1Api
     from kubernetes.client.exceptions import ApiException
     from kubernetes.stream import portforward
@@ -37,28 +40,37 @@ def http_get(
             hint="port forwarding needs 'create pods/portforward' and a reachable kubelet",
         ) from exc
     try:
-        stream = forward.socket(port)
-        stream.settimeout(timeout)
-        request = f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAccept: */*\r\n\r\n"
-        stream.sendall(request.encode())
-        data = b""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                chunk = stream.recv(65536)
-            except TimeoutError:
-                break
-            if not chunk:
-                break
-            data += chunk
+        yield forward.socket(port)
         error = forward.error(port)
         if error:
-            raise KubeError(f"port-forward to {where}: {error}", hint="is the proxy listening?")
-    except OSError as exc:
-        raise KubeError(f"port-forward to {where}: {exc}", hint="is the pod running?") from exc
+            raise KubeError(f"port-forward to {where}: {error}", hint="is the pod listening?")
     finally:
         with contextlib.suppress(Exception):
             forward.close()
+
+
+def http_get(
+    kube: Kube, namespace: str, pod: str, port: int, path: str, *, timeout: float = 10.0
+) -> tuple[int, bytes]:
+    """``GET path`` on ``127.0.0.1:port`` inside the pod; the status and the body."""
+    where = f"pod {namespace}/{pod} port {port}"
+    data = b""
+    try:
+        with stream(kube, namespace, pod, port) as sock:
+            sock.settimeout(timeout)
+            request = f"GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nAccept: */*\r\n\r\n"
+            sock.sendall(request.encode())
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                try:
+                    chunk = sock.recv(65536)
+                except TimeoutError:
+                    break
+                if not chunk:
+                    break
+                data += chunk
+    except OSError as exc:
+        raise KubeError(f"port-forward to {where}: {exc}", hint="is the pod running?") from exc
     head, _, body = data.partition(b"\r\n\r\n")
     try:
         status = int(head.split(b" ", 2)[1])

@@ -12,7 +12,6 @@ read-only. When the Gateway API is not installed (no CRDs) every check is skippe
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import ssl
 import time
@@ -147,26 +146,16 @@ def _exchange(sock: socket.socket, protocol: str, hostname: str) -> str:
 
 def _live_one(ctx: Any, pod: str, namespace: str, listener: tuple[str, int, str, str]) -> str:
     """ "" when the listener answered; else what happened."""
-    from kubernetes.client import CoreV1Api
-    from kubernetes.stream import portforward
+    from meshctl.kube import portforward
 
     name, port, protocol, hostname = listener
     try:
-        forward = portforward(
-            CoreV1Api(ctx.kube.api).connect_get_namespaced_pod_portforward,
-            pod,
-            namespace,
-            ports=str(port),
-        )
-    except Exception as exc:  # noqa: BLE001 -- the client raises many kinds; each is a finding
-        return f"listener {name} ({protocol} {port}): port-forward to {pod}: {exc}"
-    try:
-        status = _exchange(forward.socket(port), protocol, hostname)
+        with portforward.stream(ctx.kube, namespace, pod, port) as sock:
+            status = _exchange(sock, protocol, hostname)
+    except KubeError as exc:
+        return f"listener {name} ({protocol} {port}): {exc}"
     except (OSError, ssl.SSLError) as exc:
         return f"listener {name} ({protocol} {port}) on {pod}: {exc}"
-    finally:
-        with contextlib.suppress(Exception):
-            forward.close()
     return "" if status else f"listener {name} ({protocol} {port}) on {pod}: no HTTP answer"
 
 
