@@ -275,22 +275,28 @@ def test_gateway_and_route_status_the_provisioned_proxy_and_a_stale_parent_remov
 
 
 async def receive(
-    plane: cp.ControlPlaneProcess, root: bytes, token: str, name: str, tmp_path: Path
+    plane: cp.ControlPlaneProcess,
+    root: bytes,
+    token: str,
+    name: str,
+    tmp_path: Path,
+    attempts: int = 150,
 ) -> GatewayConfig:
     from meshctl_plugins.gateway import xds_source
 
+    node_namespace = name.split("/", maxsplit=1)[0] if "/" in name else plane.namespace
     got: list[GatewayConfig] = []
     stop = asyncio.Event()
     config = XdsConfig(
         address=f"127.0.0.1:{plane.grpc_port}",
         roots=root,
         auth=rpc.CallAuth(token=token),
-        node=NodeInfo(pod_name="gw-1", pod_namespace=name.split("/", maxsplit=1)[0]),
+        node=NodeInfo(pod_name="gw-1", pod_namespace=node_namespace),
         server_name=plane.server_name,
     )
     task = asyncio.ensure_future(xds_source.follow(config, name, got.append, stop))
     try:
-        for _ in range(150):
+        for _ in range(attempts):
             if got:
                 return got[0]
             await asyncio.sleep(0.1)
@@ -298,3 +304,78 @@ async def receive(
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
+
+
+def test_an_ingress_of_class_meshctl_gets_the_ingress_gateways_address_and_its_config(
+    gateway_crds: None,
+    kube_cluster: KubeCluster,
+    kube_api: k8s.ApiClient,
+    kube_namespace: str,
+    home: str,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    pair = CertificateAuthority("ingress-test").issue("shop.example", dns_sans=["shop.example"])
+    fixtures(kube_api, ns, pair.cert_pem, pair.key_pem)
+    networking = k8s.NetworkingV1Api(kube_api)
+    try:
+        networking.create_ingress_class(
+            {
+                "metadata": {"name": "meshctl"},
+                "spec": {"controller": "meshctl.io/gateway-controller"},
+            }
+        )
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    core = k8s.CoreV1Api(kube_api)
+    gateway_service = core.create_namespaced_service(
+        home,
+        {
+            "metadata": {"name": "meshctl-ingressgateway"},
+            "spec": {"selector": {"app": "meshctl-ingressgateway"}, "ports": [{"port": 80}]},
+        },
+    )
+    networking.create_namespaced_ingress(
+        ns,
+        {
+            "metadata": {"name": "shop"},
+            "spec": {
+                "ingressClassName": "meshctl",
+                "tls": [{"hosts": ["shop.example"], "secretName": "cert"}],
+                "rules": [
+                    {
+                        "host": "shop.example",
+                        "http": {
+                            "paths": [
+                                {
+                                    "path": "/",
+                                    "pathType": "Prefix",
+                                    "backend": {"service": {"name": "web", "port": {"number": 80}}},
+                                }
+                            ]
+                        },
+                    }
+                ],
+            },
+        },
+    )
+    plane = cp.start(kube_cluster, home, tmp_path)
+    try:
+        ingress = wait_for(
+            "Ingress status.loadBalancer",
+            lambda: networking.read_namespaced_ingress("shop", ns).status.load_balancer.ingress,
+        )
+        assert [i.ip for i in ingress] == [gateway_service.spec.cluster_ip]
+        # The ingress gateway (in the control plane's namespace) gets the Ingress's routes and
+        # certificate; a caller from the Ingress's namespace gets nothing of it.
+        token = request_token(kube_cluster, home, "meshctl-ingressgateway", "istio-ca")
+        root = cp.root_pem(kube_api, home)
+        config = asyncio.run(receive(plane, root, token, "ingress", tmp_path))
+        assert config.certificates[SecretRef(ns, "cert")].chain_pem == pair.cert_pem
+        assert [p.port for p in config.table.ports] == [80, 443]
+        outsider = request_token(kube_cluster, ns, "web", "istio-ca")
+        with pytest.raises(TimeoutError):
+            asyncio.run(receive(plane, root, outsider, "ingress", tmp_path, attempts=20))
+    finally:
+        assert plane.stop() == 0, plane.log_tail()
