@@ -258,20 +258,88 @@ def test_gateway_and_route_status_the_provisioned_proxy_and_a_stale_parent_remov
 
         (parent,) = wait_for("the stale parent removed", moved)
         assert condition(parent["conditions"], "Accepted")["observedGeneration"] == 2
-
-        # The gateway proxy's own subscription gets its config, the Secret's certificate in it.
-        token = request_token(kube_cluster, ns, "gw-meshctl", "istio-ca")
-        config = asyncio.run(
-            receive(plane, cp.root_pem(kube_api, home), token, f"{ns}/gw-b", tmp_path)
-        )
-        assert config.certificates[SecretRef(ns, "cert")].chain_pem == pair.cert_pem
-        assert [p.port for p in config.table.ports] == [80, 443]
-        (endpoint,) = config.endpoints[BackendKey(ns, "web", 80)]
-        assert (endpoint.address, endpoint.port, endpoint.hbone) == ("10.9.0.1", 8080, False)
     finally:
         assert plane.stop() == 0, plane.log_tail()
         for name in ("gw", "gw-b"):
             custom(kube_api).delete_namespaced_custom_object(GROUP, VERSION, ns, "gateways", name)
+
+
+def test_a_replaced_secret_reaches_the_proxy_and_a_gateway_leaving_our_class_loses_its_proxy(
+    gateway_crds: None,
+    kube_cluster: KubeCluster,
+    kube_api: k8s.ApiClient,
+    kube_namespace: str,
+    home: str,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    core = k8s.CoreV1Api(kube_api)
+    pair = CertificateAuthority("gw-test").issue("example.com", dns_sans=["example.com"])
+    gateway_class(kube_api)
+    fixtures(kube_api, ns, pair.cert_pem, pair.key_pem)
+    create(kube_api, ns, "gateways", gateway("gw"))
+    create(kube_api, ns, "httproutes", route("gw"))
+    plane = cp.start(kube_cluster, home, tmp_path)
+    try:
+        wait_for(
+            "the proxy's Deployment",
+            lambda: k8s.AppsV1Api(kube_api).read_namespaced_deployment("gw-meshctl", ns),
+        )
+        # The gateway proxy's own subscription gets its config, the Secret's certificate in it;
+        # the Secret replaced, the next config carries the new certificate.
+        token = request_token(kube_cluster, ns, "gw-meshctl", "istio-ca")
+        renewed = CertificateAuthority("gw-test-2").issue("example.com", dns_sans=["example.com"])
+
+        def replace_secret() -> None:
+            core.patch_namespaced_secret(
+                "cert",
+                ns,
+                {
+                    "data": {
+                        "tls.crt": base64.b64encode(renewed.cert_pem).decode(),
+                        "tls.key": base64.b64encode(renewed.key_pem).decode(),
+                    }
+                },
+            )
+
+        first, second = asyncio.run(
+            receive(
+                plane,
+                cp.root_pem(kube_api, home),
+                token,
+                f"{ns}/gw",
+                count=2,
+                between=replace_secret,
+            )
+        )
+        assert first.certificates[SecretRef(ns, "cert")].chain_pem == pair.cert_pem
+        assert [p.port for p in first.table.ports] == [80, 443]
+        (endpoint,) = first.endpoints[BackendKey(ns, "web", 80)]
+        assert (endpoint.address, endpoint.port, endpoint.hbone) == ("10.9.0.1", 8080, False)
+        assert second.certificates[SecretRef(ns, "cert")].chain_pem == renewed.cert_pem
+        assert second.version != first.version
+
+        # gw leaves our class: its proxy is removed.
+        custom(kube_api).patch_namespaced_custom_object(
+            GROUP, VERSION, ns, "gateways", "gw", {"spec": {"gatewayClassName": "someone-else"}}
+        )
+
+        def removed() -> bool:
+            try:
+                k8s.AppsV1Api(kube_api).read_namespaced_deployment("gw-meshctl", ns)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return True
+                raise
+            return False
+
+        wait_for("the proxy of a Gateway no longer ours removed", removed)
+        with pytest.raises(ApiException) as gone:
+            core.read_namespaced_service("gw-meshctl", ns)
+        assert gone.value.status == 404
+    finally:
+        assert plane.stop() == 0, plane.log_tail()
+        custom(kube_api).delete_namespaced_custom_object(GROUP, VERSION, ns, "gateways", "gw")
 
 
 async def receive(
@@ -279,9 +347,13 @@ async def receive(
     root: bytes,
     token: str,
     name: str,
-    tmp_path: Path,
+    *,
+    count: int = 1,
+    between: Callable[[], None] | None = None,
     attempts: int = 150,
-) -> GatewayConfig:
+) -> list[GatewayConfig]:
+    """The first ``count`` configs the proxy's own client delivers for ``name``; ``between``
+    runs once the first is in."""
     from meshctl_plugins.gateway import xds_source
 
     node_namespace = name.split("/", maxsplit=1)[0] if "/" in name else plane.namespace
@@ -296,11 +368,15 @@ async def receive(
     )
     task = asyncio.ensure_future(xds_source.follow(config, name, got.append, stop))
     try:
+        acted = False
         for _ in range(attempts):
-            if got:
-                return got[0]
+            if got and between is not None and not acted:
+                acted = True
+                await asyncio.to_thread(between)
+            if len(got) >= count:
+                return got[:count]
             await asyncio.sleep(0.1)
-        raise TimeoutError(f"no config for {name}")
+        raise TimeoutError(f"{len(got)} of {count} configs for {name}")
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
@@ -371,11 +447,11 @@ def test_an_ingress_of_class_meshctl_gets_the_ingress_gateways_address_and_its_c
         # certificate; a caller from the Ingress's namespace gets nothing of it.
         token = request_token(kube_cluster, home, "meshctl-ingressgateway", "istio-ca")
         root = cp.root_pem(kube_api, home)
-        config = asyncio.run(receive(plane, root, token, "ingress", tmp_path))
+        (config,) = asyncio.run(receive(plane, root, token, "ingress"))
         assert config.certificates[SecretRef(ns, "cert")].chain_pem == pair.cert_pem
         assert [p.port for p in config.table.ports] == [80, 443]
         outsider = request_token(kube_cluster, ns, "web", "istio-ca")
         with pytest.raises(TimeoutError):
-            asyncio.run(receive(plane, root, outsider, "ingress", tmp_path, attempts=20))
+            asyncio.run(receive(plane, root, outsider, "ingress", attempts=20))
     finally:
         assert plane.stop() == 0, plane.log_tail()
