@@ -157,7 +157,9 @@ def run_cmd(
     try:
         configs = GatewayConfigs()  # the gateway controller's, served by discovery
         discovery = Discovery(settings, configs)
-        gateways = GatewayController(settings, configs, discovery.store, inject)
+        gateways = GatewayController(
+            settings, configs, discovery.store, inject, store_synced=discovery.synced
+        )
         plane = ControlPlane(settings, kube, inject, components=[discovery, gateways])
         code = asyncio.run(plane.run())
     finally:

@@ -14,7 +14,7 @@ provisions each accepted Gateway's proxy (``core.k8s.gatewaypod``; server-side a
 the rendering changed; an object of that name it does not own is left alone and said) and
 deletes the proxies of Gateways no longer accepted. Invariants: level-triggered (every run reads
 the whole cache, so any event order converges); nothing is translated before every informer has
-listed once; a failed run is retried with the queue's backoff.
+listed once and the workload store is whole; a failed run is retried with the queue's backoff.
 """
 
 from __future__ import annotations
@@ -89,9 +89,13 @@ class GatewayController:
         store: LiveStore,
         inject: InjectSettings,
         *,
+        store_synced: asyncio.Event | None = None,
         class_options: Options | None = None,
     ) -> None:
+        """``store_synced``: set once the workload store is whole (None: it is); no config is
+        published before, so a mesh endpoint is never sent as a plaintext one."""
         self.settings = settings
+        self.store_synced = store_synced
         self.configs = configs
         self.store = store
         self.inject = inject
@@ -148,6 +152,7 @@ class GatewayController:
     async def _run(self) -> None:
         async with subscribe(self._informers.values()) as events:
             runner = asyncio.ensure_future(self._queue.run(workers=1))
+            whole = asyncio.ensure_future(self._when_store_whole())
             try:
                 while True:
                     await events.batch()
@@ -155,6 +160,12 @@ class GatewayController:
                     self._queue.add(_KEY)
             finally:
                 runner.cancel()
+                whole.cancel()
+
+    async def _when_store_whole(self) -> None:
+        if self.store_synced is not None:
+            await self.store_synced.wait()
+            self._queue.add(_KEY)
 
     def _store_changed(self, old: Store, new: Store, updates: list[Update] | Any) -> None:
         self._queue.add(_KEY)  # mesh membership decides HBONE or plaintext per endpoint
@@ -175,6 +186,8 @@ class GatewayController:
 
     async def _reconcile(self, key: str) -> None:
         missing = sorted(set(self._informers) - self._listed)
+        if self.store_synced is not None and not self.store_synced.is_set():
+            missing.append("workloads (discovery)")
         if missing:
             log.debug("gateway controller: waiting for the first list of %s", ", ".join(missing))
             return

@@ -455,3 +455,67 @@ def test_an_ingress_of_class_meshctl_gets_the_ingress_gateways_address_and_its_c
             asyncio.run(receive(plane, root, outsider, "ingress", attempts=20))
     finally:
         assert plane.stop() == 0, plane.log_tail()
+
+
+def test_an_ambient_endpoint_is_sent_as_hbone_with_its_identity_and_a_plain_one_is_not(
+    gateway_crds: None,
+    kube_cluster: KubeCluster,
+    kube_api: k8s.ApiClient,
+    kube_namespace: str,
+    home: str,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    core = k8s.CoreV1Api(kube_api)
+    pair = CertificateAuthority("gw-test").issue("example.com", dns_sans=["example.com"])
+    gateway_class(kube_api)
+    fixtures(kube_api, ns, pair.cert_pem, pair.key_pem)  # 10.9.0.1: an unmeshed endpoint
+    # A pod enrolled in ambient, as a kubelet would report it running at 10.9.0.5.
+    core.create_namespaced_pod(
+        ns,
+        {
+            "metadata": {"name": "web-mesh", "labels": {"istio.io/dataplane-mode": "ambient"}},
+            "spec": {
+                "nodeName": "node-a",
+                "containers": [{"name": "app", "image": "registry.invalid/app:1"}],
+            },
+        },
+    )
+    pod = core.read_namespaced_pod("web-mesh", ns)
+    pod.status = {
+        "phase": "Running",
+        "podIP": "10.9.0.5",
+        "podIPs": [{"ip": "10.9.0.5"}],
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    core.replace_namespaced_pod_status("web-mesh", ns, pod)
+    k8s.DiscoveryV1Api(kube_api).create_namespaced_endpoint_slice(
+        ns,
+        {
+            "metadata": {"name": "web-2", "labels": {"kubernetes.io/service-name": "web"}},
+            "addressType": "IPv4",
+            "ports": [{"name": "", "port": 8080, "protocol": "TCP"}],
+            "endpoints": [
+                {
+                    "addresses": ["10.9.0.5"],
+                    "conditions": {"ready": True},
+                    "targetRef": {"kind": "Pod", "name": "web-mesh", "namespace": ns},
+                }
+            ],
+        },
+    )
+    create(kube_api, ns, "gateways", gateway("gw"))
+    create(kube_api, ns, "httproutes", route("gw"))
+    plane = cp.start(kube_cluster, home, tmp_path)
+    try:
+        token = request_token(kube_cluster, ns, "gw-meshctl", "istio-ca")
+        root = cp.root_pem(kube_api, home)
+        (config,) = asyncio.run(receive(plane, root, token, f"{ns}/gw"))
+        plain, meshed = config.endpoints[BackendKey(ns, "web", 80)]
+        assert (plain.address, plain.hbone, plain.identity) == ("10.9.0.1", False, "")
+        assert (meshed.address, meshed.port, meshed.hbone) == ("10.9.0.5", 8080, True)
+        assert meshed.identity == f"spiffe://cluster.local/ns/{ns}/sa/default"
+        assert meshed.workload == f"{ns}/web-mesh"
+    finally:
+        assert plane.stop() == 0, plane.log_tail()
+        custom(kube_api).delete_namespaced_custom_object(GROUP, VERSION, ns, "gateways", "gw")
