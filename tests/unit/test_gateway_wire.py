@@ -48,6 +48,8 @@ from tests.unit.core.gateway.cluster import (
     run,
     service,
 )
+from tests.unit.core.gateway.tables import single
+from tests.unit.core.gateway.test_properties import routes
 
 TEXT = st.text(max_size=6)
 INT = st.integers(min_value=-(2**63), max_value=2**63 - 1)
@@ -180,6 +182,17 @@ def test_equal_configs_encode_to_equal_bytes_whatever_the_order_of_their_maps(
     )
     assert wire.encode(shuffled) == wire.encode(config)
     assert wire.digest(shuffled) == wire.digest(config)
+
+
+@given(routes())
+def test_every_table_the_core_sorts_comes_back_in_the_same_precedence_order(found) -> None:
+    table = single(*found)
+    back = wire.decode(wire.encode(GatewayConfig(name="ns/gw", table=table))).table
+    assert back == table
+    rows = [e.label for p in back.ports for lr in p.listeners for h in lr.hosts for e in h.entries]
+    assert rows == [
+        e.label for p in table.ports for lr in p.listeners for h in lr.hosts for e in h.entries
+    ]
 
 
 def test_a_translated_table_comes_back_in_its_precedence_order_and_routes_the_same():
