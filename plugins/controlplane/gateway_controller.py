@@ -30,7 +30,7 @@ from meshctl.core.gateway import assemble
 from meshctl.core.gateway.config import GatewayConfig, KeyPair
 from meshctl.core.gateway.gateways import GatewayRuntime
 from meshctl.core.gateway.translate import Cluster, Options, StatusUpdate, Translation, translate
-from meshctl.core.k8s import gatewaypod
+from meshctl.core.k8s import gatewaypod, layout
 from meshctl.core.k8s.cluster import objects as fields
 from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.core.mesh.records import Protocol
@@ -246,7 +246,10 @@ class GatewayController:
         return out
 
     def _ingress_service(self) -> Any:
-        return self._informers["services"].get(INGRESS_SERVICE, self.settings.namespace)
+        """The installed ingress gateway of this revision (Istio's naming: ``-<rev>`` unless
+        default), in the control plane's namespace."""
+        name = layout.revisioned(INGRESS_SERVICE, self.settings.revision)
+        return self._informers["services"].get(name, self.settings.namespace)
 
     def _mesh(self, ip: str) -> assemble.MeshMember | None:
         try:

@@ -405,10 +405,12 @@ def test_an_ingress_of_class_meshctl_gets_the_ingress_gateways_address_and_its_c
         if exc.status != 409:
             raise
     core = k8s.CoreV1Api(kube_api)
+    revision = f"t{secrets.token_hex(3)}"
     gateway_service = core.create_namespaced_service(
         home,
         {
-            "metadata": {"name": "meshctl-ingressgateway"},
+            # The ingress gateway install renders for this revision.
+            "metadata": {"name": f"meshctl-ingressgateway-{revision}"},
             "spec": {"selector": {"app": "meshctl-ingressgateway"}, "ports": [{"port": 80}]},
         },
     )
@@ -436,7 +438,7 @@ def test_an_ingress_of_class_meshctl_gets_the_ingress_gateways_address_and_its_c
             },
         },
     )
-    plane = cp.start(kube_cluster, home, tmp_path)
+    plane = cp.start(kube_cluster, home, tmp_path, revision=revision)
     try:
         ingress = wait_for(
             "Ingress status.loadBalancer",
