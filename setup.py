@@ -6,9 +6,12 @@ own refusal ("requires a different Python: 3.12.1 not in '<3.12,>=3.11'") comes 
 metadata build and says nothing about what to do; this file runs first and does.
 """
 
+import runpy
 import sys
+from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
 
 PLUGINS_DIR = "plugins"
 PLUGINS_PACKAGE = "meshctl_plugins"
@@ -23,7 +26,21 @@ if sys.version_info[:2] != PYTHON:
         f"(or: pipx install --python python{wanted} .)"
     )
 
+
+class BuildWithGatewayApi(build_py):
+    """The Gateway API CRDs install ships are upstream's, fetched (pinned, checked) at build
+    time into a git-ignored package-data directory, never kept in the repository."""
+
+    def run(self) -> None:
+        script = Path(__file__).resolve().parent / "packaging" / "gateway_api.py"
+        fetch = runpy.run_path(str(script))
+        if not fetch["current"]():
+            fetch["fill"]()
+        super().run()
+
+
 setup(
+    cmdclass={"build_py": BuildWithGatewayApi},
     packages=find_packages(include=["meshctl", "meshctl.*"])
     + [
         PLUGINS_PACKAGE + name[len(PLUGINS_DIR) :]

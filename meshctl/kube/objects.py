@@ -143,10 +143,11 @@ def _write(
     body: object,
     query: list[tuple[str, str]],
     content_type: str = "application/json",
+    subresource: str | None = None,
 ) -> Body:
     """One write to the collection (``name`` None) or the object; the object as the server now
     has it, read as ``resource``'s view."""
-    path = resource.path(namespace, name)
+    path = resource.path(namespace, name, subresource)
     answer = api.request(kube, method, path, body=body, query=query, content_type=content_type)
     return cast(Body, answer)
 
@@ -174,9 +175,12 @@ def patch(
     namespace: str | None = None,
     *,
     patch_type: PatchType = "merge",
+    subresource: str | None = None,
 ) -> Body:
-    """Patch one object (RFC 7386 merge, RFC 6902 JSON patch, or strategic merge)."""
-    return _write(kube, resource, "PATCH", namespace, name, body, [], _PATCH_CONTENT[patch_type])
+    """Patch one object (RFC 7386 merge, RFC 6902 JSON patch, or strategic merge), or one of
+    its subresources (``status``)."""
+    content = _PATCH_CONTENT[patch_type]
+    return _write(kube, resource, "PATCH", namespace, name, body, [], content, subresource)
 
 
 def delete(

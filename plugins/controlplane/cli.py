@@ -143,6 +143,8 @@ def run_cmd(
     from meshctl.kube.client import connect
 
     from .cluster import Discovery
+    from .gateway_configs import GatewayConfigs
+    from .gateway_controller import GatewayController
     from .plane import ControlPlane
 
     options.daemon_logging(ctx)
@@ -150,7 +152,12 @@ def run_cmd(
     inject = inject_settings(ctx, settings)
     kube = connect(options.kube_settings(ctx))  # --kubeconfig, --context, --request-timeout
     try:
-        plane = ControlPlane(settings, kube, inject, components=[Discovery(settings)])
+        configs = GatewayConfigs()  # the gateway controller's, served by discovery
+        discovery = Discovery(settings, configs)
+        gateways = GatewayController(
+            settings, configs, discovery.store, inject, store_synced=discovery.synced
+        )
+        plane = ControlPlane(settings, kube, inject, components=[discovery, gateways])
         code = asyncio.run(plane.run())
     finally:
         kube.api.close()

@@ -29,6 +29,7 @@ from meshctl.kube.watch import WatchEvent, object_key
 from meshctl.proto import xds_pb2_grpc
 
 from .crds import GROUP, PLURAL
+from .gateway_configs import GatewayConfigs
 from .xds_server import DiscoveryServer
 
 if TYPE_CHECKING:
@@ -65,8 +66,12 @@ class Discovery:
 
     name = "discovery"
 
-    def __init__(self, settings: ControlPlaneSettings) -> None:
+    def __init__(
+        self, settings: ControlPlaneSettings, gateways: GatewayConfigs | None = None
+    ) -> None:
+        """``gateways``: the gateway controller's configs, served on the same streams."""
         self.settings = settings
+        self.gateways = gateways
         self.index = ClusterIndex(cluster_settings(settings))
         self.store = LiveStore()
         self.synced = asyncio.Event()  # the store is whole: every informer listed once
@@ -82,6 +87,8 @@ class Discovery:
             cluster_id=self.settings.cluster_id,
             metrics=plane.metrics,
             synced=self.synced,
+            gateways=self.gateways,
+            ingress_namespace=self.settings.namespace,
         )
         plane.server.add(xds_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server, self.server)
         events = subscribe(plane.informers.informer(r) for r in WATCHED.values())

@@ -1,10 +1,12 @@
 """The control plane's part of install and verify: its CRDs, its objects, and its checks.
 
-Two components (``meshctl.components`` entry points): ``crds`` (shared by every revision, never
-pruned) and ``controlplane`` (one per revision: Deployment, Service, RBAC, PDB and the injection
-webhook configuration of that revision). Checks: the Deployment serves (replicas available),
-the CA root is valid and not near its end, every namespace holds the root ConfigMap, and the
-webhook really injects (a server-side dry-run Pod comes back with the sidecar).
+Two components (``meshctl.components`` entry points): ``crds`` (shared by every revision, CRDs
+never pruned: AuthorizationPolicy, the Gateway API's standard channel, and the ``meshctl``
+GatewayClass and IngressClass) and ``controlplane`` (one per revision: Deployment, Service,
+RBAC, PDB and the injection webhook configuration of that revision). Checks: the Deployment
+serves (replicas available), the CA root is valid and not near its end, every namespace holds
+the root ConfigMap, and the webhook really injects (a server-side dry-run Pod comes back with
+the sidecar).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from meshctl.core.k8s.install.manifest import count
 from meshctl.core.k8s.install.readiness import readiness
 from meshctl.errors import KubeError
 
-from . import crds
+from . import crds, gateway_api
 from .manifest import ControlPlaneValues, objects
 from .roots import ROOT_CONFIGMAP, ROOT_KEY
 
@@ -35,7 +37,7 @@ ROOT_GRACE = 0.2
 
 
 def _crds(values: Values, own: NoValues) -> list[Object]:
-    return crds.objects()
+    return [*crds.objects(), *gateway_api.objects(), *gateway_api.classes()]
 
 
 def _controlplane(values: Values, own: ControlPlaneValues) -> list[Object]:

@@ -96,6 +96,7 @@ def objects(
             "resourceNames": [webhook_name],
             "verbs": ["get", "list", "watch", "patch"],
         },
+        *_gateway_rules(),
     ]
     namespace_rules: list[Object] = [
         {
@@ -251,4 +252,31 @@ def objects(
         deployment,
         budget,
         configuration,
+    ]
+
+
+def _gateway_rules() -> list[Object]:
+    """The gateway controller's: read the Gateway API, Ingress and TLS Secrets (certificates
+    for the gateways' configs, as istiod reads them for its gateways), write their status, and
+    provision each Gateway's proxy in its namespace."""
+    read = ["get", "list", "watch"]
+    status = ["get", "update", "patch"]
+    write = [*read, "create", "update", "patch", "delete"]
+    gateway_api = ["gatewayclasses", "gateways", "httproutes", "referencegrants"]
+    return [
+        {"apiGroups": ["gateway.networking.k8s.io"], "resources": gateway_api, "verbs": read},
+        {
+            "apiGroups": ["gateway.networking.k8s.io"],
+            "resources": ["gatewayclasses/status", "gateways/status", "httproutes/status"],
+            "verbs": status,
+        },
+        {
+            "apiGroups": ["networking.k8s.io"],
+            "resources": ["ingresses", "ingressclasses"],
+            "verbs": read,
+        },
+        {"apiGroups": ["networking.k8s.io"], "resources": ["ingresses/status"], "verbs": status},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": read},
+        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": write},
+        {"apiGroups": [""], "resources": ["services", "serviceaccounts"], "verbs": write},
     ]

@@ -1,7 +1,8 @@
 """Workload discovery for the proxies: Istio's Delta ADS served from the control plane's store.
 
 Owns ``envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources`` (types
-``istio.workload.Address`` and ``istio.security.Authorization``): each stream is authenticated
+``istio.workload.Address`` and ``istio.security.Authorization``, and ``meshctl.gateway.v1.
+GatewayConfig`` for the gateway proxies, from ``gateway_configs``): each stream is authenticated
 like a CA call, gets a scope (a node proxy: its node's workloads; any other caller: its own pod),
 and a ``core.delta.DeltaStream`` decides what it is sent. The store is its source's (``Discovery``
 owns it): this servicer only reads snapshots, and on each change the source makes it pushes to
@@ -9,7 +10,8 @@ every stream only the names that changed. Invariants: one task per stream
 writes, so responses leave in the order they were decided; a slow stream does not hold up the
 others or the sources (its pending changes merge until it can take them); a stream's failure or
 a client's reset ends that stream only; every resource is encoded once per version however many
-streams get it; StreamAggregatedResources (state of the world) is refused as UNIMPLEMENTED.
+streams get it; StreamAggregatedResources (state of the world) is refused as UNIMPLEMENTED;
+gateway config requests wait until the controller has published once (never a false removal).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from meshctl import rpc  # first: it quiets grpc's C core logging before grpc lo
 # isort: split
 from google.protobuf import any_pb2
 
-from meshctl import xds
+from meshctl import gateway_wire, xds
 from meshctl.core.mesh.store import Listener, Store, Update
 from meshctl.core.pki.callers import Caller, CallerError
 from meshctl.core.xds import delta
@@ -43,6 +45,7 @@ from meshctl.core.xds.resources import (
 )
 from meshctl.proto import xds_pb2, xds_pb2_grpc
 
+from .gateway_configs import GatewayCatalog, GatewayConfigs
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -94,6 +97,7 @@ class _Stream:
     scope: ProxyScope
     state: delta.DeltaStream = field(default_factory=delta.DeltaStream)
     inbox: list[delta.Request] = field(default_factory=list)
+    deferred: list[delta.Request] = field(default_factory=list)  # gateway configs, not yet known
     # type URL -> names changed since the stream last took its changes (None: check all).
     changed: dict[str, set[str] | None] = field(default_factory=dict)
     since: float = 0.0  # when the oldest untaken change happened
@@ -112,9 +116,15 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
         cluster_id: str = "Kubernetes",
         metrics: Metrics | None = None,
         synced: asyncio.Event | None = None,
+        gateways: GatewayConfigs | None = None,
+        ingress_namespace: str = "",
     ) -> None:
-        """``synced``: set by the store's source once the store is whole (None: it is)."""
+        """``synced``: set by the store's source once the store is whole (None: it is).
+        ``gateways``: the gateway controller's configs (None: that type has no resources);
+        ``ingress_namespace``: where the ``ingress`` proxy's callers run."""
         self._source = store
+        self._gateways = gateways
+        self._ingress_namespace = ingress_namespace
         self._callers = callers
         self._cluster_id = cluster_id
         self.metrics = metrics
@@ -129,6 +139,8 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.synced = synced
         self.closing = False  # draining: every stream ends so its proxy reconnects elsewhere
         store.subscribe(self._changed)
+        if gateways is not None:
+            gateways.subscribe(self._gateways_changed)
 
     # -- the store side --------------------------------------------------------------------------
 
@@ -150,6 +162,15 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 names |= view ^ stream.view
                 stream.view = view
             _merge(stream, AUTHORIZATION_TYPE, names)
+            if not stream.since:
+                stream.since = now
+            stream.wake.set()
+
+    def _gateways_changed(self, names: set[str]) -> None:
+        """The controller published: streams holding or wanting those configs are refreshed."""
+        now = time.monotonic()
+        for stream in self._streams:
+            _merge(stream, gateway_wire.GATEWAY_TYPE, set(names))
             if not stream.since:
                 stream.since = now
             stream.wake.set()
@@ -177,11 +198,22 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             return AddressCatalog(self.store)
         if type_url == AUTHORIZATION_TYPE:
             return PolicyCatalog(self.store, stream.view)
+        if type_url == gateway_wire.GATEWAY_TYPE and self._gateways is not None:
+            return GatewayCatalog(
+                self._gateways.current, stream.caller, ingress_namespace=self._ingress_namespace
+            )
         return _Empty()
 
     def _body(self, type_url: str, key: str, version: str) -> any_pb2.Any:
         cache_key = (type_url, key, version)
         body = self._bodies.get(cache_key)
+        if body is None and type_url == gateway_wire.GATEWAY_TYPE:
+            config = self._gateways.current.get(key) if self._gateways is not None else None
+            if config is None:  # decided on this very publish: cannot happen
+                raise LookupError(f"{type_url} {key} vanished")
+            body = self._bodies[cache_key] = any_pb2.Any(
+                type_url=type_url, value=gateway_wire.encode(config)
+            )
         if body is None:
             record = (
                 AddressCatalog(self.store).record(key)
@@ -273,8 +305,14 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     def _decide(self, stream: _Stream) -> Iterable[tuple[delta.Response, float]]:
         """Requests first (in order), then the changes merged since the last call."""
+        gateways_known = self._gateways is None or self._gateways.synced.is_set()
+        if gateways_known and stream.deferred:
+            stream.inbox[:0], stream.deferred = stream.deferred, []
         while stream.inbox:
             request = stream.inbox.pop(0)
+            if request.type_url == gateway_wire.GATEWAY_TYPE and not gateways_known:
+                stream.deferred.append(request)
+                continue
             try:
                 outcome = stream.state.receive(request, self._catalog(stream, request.type_url))
             except delta.DeltaProtocolError as exc:

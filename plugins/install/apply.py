@@ -7,6 +7,7 @@ fields other managers took from ours) in manifest order, CRDs established before
 else; then prune this revision's objects the manifest no longer has, and shared ones no revision
 still enables. Invariants: an object that is not ours is never changed without ``--force``, and
 never without a copy saved first; CRDs and namespaces are never pruned (they hold users' data);
+a CRD of a newer bundle than ours (``core.k8s.install.bundles``) is kept, not downgraded;
 applying an unchanged manifest writes nothing the server keeps (no resourceVersion moves).
 """
 
@@ -22,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from meshctl import config
+from meshctl.core.k8s.install import bundles, ownership
 from meshctl.core.k8s.install import manifest as mf
-from meshctl.core.k8s.install import ownership
 from meshctl.core.k8s.install.components import Registry, Values
 from meshctl.core.k8s.install.readiness import crd as crd_readiness
 from meshctl.errors import MeshctlError
@@ -84,13 +85,18 @@ class Installer:
     def preflight(self) -> list[Problem]:
         """Objects with our names that are not ours, and foreign webhooks overlapping ours."""
         problems: list[Problem] = []
-        for item in self.rendered:
+        for item in list(self.rendered):
             if not self.inventory.mapper.served(item.api_version, item.kind):
                 self.live[item.key] = None  # its CRD is not installed yet: nothing to clash
                 continue
             live = self.inventory.get(item.object)
             self.live[item.key] = live
             if live is None:
+                continue
+            kept = bundles.keep_live(item.object, live)
+            if kept is not None:
+                self.say(f"{item.key}: {kept}")
+                self.rendered.remove(item)
                 continue
             if (live.get("metadata") or {}).get("deletionTimestamp"):
                 raise MeshctlError(
