@@ -10,7 +10,7 @@ are already gone (each protocol has its own); a body stream ends (None) exactly 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,9 +51,19 @@ class Body:
     """A request body as it arrives: chunks through a small queue (the reader waits when the
     upstream is slower than the client: backpressure), None at its end."""
 
-    def __init__(self, length: int | None, *, empty: bool = False) -> None:
+    def __init__(
+        self,
+        length: int | None,
+        *,
+        empty: bool = False,
+        bound: int = 8,
+        taken: Callable[[int], None] | None = None,
+    ) -> None:
         self.length = length  # Content-Length, or None (chunked, or an HTTP/2 stream)
-        self._queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=8)
+        # ``bound`` 0: unbounded (HTTP/2, whose flow-control window bounds what is queued);
+        # ``taken`` hears of each chunk handed on (HTTP/2 returns that much window then).
+        self._queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(maxsize=bound)
+        self._taken = taken
         self.done = empty
         self.received = 0
         if empty:
@@ -80,6 +90,8 @@ class Body:
                 raise BodyError(str(item) or type(item).__name__) from item
             self.received += len(item)
             yield item
+            if self._taken is not None:
+                self._taken(len(item))
 
     async def drain(self) -> None:
         """Read and drop what is left (a request answered without reading its body)."""

@@ -203,7 +203,9 @@ class Connection:
         scheme: str,
         sni: str,
         limits: Limits,
+        initial: bytes = b"",
     ) -> None:
+        self.initial = initial  # bytes read before this connection knew it was HTTP/1.1
         self.reader, self.writer = reader, writer
         self.handler, self.port, self.scheme, self.sni = handler, port, scheme, sni
         self.limits = limits
@@ -213,6 +215,7 @@ class Connection:
         self._requests: asyncio.Queue[tuple[Inbound, _Sink] | None] = asyncio.Queue(maxsize=4)
         self._body: Body | None = None
         self.busy = False
+        self.heads = 0  # request heads received
 
     async def run(self) -> None:
         """Serve until the client closes, breaks the protocol or stalls, or we drain."""
@@ -236,9 +239,13 @@ class Connection:
         parser = httptools.HttpRequestParser(state)
         loop = asyncio.get_running_loop()
         opened = loop.time()
-        first = True  # a new connection must send its first head in time (slowloris)
+        if self.initial and not await self._feed(state, parser, self.initial):
+            return
         while not self.closing:
-            if state.in_head or first:
+            # A new connection must send its first head in time, and every head must complete
+            # within the header timeout from its first byte (slowloris).
+            waiting_head = state.in_head or not self.heads
+            if waiting_head:
                 began = state.began if state.in_head else opened
                 timeout = max(began + self.limits.header_timeout - loop.time(), 0.0)
             else:
@@ -246,21 +253,21 @@ class Connection:
             try:
                 data = await asyncio.wait_for(self.reader.read(_READ), timeout)
             except TimeoutError:
-                if await self._timed_out(waiting_head=state.in_head or first):
+                if await self._timed_out(waiting_head=waiting_head):
                     continue
                 return
             except (ConnectionError, OSError):
                 return
-            if not data:
+            if not data or not await self._feed(state, parser, data):
                 return
-            refusal = _refusal(parser, data)
-            if refusal is not None:
-                await self._refuse(*refusal)
-                return
-            if state.events:
-                first = False
-            if not await self._dispatch(state, parser):
-                return
+
+    async def _feed(self, state: _Parse, parser: Any, data: bytes) -> bool:
+        """Parse ``data`` and act on it; False when the connection is done."""
+        refusal = _refusal(parser, data)
+        if refusal is not None:
+            await self._refuse(*refusal)
+            return False
+        return await self._dispatch(state, parser)
 
     async def _timed_out(self, *, waiting_head: bool) -> bool:
         """A read timed out: True to keep reading (the upstream is slow, not the client)."""
@@ -287,6 +294,7 @@ class Connection:
         return True
 
     async def _begin(self, url: bytes, raw: list[tuple[bytes, bytes]], parser: Any) -> bool:
+        self.heads += 1
         method = parser.get_method().decode("latin-1")
         version = parser.get_http_version()
         headers = [(n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in raw]

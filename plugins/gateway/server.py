@@ -30,6 +30,7 @@ from meshctl.proxy import responder
 from . import http1
 from .certificates import SniContexts, sni_of
 from .forward import Forwarder
+from .http2 import PREFACE, Http2Connection
 from .metrics import RequestMetrics, Source
 from .settings import GatewaySettings
 from .sources import ConfigHolder
@@ -67,7 +68,7 @@ class Gateway:
             header_timeout=settings.header_timeout, idle_timeout=settings.idle_timeout
         )
         self.servers: dict[int, asyncio.Server] = {}  # listener port (as the table names it)
-        self.connections: set[http1.Connection] = set()
+        self.connections: set[http1.Connection | Http2Connection] = set()
         self.failed_ports: dict[int, str] = {}
         self.draining = False
         holder.subscribe(self._on_config)
@@ -119,20 +120,48 @@ class Gateway:
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = http1.Connection(
-            reader,
-            writer,
-            handler=self.forwarder,
-            port=port,
-            scheme="https" if https else "http",
-            sni=sni_of(ssl_object) if ssl_object is not None else "",
-            limits=self.limits,
-        )
+        common: dict[str, Any] = {
+            "handler": self.forwarder,
+            "port": port,
+            "scheme": "https" if https else "http",
+            "sni": sni_of(ssl_object) if ssl_object is not None else "",
+            "limits": self.limits,
+        }
+        conn: http1.Connection | Http2Connection
+        if ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2":
+            conn = Http2Connection(reader, writer, **common)
+        elif ssl_object is None:
+            initial = await self._first_bytes(reader)
+            if initial is None:
+                writer.close()
+                return
+            if initial.startswith(PREFACE):  # h2c with prior knowledge (RFC 9113 3.3)
+                conn = Http2Connection(reader, writer, initial=initial, **common)
+            else:
+                conn = http1.Connection(reader, writer, initial=initial, **common)
+        else:
+            conn = http1.Connection(reader, writer, **common)
         self.connections.add(conn)
         try:
             await conn.run()
         finally:
             self.connections.discard(conn)
+
+    async def _first_bytes(self, reader: asyncio.StreamReader) -> bytes | None:
+        """Enough of a plaintext connection's first bytes to tell the h2c preface from
+        HTTP/1.1 (None: nothing came within the header timeout, or the client left)."""
+        data = b""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.header_timeout
+        while len(data) < len(PREFACE) and PREFACE.startswith(data[: len(PREFACE)]):
+            try:
+                more = await asyncio.wait_for(reader.read(65536), max(deadline - loop.time(), 0))
+            except (TimeoutError, ConnectionError, OSError):
+                return data or None
+            if not more:
+                return data or None
+            data += more
+        return data
 
     @property
     def ready(self) -> bool:

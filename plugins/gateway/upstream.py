@@ -317,6 +317,8 @@ def _abandon(conn: _Conn, sender: asyncio.Task[None]) -> None:
 async def _send_body(conn: _Conn, body: Body, chunked: bool) -> None:
     try:
         async for chunk in body.chunks():
+            if not chunk:
+                continue  # an empty chunk is the end in chunked framing (RFC 9112 7.1)
             if chunked:
                 conn.writer.writelines([b"%x\r\n" % len(chunk), chunk, b"\r\n"])
             else:

@@ -293,7 +293,7 @@ def test_an_idle_connection_that_sends_nothing_is_closed_at_the_header_timeout(r
     proc, _ = running
     with socket.create_connection(("127.0.0.1", proc.port(80)), timeout=10) as idle:
         started = time.monotonic()
-        assert idle.recv(100).startswith(b"HTTP/1.1 408")
+        assert idle.recv(100) == b""  # no request came: closed without an answer
         assert time.monotonic() - started < 3.0
 
 

@@ -379,3 +379,51 @@ def run_gateway(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+# --- certificates ------------------------------------------------------------------------------
+
+
+def server_cert(*names: str, label: str = "") -> tuple[bytes, bytes]:
+    """A self-signed server certificate for ``names`` (DNS SANs): (chain PEM, key PEM). ``label``
+    goes into the subject's organisation, so tests tell two certificates for one name apart."""
+    from datetime import UTC, datetime, timedelta
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.COMMON_NAME, names[0]),
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, label or names[0]),
+        ]
+    )
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), False)
+        .sign(key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+def peer_organisation(der: bytes) -> str:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cert = x509.load_der_x509_certificate(der)
+    return str(cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value)
