@@ -5,8 +5,8 @@ Owns the lifecycle. A new config binds the ports it adds and closes those it dro
 on a dropped port finish what they are doing); HTTPS certificates change behind each port's
 unchanging context. Ready (/healthz/ready 200) once a config arrived and its listeners are bound.
 SIGTERM: stop accepting, let requests in flight finish up to the drain deadline, then close.
-Invariant: a port that cannot be bound is logged and retried at the next config, never fatal
-after start.
+Invariant: a listener port that cannot be bound is logged and retried (each reload interval),
+never fatal; the gateway's own ports are bound at start, and a taken one stops it there.
 """
 
 from __future__ import annotations
@@ -233,6 +233,7 @@ class Gateway:
         # SIGTERM (Kubernetes) drains; Ctrl-C stays an interrupt (exit 130, docs/cli.md).
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         tasks = [asyncio.create_task(s) for s in sources]
+        tasks.append(asyncio.create_task(self._retry_binds()))
         log.info("gateway %s started", self.settings.gateway or "(from the files)")
         await stop.wait()
         await self.drain()
@@ -240,6 +241,13 @@ class Gateway:
             task.cancel()
         for server in own:
             server.close()
+
+    async def _retry_binds(self) -> None:
+        """A listener port that could not be bound is tried again (until then: not ready)."""
+        while True:
+            await asyncio.sleep(self.settings.reload_interval)
+            if self.failed_ports and self.holder.current is not None and not self.draining:
+                await self._bind(self.holder.current)
 
     async def drain(self) -> None:
         deadline = self.settings.drain_deadline
