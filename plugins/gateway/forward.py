@@ -61,7 +61,8 @@ class _Log:
 DialerFor = Callable[[Endpoint], tuple[Dialer, str]]
 
 
-def _plain(endpoint: Endpoint) -> tuple[Dialer, str]:
+def plain(endpoint: Endpoint) -> tuple[Dialer, str]:
+    """Every endpoint in plaintext (a gateway without a mesh identity)."""
     return tcp_dialer, ""
 
 
@@ -72,7 +73,7 @@ class Forwarder:
         *,
         pool: Pool,
         metrics: RequestMetrics,
-        dialer_for: DialerFor = _plain,
+        dialer_for: DialerFor = plain,
         domain: str = "cluster.local",
     ) -> None:
         self.current = current

@@ -18,11 +18,13 @@ import json
 import logging
 import signal
 import socket
+from pathlib import Path
 from typing import Any
 
 from meshctl.core.gateway import render
-from meshctl.core.gateway.config import GatewayConfig
+from meshctl.core.gateway.config import Endpoint, GatewayConfig
 from meshctl.core.gateway.model import Protocol
+from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import MeshctlError
 from meshctl.net.sockets import listener
 from meshctl.proxy import responder
@@ -30,13 +32,33 @@ from meshctl.proxy import responder
 from . import http1
 from .certificates import SniContexts, sni_of
 from .forward import Forwarder
+from .hbone import HboneDialer
 from .http2 import PREFACE, Http2Connection
 from .metrics import RequestMetrics, Source
 from .settings import GatewaySettings
 from .sources import ConfigHolder
-from .upstream import Pool
+from .upstream import Dialer, Pool, Writer, tcp_dialer
 
 log = logging.getLogger(__name__)
+
+
+def _hbone(settings: GatewaySettings) -> HboneDialer | None:
+    """The HBONE dialer when the gateway has a mesh certificate (its cert dir holds one)."""
+    folder = Path(settings.cert_dir)
+    if not (settings.pod_namespace and (folder / "cert-chain.pem").is_file()):
+        return None
+    identity = SpiffeId(
+        settings.trust_domain, settings.pod_namespace, settings.service_account or "default"
+    )
+    log.info("mesh identity %s (certificates in %s)", identity, folder)
+    return HboneDialer(identity=identity, cert_dir=folder)
+
+
+async def _no_identity(host: str, port: int) -> tuple[asyncio.StreamReader, Writer]:
+    raise OSError(
+        "meshed endpoint, and this gateway has no mesh certificate "
+        "(set POD_NAMESPACE, SERVICE_ACCOUNT and MESHCTL_CERT_DIR)"
+    )
 
 
 class Gateway:
@@ -58,10 +80,12 @@ class Gateway:
                 principal=principal,
             )
         )
+        self.hbone = _hbone(settings)
         self.forwarder = Forwarder(
             lambda: holder.current,
             pool=self.pool,
             metrics=self.metrics,
+            dialer_for=self._dialer_for,
             domain="cluster.local",
         )
         self.limits = http1.Limits(
@@ -72,6 +96,13 @@ class Gateway:
         self.failed_ports: dict[int, str] = {}
         self.draining = False
         holder.subscribe(self._on_config)
+
+    def _dialer_for(self, endpoint: Endpoint) -> tuple[Dialer, str]:
+        if not endpoint.hbone:
+            return tcp_dialer, ""
+        if self.hbone is None:
+            return _no_identity, endpoint.identity
+        return self.hbone.for_peer(endpoint.identity), endpoint.identity
 
     # --- config ----------------------------------------------------------------------------
 

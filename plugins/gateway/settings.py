@@ -37,6 +37,10 @@ class GatewaySettings:
     pod_namespace: str | None = setting(None, env="POD_NAMESPACE")
     service_account: str | None = setting(None, env="SERVICE_ACCOUNT")
     trust_domain: str = setting("cluster.local", env="TRUST_DOMAIN")
+    # The gateway's own mesh certificate (cert-chain.pem, key.pem, root-cert.pem) for HBONE to
+    # meshed endpoints, as ``ztunnel run`` reads it; its identity is ns/POD_NAMESPACE/sa/
+    # SERVICE_ACCOUNT.
+    cert_dir: str = setting("/var/run/secrets/workload-spiffe-credentials", env="MESHCTL_CERT_DIR")
     ca_address: str | None = setting(
         None, env=("CA_ADDRESS", "CA_ADDR"), parse=values.DIAL_ADDRESS, hint=_ADDRESS_HINT
     )

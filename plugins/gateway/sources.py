@@ -86,13 +86,18 @@ def read_objects(paths: tuple[str, ...]) -> tuple[list[Any], str]:
     return found, digest.hexdigest()[:12]
 
 
-def load(paths: tuple[str, ...], gateway: str) -> Local:
+def load(paths: tuple[str, ...], gateway: str, trust_domain: str = "cluster.local") -> Local:
     """The config the files make for ``gateway`` (``UserError`` when they make none)."""
     items, digest = read_objects(paths)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
         return gateway_config(
-            items, gateway=gateway, check=usable_key_pair, now=now, version=digest
+            items,
+            gateway=gateway,
+            check=usable_key_pair,
+            now=now,
+            version=digest,
+            trust_domain=trust_domain,
         )
     except ConfigProblemError as exc:
         raise UserError(
@@ -105,8 +110,15 @@ def load(paths: tuple[str, ...], gateway: str) -> Local:
 class FileSource:
     """Polls ``paths`` and hands each new config to ``holder``."""
 
-    def __init__(self, paths: tuple[str, ...], gateway: str, holder: ConfigHolder) -> None:
+    def __init__(
+        self,
+        paths: tuple[str, ...],
+        gateway: str,
+        holder: ConfigHolder,
+        trust_domain: str = "cluster.local",
+    ) -> None:
         self.paths, self.gateway, self.holder = paths, gateway, holder
+        self.trust_domain = trust_domain
         self._stamp: tuple[tuple[int, int], ...] = ()
         self._failed = ""
 
@@ -127,7 +139,7 @@ class FileSource:
             return
         self._stamp = stamp
         try:
-            local = load(self.paths, self.gateway)
+            local = load(self.paths, self.gateway, self.trust_domain)
         except UserError as exc:
             if str(exc) != self._failed:
                 log.error("config not applied, keeping the last one: %s", exc)  # noqa: TRY400 (expected; no traceback)

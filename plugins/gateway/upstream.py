@@ -16,7 +16,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httptools
 
@@ -27,9 +27,46 @@ log = logging.getLogger(__name__)
 _READ = 64 * 1024
 MAX_IDLE_PER_ENDPOINT = 32
 
+
+class Writer(Protocol):
+    """The sending half of a connection to an endpoint: a TCP socket, or an HBONE stream."""
+
+    def write(self, data: bytes) -> None: ...
+    def writelines(self, data: list[bytes]) -> None: ...
+    async def drain(self) -> None: ...
+    def is_closing(self) -> bool: ...
+    def close(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+class TcpWriter:
+    """``Writer`` over an asyncio stream writer."""
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._w = writer
+
+    def write(self, data: bytes) -> None:
+        self._w.write(data)
+
+    def writelines(self, data: list[bytes]) -> None:
+        self._w.writelines(data)
+
+    async def drain(self) -> None:
+        await self._w.drain()
+
+    def is_closing(self) -> bool:
+        return self._w.is_closing()
+
+    def close(self) -> None:
+        self._w.close()
+
+    def abort(self) -> None:
+        self._w.transport.abort()
+
+
 # (host, port) -> (reader, writer): how a connection to an endpoint is made (plaintext TCP, or
 # a stream through an HBONE tunnel).
-Dialer = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+Dialer = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, Writer]]]
 
 
 class ConnectError(Exception):
@@ -40,15 +77,16 @@ class UpstreamError(Exception):
     """The backend broke off the exchange after it began (reset, bad response, timeout)."""
 
 
-async def tcp_dialer(host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    return await asyncio.open_connection(host, port, limit=_READ)
+async def tcp_dialer(host: str, port: int) -> tuple[asyncio.StreamReader, Writer]:
+    reader, writer = await asyncio.open_connection(host, port, limit=_READ)
+    return reader, TcpWriter(writer)
 
 
 @dataclass(slots=True)
 class _Conn:
     key: tuple[str, int]
     reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    writer: Writer
     reused: bool = False
 
     def alive(self) -> bool:
@@ -311,7 +349,7 @@ def _retrieve(task: asyncio.Task[None]) -> None:
 
 def _abandon(conn: _Conn, sender: asyncio.Task[None]) -> None:
     sender.cancel()
-    conn.writer.transport.abort()
+    conn.writer.abort()
 
 
 async def _send_body(conn: _Conn, body: Body, chunked: bool) -> None:
@@ -329,5 +367,5 @@ async def _send_body(conn: _Conn, body: Body, chunked: bool) -> None:
         await conn.writer.drain()
     except (ConnectionError, OSError) as exc:
         with contextlib.suppress(Exception):
-            conn.writer.transport.abort()
+            conn.writer.abort()
         raise UpstreamError(f"sending the body: {exc}") from exc

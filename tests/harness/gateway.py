@@ -427,3 +427,106 @@ def peer_organisation(der: bytes) -> str:
 
     cert = x509.load_der_x509_certificate(der)
     return str(cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value)
+
+
+# --- an HBONE peer ------------------------------------------------------------------------------
+
+
+@dataclass
+class HbonePeer:
+    """A meshed workload's port 15008, as the tests need it: mTLS (TLS 1.3, ALPN h2, client
+    certificate required), CONNECT streams relayed to ``target`` on 127.0.0.1; it records each
+    CONNECT's authority and the client's URI SANs."""
+
+    address: str
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _HboneServer:
+    """The peer's connections: each CONNECT stream relayed to the target port."""
+
+    def __init__(self, peer: HbonePeer, target: int) -> None:
+        self.peer, self.target = peer, target
+        self.tasks: set[Any] = set()
+
+    async def client(self, reader: Any, writer: Any) -> None:
+        import asyncio
+
+        import h2.config
+        import h2.connection
+        import h2.events
+
+        peercert = writer.get_extra_info("peercert")
+        sans = [v for k, v in peercert.get("subjectAltName", ()) if k == "URI"]
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        upstreams: dict[int, Any] = {}
+
+        async def pump(sid: int, up: asyncio.StreamReader) -> None:
+            while data := await up.read(65536):
+                conn.send_data(sid, data)  # the tests' responses fit the default windows
+                writer.write(conn.data_to_send())
+            conn.end_stream(sid)
+            writer.write(conn.data_to_send())
+
+        while data := await reader.read(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived):
+                    headers = dict(event.headers)
+                    authority = headers[b":authority"].decode()
+                    self.peer.seen.append({"authority": authority, "san": sans})
+                    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+                    upstreams[event.stream_id] = up_writer
+                    conn.send_headers(event.stream_id, [(":status", "200")])
+                    task = asyncio.ensure_future(pump(event.stream_id, up_reader))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+                elif isinstance(event, h2.events.DataReceived):
+                    upstreams[event.stream_id].write(event.data)
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamReset):
+                    up = upstreams.pop(event.stream_id, None)
+                    if up is not None:
+                        up.close()
+            writer.write(conn.data_to_send())
+        writer.close()
+
+
+@contextlib.contextmanager
+def hbone_peer(cert_dir: Path, target: int) -> Iterator[HbonePeer]:
+    import asyncio
+    import ssl
+
+    address = f"127.0.{random.randrange(1, 250)}.{random.randrange(2, 250)}"  # noqa: S311
+    peer = HbonePeer(address)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_cert_chain(cert_dir / "cert-chain.pem", cert_dir / "key.pem")
+    ctx.load_verify_locations(cert_dir / "root-cert.pem")
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    ctx.set_alpn_protocols(["h2"])
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    handler = _HboneServer(peer, target)
+
+    async def serve() -> None:
+        server = await asyncio.start_server(handler.client, address, 15008, ssl=ctx)
+        started.set()
+        async with server:
+            await server.serve_forever()
+
+    task = loop.create_task(serve())
+
+    def run() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            loop.run_until_complete(task)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield peer
+    finally:
+        loop.call_soon_threadsafe(task.cancel)
+        thread.join(10)

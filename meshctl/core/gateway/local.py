@@ -5,9 +5,10 @@ Owns: sorting objects by kind into translate's ``Cluster``; the certificates of
 ``kubernetes.io/tls`` Secrets (the caller's ``check`` says whether a key pair is usable: the core
 parses no PEM); the ready endpoints of each backend the table names, from EndpointSlices (a
 Service port found by name in the slice's ports, else its numeric targetPort; an endpoint whose
-``conditions.ready`` is false is left out, an absent one counts as ready, as the API says).
-Invariants: pure; a malformed object is a problem line, never an exception; endpoints from files
-are plaintext.
+``conditions.ready`` is false is left out, an absent one counts as ready, as the API says); an
+endpoint whose Pod (in the objects) is injected or ambient (its label, or its namespace's) is
+reached through HBONE with the pod's service account as its identity, any other in plaintext.
+Invariants: pure; a malformed object is a problem line, never an exception.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import binascii
 import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshctl.core.k8s.cluster import objects
@@ -45,7 +46,9 @@ _KINDS = {
     "IngressClass": "ingress_classes",
     "Ingress": "ingresses",
 }
-KINDS = (*_KINDS, "Secret", "EndpointSlice")
+KINDS = (*_KINDS, "Secret", "EndpointSlice", "Pod")
+DATAPLANE_MODE = "istio.io/dataplane-mode"  # ambient: the pod's traffic goes through HBONE
+SIDECAR_STATUS = "sidecar.istio.io/status"  # injected: its sidecar takes HBONE on 15008
 
 # A key pair -> "" when usable, else why not (the caller loads it into its TLS library).
 Check = Callable[[KeyPair], str]
@@ -83,11 +86,45 @@ def secret_key_pair(obj: Mapping[str, Any]) -> KeyPair:
     return KeyPair(chain_pem=found["tls.crt"], key_pem=found["tls.key"])
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Mesh:
+    """What makes an endpoint meshed: its pod (ambient, or injected) and its identity."""
+
+    trust_domain: str = "cluster.local"
+    pods: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
+    ambient_namespaces: frozenset[str] = frozenset()
+
+    def endpoint(self, address: str, port: int, workload: str) -> Endpoint:
+        namespace, _, name = workload.partition("/")
+        pod = self.pods.get((namespace, name))
+        if pod is None:
+            return Endpoint(address=address, port=port, workload=workload)
+        labels = objects.string_map(pod, "metadata", "labels")
+        annotations = objects.string_map(pod, "metadata", "annotations")
+        mode = labels.get(DATAPLANE_MODE, "")
+        meshed = (
+            SIDECAR_STATUS in annotations
+            or mode == "ambient"
+            or (namespace in self.ambient_namespaces and mode != "none")
+        )
+        if not meshed:
+            return Endpoint(address=address, port=port, workload=workload)
+        account = objects.text(pod, "spec", "serviceAccountName") or "default"
+        identity = f"spiffe://{self.trust_domain}/ns/{namespace}/sa/{account}"
+        return Endpoint(
+            address=address, port=port, hbone=True, identity=identity, workload=workload
+        )
+
+
+NO_MESH = Mesh()
+
+
 def ready_endpoints(
-    service: ServiceFacts, port: int, slices: Iterable[Mapping[str, Any]]
+    service: ServiceFacts, port: int, slices: Iterable[Mapping[str, Any]], mesh: Mesh = NO_MESH
 ) -> tuple[Endpoint, ...]:
     """The ready endpoints serving ``service``'s ``port`` in its EndpointSlices (a slice is the
-    Service's when it carries the ``kubernetes.io/service-name`` label with its name)."""
+    Service's when it carries the ``kubernetes.io/service-name`` label with its name); an
+    endpoint whose pod is meshed (``mesh``) is reached through HBONE."""
     spec = next((p for p in service.ports if p.port == port), None)
     if spec is None:
         return ()
@@ -109,7 +146,7 @@ def ready_endpoints(
                 workload = f"{objects.field(ref, 'namespace') or service.namespace}/{ref['name']}"
             for address in objects.items(endpoint, "addresses"):
                 if isinstance(address, str):
-                    out.append(Endpoint(address=address, port=target, workload=workload))
+                    out.append(mesh.endpoint(address, target, workload))
     return tuple(dict.fromkeys(out))
 
 
@@ -129,13 +166,16 @@ def gateway_config(
     check: Check,
     now: str,
     version: str = "",
+    trust_domain: str = "cluster.local",
 ) -> Local:
     """The configuration of ``gateway`` ("NAMESPACE/NAME", "ingress", or "" for the only Gateway
     of ours in ``items``, else the Ingress proxy) from every object in ``items``."""
     by_kind: dict[str, list[Any]] = {field: [] for field in _KINDS.values()}
     secrets: list[Mapping[str, Any]] = []
     slices: list[Mapping[str, Any]] = []
+    pods: dict[tuple[str, str], Mapping[str, Any]] = {}
     ignored: set[str] = set()
+    problems: list[str] = []
     for obj in items:
         kind = objects.field(obj, "kind")
         if kind in _KINDS:
@@ -144,9 +184,13 @@ def gateway_config(
             secrets.append(obj)
         elif kind == "EndpointSlice":
             slices.append(obj)
+        elif kind == "Pod":
+            try:
+                pods[objects.identify(obj, "Pod")] = obj
+            except ObjectError as exc:
+                problems.append(f"Pod skipped: {exc}")
         else:
             ignored.add(str(kind))
-    problems: list[str] = []
     pairs: dict[SecretRef, KeyPair] = {}
     facts: dict[tuple[str, str], CertificateFacts] = {}
     for obj in secrets:
@@ -191,7 +235,9 @@ def gateway_config(
             for ref in lr.listener.certificates
             if ref in pairs
         },
-        endpoints=_endpoints(table, services, slices, problems),
+        endpoints=_endpoints(
+            table, services, slices, _mesh(trust_domain, pods, by_kind["namespaces"]), problems
+        ),
     )
     return Local(config=config, problems=tuple(problems), ignored=tuple(sorted(ignored)))
 
@@ -232,6 +278,7 @@ def _endpoints(
     table: RouteTable,
     services: Mapping[tuple[str, str], ServiceFacts],
     slices: Sequence[Mapping[str, Any]],
+    mesh: Mesh,
     problems: list[str],
 ) -> dict[BackendKey, tuple[Endpoint, ...]]:
     out: dict[BackendKey, tuple[Endpoint, ...]] = {}
@@ -250,13 +297,27 @@ def _endpoints(
             if key in out or not backend.resolved or service is None:
                 continue
             try:
-                found = ready_endpoints(service, backend.port, slices)
+                found = ready_endpoints(service, backend.port, slices, mesh)
             except ObjectError as exc:
                 problems.append(f"EndpointSlice of {key} skipped: {exc}")
                 continue
             if found:
                 out[key] = found
     return out
+
+
+def _mesh(
+    trust_domain: str, pods: Mapping[tuple[str, str], Mapping[str, Any]], namespaces: list[Any]
+) -> Mesh:
+    ambient = set()
+    for obj in namespaces:
+        try:
+            labels = objects.string_map(obj, "metadata", "labels")
+        except ObjectError:
+            continue
+        if labels.get(DATAPLANE_MODE) == "ambient":
+            ambient.add(str(objects.field(obj, "metadata", "name")))
+    return Mesh(trust_domain=trust_domain, pods=pods, ambient_namespaces=frozenset(ambient))
 
 
 def _digest(items: Sequence[Mapping[str, Any]]) -> str:

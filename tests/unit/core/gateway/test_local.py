@@ -155,3 +155,54 @@ def test_kinds_a_gateway_does_not_read_are_listed():
         now=NOW,
     )
     assert local.ignored == ("ConfigMap",)
+
+
+def _pod(name: str, *, labels: dict[str, str] | None = None, annotations=None, sa: str = "web"):
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "app",
+            "labels": labels or {},
+            "annotations": annotations or {},
+        },
+        "spec": {"serviceAccountName": sa},
+    }
+
+
+def test_an_ambient_or_injected_pods_endpoint_goes_through_hbone_with_its_identity():
+    slice_ = gw.endpoint_slice(
+        "web", [("10.0.0.1", True), ("10.0.0.2", True), ("10.0.0.3", True)], 8080
+    )
+    for endpoint, pod in zip(slice_["endpoints"], ("amb", "side", "plain"), strict=True):
+        endpoint["targetRef"] = {"kind": "Pod", "name": pod, "namespace": "app"}
+    pods = [
+        _pod("amb", labels={"istio.io/dataplane-mode": "ambient"}),
+        _pod("side", annotations={"sidecar.istio.io/status": "{}"}, sa="side-sa"),
+        _pod("plain"),
+    ]
+    local = gateway_config(
+        [*_objects(), slice_, *pods], gateway="", check=_ok, now=NOW, trust_domain="td.example"
+    )
+    found = {e.address: e for e in local.config.endpoints[BackendKey("app", "web", 80)]}
+    assert found["10.0.0.1"].hbone
+    assert found["10.0.0.1"].identity == "spiffe://td.example/ns/app/sa/web"
+    assert found["10.0.0.2"].identity == "spiffe://td.example/ns/app/sa/side-sa"
+    assert not found["10.0.0.3"].hbone
+    assert found["10.0.0.3"].workload == "app/plain"
+
+
+def test_an_ambient_namespace_meshes_its_pods_unless_one_opts_out():
+    slice_ = gw.endpoint_slice("web", [("10.0.0.1", True), ("10.0.0.2", True)], 8080)
+    for endpoint, pod in zip(slice_["endpoints"], ("in", "out"), strict=True):
+        endpoint["targetRef"] = {"kind": "Pod", "name": pod}
+    namespace = {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "app", "labels": {"istio.io/dataplane-mode": "ambient"}},
+    }
+    pods = [_pod("in"), _pod("out", labels={"istio.io/dataplane-mode": "none"})]
+    local = gateway_config([*_objects(), slice_, namespace, *pods], gateway="", check=_ok, now=NOW)
+    found = {e.address: e.hbone for e in local.config.endpoints[BackendKey("app", "web", 80)]}
+    assert found == {"10.0.0.1": True, "10.0.0.2": False}

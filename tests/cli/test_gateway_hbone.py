@@ -1,0 +1,119 @@
+"""``meshctl gateway run -f`` into the mesh: a meshed endpoint (its Pod ambient) is reached by
+HBONE with the gateway's own SPIFFE identity; a peer with another identity is refused (503)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.harness import gateway as gw
+from tests.harness.cli import MESHCTL
+
+
+def _certs(tmp: Path, workload: str, name: str) -> Path:
+    out = tmp / name
+    subprocess.run(
+        [
+            *MESHCTL,
+            "ztunnel",
+            "certs",
+            "--out",
+            str(out),
+            "--workload",
+            workload,
+            "--ca-dir",
+            str(tmp / "ca"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return out
+
+
+def _objects(address: str, port: int, account: str) -> list[dict[str, Any]]:
+    slice_ = gw.endpoint_slice("web", [(address, True)], port)
+    slice_["endpoints"][0]["targetRef"] = {"kind": "Pod", "name": "web-0", "namespace": "app"}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "web-0",
+            "namespace": "app",
+            "labels": {"istio.io/dataplane-mode": "ambient"},
+        },
+        "spec": {"serviceAccountName": account},
+    }
+    return [
+        gw.gateway_class(),
+        gw.gateway(gw.http_listener()),
+        gw.route("web", [gw.rule("/", "web:80")]),
+        gw.service("web"),
+        slice_,
+        pod,
+    ]
+
+
+def _get(port: int) -> tuple[int, bytes, str]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/mesh/x", headers={"Host": "example.com"})
+    response = conn.getresponse()
+    return response.status, response.read(), response.getheader("x-meshctl-route") or ""
+
+
+def _env(tmp: Path, gateway_certs: Path) -> dict[str, str]:
+    return {
+        "POD_NAMESPACE": "infra",
+        "SERVICE_ACCOUNT": "gw-sa",
+        "MESHCTL_CERT_DIR": str(gateway_certs),
+        "HOME": str(tmp),
+    }
+
+
+def test_a_meshed_endpoint_is_reached_over_hbone_with_the_gateways_identity(tmp_path):
+    gateway_certs = _certs(tmp_path, "infra/gw/gw-sa", "gateway")
+    peer_certs = _certs(tmp_path, "app/web-0/web", "web")
+    with gw.backend() as web, gw.hbone_peer(peer_certs, web.port) as peer:
+        objects = _objects(peer.address, 8080, "web")
+        with gw.run_gateway(
+            tmp_path, objects, listener_ports=(80,), env=_env(tmp_path, gateway_certs)
+        ) as proc:
+            status, body, _ = _get(proc.port(80))
+            assert status == 200, proc.output()
+            assert json.loads(body)["path"] == "/mesh/x"
+            status, _, _ = _get(proc.port(80))  # a second request: the pooled tunnel again
+            assert status == 200
+            log = proc.output()
+    assert peer.seen[0] == {
+        "authority": f"{peer.address}:8080",
+        "san": ["spiffe://cluster.local/ns/infra/sa/gw-sa"],
+    }
+    assert "identity=spiffe://cluster.local/ns/app/sa/web" in log
+
+
+def test_a_peer_without_the_endpoints_identity_is_refused_with_503(tmp_path):
+    gateway_certs = _certs(tmp_path, "infra/gw/gw-sa", "gateway")
+    impostor = _certs(tmp_path, "app/web-0/other", "impostor")
+    with gw.backend() as web, gw.hbone_peer(impostor, web.port) as peer:
+        objects = _objects(peer.address, 8080, "web")
+        with gw.run_gateway(
+            tmp_path, objects, listener_ports=(80,), env=_env(tmp_path, gateway_certs)
+        ) as proc:
+            status, _, reason = _get(proc.port(80))
+    assert status == 503
+    assert "server identity refused" in reason
+    assert web.seen == []
+
+
+def test_a_meshed_endpoint_without_a_gateway_certificate_is_503_saying_why(tmp_path):
+    with gw.backend() as web:
+        objects = _objects("127.0.0.1", web.port, "web")
+        with gw.run_gateway(
+            tmp_path, objects, listener_ports=(80,), env={"HOME": str(tmp_path)}
+        ) as proc:
+            status, _, reason = _get(proc.port(80))
+    assert status == 503
+    assert "no mesh certificate" in reason
