@@ -73,6 +73,12 @@ def run(
         float | None,
         _setting("header_timeout", "How long a client may take to send a request head (10s)."),
     ] = None,
+    max_request_body: Annotated[
+        int | None,
+        _setting(
+            "max_request_body", "Larger request bodies (Content-Length) get 413 (0: none).", "BYTES"
+        ),
+    ] = None,
     idle_timeout: Annotated[
         float | None, _setting("idle_timeout", "Idle keep-alive connections close after (60s).")
     ] = None,

@@ -277,6 +277,12 @@ class Http2Connection:
             ]
         authority = pseudo.get(":authority") or next((v for n, v in headers if n == "host"), "")
         lengths = [v for n, v in headers if n == "content-length"]
+        limit = self.limits.body_bytes
+        if limit and lengths and lengths[0].isdigit() and int(lengths[0]) > limit:
+            self.h2.send_headers(
+                event.stream_id, [(":status", "413"), ("content-length", "0")], end_stream=True
+            )
+            return
         ended = event.stream_ended is not None
         sid = event.stream_id
         body = Body(

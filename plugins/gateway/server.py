@@ -89,7 +89,9 @@ class Gateway:
             domain="cluster.local",
         )
         self.limits = http1.Limits(
-            header_timeout=settings.header_timeout, idle_timeout=settings.idle_timeout
+            header_timeout=settings.header_timeout,
+            idle_timeout=settings.idle_timeout,
+            body_bytes=settings.max_request_body,
         )
         self.servers: dict[int, asyncio.Server] = {}  # listener port (as the table names it)
         self.connections: set[http1.Connection | Http2Connection] = set()

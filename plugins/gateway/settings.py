@@ -68,6 +68,10 @@ class GatewaySettings:
         parse=values.Duration(positive=True, maximum=300),
         hint=_DURATION_HINT,
     )
+    # A request whose Content-Length is above this is answered 413 (0: no limit of ours).
+    max_request_body: int = setting(
+        0, env="MESHCTL_MAX_REQUEST_BODY", parse=values.Integer(0, 2**62, what="a byte count")
+    )
     idle_timeout: float = setting(
         60.0,
         env="MESHCTL_IDLE_TIMEOUT",

@@ -98,7 +98,10 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[gw.Runni
         gw.backend("web") as web,
         gw.backend("other") as other,
         gw.run_gateway(
-            tmp, _objects(web, other), listener_ports=(80,), args=("--header-timeout", "1s")
+            tmp,
+            _objects(web, other),
+            listener_ports=(80,),
+            args=("--header-timeout", "1s", "--max-request-body", "1000000"),
         ) as proc,
     ):
         yield proc, web
@@ -272,6 +275,14 @@ def test_oversized_headers_are_431(running):
     proc, _ = running
     head = b"GET / HTTP/1.1\r\nHost: example.com\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"
     assert _raw(proc, head).startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_body_above_the_limit_is_413_before_any_of_it_is_read(running):
+    proc, web = running
+    seen = len(web.seen)
+    head = b"POST /api/x HTTP/1.1\r\nHost: example.com\r\nContent-Length: 1000001\r\n\r\n"
+    assert _raw(proc, head).startswith(b"HTTP/1.1 413 ")
+    assert len(web.seen) == seen
 
 
 def test_a_slow_head_is_cut_off_at_the_header_timeout_and_others_are_served(running):
