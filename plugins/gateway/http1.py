@@ -69,6 +69,7 @@ class _Parse:
         self.head_bytes = 0
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
+        self.parser: Any = None
 
     def _count(self, n: int) -> None:
         self.head_bytes += n
@@ -88,8 +89,12 @@ class _Parse:
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        # Read now: after the feed the parser may be in the next message (a body in the same
+        # bytes, or a pipelined request) and answer for that one.
+        p = self.parser
+        facts = (p.get_method(), p.get_http_version(), p.should_keep_alive())
         self.in_head = False
-        self.events.append(("head", (self.url, self.headers)))
+        self.events.append(("head", (self.url, self.headers, facts)))
 
     def on_body(self, body: bytes) -> None:
         self.events.append(("body", bytes(body)))
@@ -237,6 +242,7 @@ class Connection:
     async def _read_loop(self) -> None:
         state = _Parse(self.limits.header_bytes)
         parser = httptools.HttpRequestParser(state)
+        state.parser = parser
         loop = asyncio.get_running_loop()
         opened = loop.time()
         if self.initial and not await self._feed(state, parser, self.initial):
@@ -283,8 +289,7 @@ class Connection:
         events, state.events = state.events, []
         for kind, value in events:
             if kind == "head":
-                url, raw = value
-                if not await self._begin(url, raw, parser):
+                if not await self._begin(*value):
                     return False
             elif kind == "body" and self._body is not None:
                 await self._body.put(value)
@@ -293,10 +298,12 @@ class Connection:
                 self._body = None
         return True
 
-    async def _begin(self, url: bytes, raw: list[tuple[bytes, bytes]], parser: Any) -> bool:
+    async def _begin(
+        self, url: bytes, raw: list[tuple[bytes, bytes]], facts: tuple[bytes, str, bool]
+    ) -> bool:
         self.heads += 1
-        method = parser.get_method().decode("latin-1")
-        version = parser.get_http_version()
+        method = facts[0].decode("latin-1")
+        version = facts[1]
         headers = [(n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in raw]
         hosts = [v for n, v in headers if n == "host"]
         lengths = [v for n, v in headers if n == "content-length"]
@@ -313,7 +320,7 @@ class Connection:
             self._body = body
             if any(n == "expect" and v.lower() == "100-continue" for n, v in headers):
                 self.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        keep = parser.should_keep_alive()
+        keep = facts[2]
         inbound = Inbound(
             method=method,
             target=url.decode("latin-1"),

@@ -9,6 +9,7 @@ from ``meshctl.proxy.telemetry`` plus ``response_code``; unknown values render `
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -16,6 +17,7 @@ from meshctl.proxy.telemetry import LABELS, UNKNOWN
 
 REQUEST_LABELS = (*LABELS, "response_code")
 # Istio's default buckets for request durations (milliseconds).
+MAX_CACHED_SERIES = 10_000
 BUCKETS = (0.5, 1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
 
 
@@ -64,17 +66,41 @@ class RequestMetrics:
         self.response_bytes = Counter(
             "istio_response_bytes", "Response body bytes", REQUEST_LABELS, registry=r
         )
+        self._children: dict[tuple[object, ...], tuple[Any, Any, Any, Any]] = {}
         build = Gauge("istio_build", "Build information", ("component", "tag"), registry=r)
         from meshctl import __version__
 
         build.labels("gateway", __version__).set(1)
 
     def record(self, sample: Sample) -> None:
-        labels = self._labels(sample)
-        self.requests.labels(**labels).inc()
-        self.duration.labels(**labels).observe(sample.duration_ms)
-        self.request_bytes.labels(**labels).inc(sample.request_bytes)
-        self.response_bytes.labels(**labels).inc(sample.response_bytes)
+        key = (
+            sample.status,
+            sample.protocol,
+            sample.service_host,
+            sample.service_name,
+            sample.service_namespace,
+            sample.workload,
+            sample.principal,
+            sample.mtls,
+            sample.flags,
+        )
+        children = self._children.get(key)
+        if children is None:
+            # Resolving 24 labels costs more than the request's own routing: once per series.
+            labels = self._labels(sample)
+            children = (
+                self.requests.labels(**labels),
+                self.duration.labels(**labels),
+                self.request_bytes.labels(**labels),
+                self.response_bytes.labels(**labels),
+            )
+            if len(self._children) < MAX_CACHED_SERIES:
+                self._children[key] = children
+        requests, duration, request_bytes, response_bytes = children
+        requests.inc()
+        duration.observe(sample.duration_ms)
+        request_bytes.inc(sample.request_bytes)
+        response_bytes.inc(sample.response_bytes)
 
     def _labels(self, s: Sample) -> dict[str, str]:
         src = self.source

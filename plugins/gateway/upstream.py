@@ -25,7 +25,7 @@ from .exchange import Body, Headers, end_to_end
 log = logging.getLogger(__name__)
 
 _READ = 64 * 1024
-MAX_IDLE_PER_ENDPOINT = 32
+MAX_IDLE_PER_ENDPOINT = 256  # above the concurrency of one busy gateway to one endpoint
 
 
 class Writer(Protocol):
@@ -105,6 +105,8 @@ class _ResponseParse:
         self.headers: list[tuple[bytes, bytes]] = []
         self.head_done = False
         self.interim = False
+        self.keep_alive = False
+        self.status = 0
         self.parser: Any = None
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -117,6 +119,10 @@ class _ResponseParse:
             self.interim = True
             return
         self.head_done = True
+        # Read now: once the whole response is parsed in the same feed, the parser answers
+        # for the next message.
+        self.keep_alive = self.parser.should_keep_alive()
+        self.status = status
         self.events.append(("head", headers))
 
     def on_body(self, body: bytes) -> None:
@@ -232,7 +238,7 @@ class Pool:
         except BaseException:
             _abandon(conn, sender)
             raise
-        status = parser.get_status_code()
+        status = state.status
         raw = next(v for k, v in state.events if k == "head")
         resp_headers = [(n.decode("latin-1").lower(), v.decode("latin-1")) for n, v in raw]
         lengths = [v for n, v in resp_headers if n == "content-length"]
@@ -241,7 +247,7 @@ class Pool:
         no_body = method == "HEAD" or status in (204, 304)
         if no_body:
             length = 0 if method != "HEAD" else length
-        keep = parser.should_keep_alive()
+        keep = state.keep_alive
         made: list[Response] = []  # the generator reads the response it belongs to
         response = Response(
             status=status,

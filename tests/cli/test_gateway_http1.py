@@ -180,6 +180,50 @@ def test_keep_alive_serves_many_requests_on_one_connection_over_pooled_upstreams
     assert _dump(proc)["upstreamConnectionsOpened"] - before <= 1
 
 
+def test_a_response_whose_head_and_body_arrive_together_keeps_its_upstream_pooled(running):
+    proc, _ = running
+    conn = http.client.HTTPConnection("127.0.0.1", proc.port(80), timeout=10)
+    before = _dump(proc)["upstreamConnectionsOpened"]
+    for _ in range(10):
+        response, data = _request(proc, "GET", "/api/oneshot", conn=conn)
+        assert (response.status, data) == (200, b"oneshot")
+    assert _dump(proc)["upstreamConnectionsOpened"] - before <= 1
+
+
+def test_requests_whose_head_and_body_arrive_together_keep_the_client_connection(running):
+    proc, _ = running
+    conn = http.client.HTTPConnection("127.0.0.1", proc.port(80), timeout=10)
+    conn.connect()
+    sock = conn.sock
+    for i in range(5):
+        response, data = _request(proc, "POST", f"/api/p{i}", body=b"small", conn=conn)
+        assert response.status == 200
+        assert response.getheader("connection") != "close"
+        assert _echo(data)["body"] == b"small"
+    assert conn.sock is sock  # never reconnected
+
+
+def test_pipelined_requests_in_one_segment_are_each_answered_in_order(running):
+    proc, _ = running
+    two = (
+        b"POST /api/first HTTP/1.1\r\nHost: example.com\r\nContent-Length: 3\r\n\r\none"
+        b"HEAD /api/second HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n"
+    )
+    answer = _raw(proc, two)
+    first, _, rest = answer.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 ")
+    length = int(
+        next(line for line in first.split(b"\r\n") if line.startswith(b"content-length")).split(
+            b":"
+        )[1]
+    )
+    echo = _echo(rest[:length])
+    assert (echo["method"], echo["path"], echo["body"]) == ("POST", "/api/first", b"one")
+    second = rest[length:]
+    assert second.startswith(b"HTTP/1.1 200 ")
+    assert second.endswith(b"\r\n\r\n")  # HEAD: a head, no body
+
+
 def test_forwarded_headers_request_id_and_host_reach_the_backend(running):
     proc, _ = running
     _, data = _request(proc, "GET", "/api/h", headers={"X-Forwarded-For": "203.0.113.9"})

@@ -212,6 +212,9 @@ class _Echo(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(payload)
             return
+        if "/oneshot" in self.path:  # the whole response in one write (one segment)
+            self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\noneshot")
+            return
         if "/chunked/" in self.path:
             parts = int(self.path.rsplit("/", 1)[1])
             self.send_response(200)
