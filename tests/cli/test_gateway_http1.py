@@ -224,6 +224,49 @@ def test_pipelined_requests_in_one_segment_are_each_answered_in_order(running):
     assert second.endswith(b"\r\n\r\n")  # HEAD: a head, no body
 
 
+def test_head_gets_the_backends_head_without_a_body(running):
+    proc, _ = running
+    answer = _raw(proc, b"HEAD /api/h HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"content-length: " in head.lower()
+    assert body == b""
+
+
+def test_expect_100_continue_gets_its_interim_answer_then_the_response(running):
+    proc, _ = running
+    with socket.create_connection(("127.0.0.1", proc.port(80)), timeout=5) as sock:
+        sock.sendall(
+            b"POST /api/e HTTP/1.1\r\nHost: example.com\r\nContent-Length: 4\r\n"
+            b"Expect: 100-continue\r\nConnection: close\r\n\r\n"
+        )
+        assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(b"body")
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    echo = _echo(body)
+    assert echo["body"] == b"body"
+    assert "expect" not in echo["headers"]
+
+
+def test_an_http_1_0_client_gets_a_close_delimited_body_and_a_closed_connection(running):
+    proc, _ = running
+    answer = _raw(proc, b"GET /api/chunked/3 HTTP/1.0\r\nHost: example.com\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert b"transfer-encoding" not in head.lower()
+    assert body == b"part 0;part 1;part 2;"
+
+
+def test_a_backend_body_ended_by_its_close_is_forwarded_whole(running):
+    proc, _ = running
+    response, data = _request(proc, "GET", "/api/closing")
+    assert (response.status, data) == (200, b"until the close")
+
+
 def test_forwarded_headers_request_id_and_host_reach_the_backend(running):
     proc, _ = running
     _, data = _request(proc, "GET", "/api/h", headers={"X-Forwarded-For": "203.0.113.9"})

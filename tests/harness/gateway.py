@@ -212,6 +212,10 @@ class _Echo(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(payload)
             return
+        if "/closing" in self.path:  # HTTP/1.0 style: no length, the close ends the body
+            self.close_connection = True
+            self.wfile.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nuntil the close")
+            return
         if "/oneshot" in self.path:  # the whole response in one write (one segment)
             self.wfile.write(b"HTTP/1.1 200 OK\r\ncontent-length: 7\r\n\r\noneshot")
             return
