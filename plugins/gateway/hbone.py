@@ -1,7 +1,8 @@
 """The gateway's way into the mesh: an HTTP/1.1 connection to a meshed endpoint carried in an
 HBONE stream (HTTP/2 CONNECT to ``address:port`` through the workload's port 15008, mTLS with
-the gateway's own SPIFFE certificate, the peer's identity checked), on the shared proxy kit's
-pool (``meshctl.proxy.pool``: one TLS connection per destination, many streams).
+the gateway's own SPIFFE certificate (``identity.py``), the peer's identity checked), on the
+shared proxy kit's pool (``meshctl.proxy.pool``: one TLS connection per destination, many
+streams).
 
 Owns ``HboneStream`` (one CONNECT stream as the upstream client's reader and ``Writer``) and
 ``HboneDialer``. Invariants: a stream the peer refuses (non-200) or a peer whose certificate
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from pathlib import Path
+from collections.abc import Callable
 
 from meshctl.core.pki.identity import SpiffeId
+from meshctl.core.wire import channel
 from meshctl.core.wire.hbone import TunnelSettings
 from meshctl.proxy import tls
-from meshctl.proxy.file_sources import read_certs
-from meshctl.proxy.pool import Pool
+from meshctl.proxy.pool import DialError, Pool
 from meshctl.proxy.tunnel import TunnelProtocol
 
 from .upstream import Writer
@@ -105,18 +106,19 @@ class HboneStream:
 
 
 class HboneDialer:
-    """Dials endpoints through HBONE as ``identity`` (certificates from ``cert_dir``)."""
+    """Dials endpoints through HBONE as ``identity`` with the certificate ``certs`` gives (a
+    new generation makes new contexts: new connections use it, pooled ones keep theirs)."""
 
     def __init__(
         self,
         *,
         identity: SpiffeId,
-        cert_dir: Path,
+        certs: Callable[[], channel.Certs | None],
         connect_timeout: float = 5.0,
         handshake_timeout: float = 5.0,
     ) -> None:
         self.identity = identity
-        self.cert_dir = cert_dir
+        self.certs = certs
         self._contexts: tls.TlsContexts | None = None
         self.connect_timeout = connect_timeout
         self.pool = Pool(
@@ -130,8 +132,13 @@ class HboneDialer:
         )
 
     def contexts(self) -> tls.TlsContexts:
-        if self._contexts is None:
-            self._contexts = tls.build(read_certs(self.cert_dir, self.identity, 0))
+        certs = self.certs()
+        if certs is None:
+            raise DialError(
+                f"no certificate for {self.identity} yet (the CA has not answered)", "TLS"
+            )
+        if self._contexts is None or self._contexts.generation != certs.generation:
+            self._contexts = tls.build(certs)
         return self._contexts
 
     def for_peer(self, identity: str) -> HboneDial:

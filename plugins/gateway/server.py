@@ -18,13 +18,11 @@ import json
 import logging
 import signal
 import socket
-from pathlib import Path
 from typing import Any
 
 from meshctl.core.gateway import render
 from meshctl.core.gateway.config import Endpoint, GatewayConfig
 from meshctl.core.gateway.model import Protocol
-from meshctl.core.pki.identity import SpiffeId
 from meshctl.errors import MeshctlError
 from meshctl.net.sockets import listener
 from meshctl.proxy import responder
@@ -34,6 +32,7 @@ from .certificates import SniContexts, sni_of
 from .forward import Forwarder
 from .hbone import HboneDialer
 from .http2 import PREFACE, Http2Connection
+from .identity import mesh_identity
 from .metrics import RequestMetrics, Source
 from .settings import GatewaySettings
 from .sources import ConfigHolder
@@ -42,22 +41,10 @@ from .upstream import Dialer, Pool, Writer, tcp_dialer
 log = logging.getLogger(__name__)
 
 
-def _hbone(settings: GatewaySettings) -> HboneDialer | None:
-    """The HBONE dialer when the gateway has a mesh certificate (its cert dir holds one)."""
-    folder = Path(settings.cert_dir)
-    if not (settings.pod_namespace and (folder / "cert-chain.pem").is_file()):
-        return None
-    identity = SpiffeId(
-        settings.trust_domain, settings.pod_namespace, settings.service_account or "default"
-    )
-    log.info("mesh identity %s (certificates in %s)", identity, folder)
-    return HboneDialer(identity=identity, cert_dir=folder)
-
-
 async def _no_identity(host: str, port: int) -> tuple[asyncio.StreamReader, Writer]:
     raise OSError(
         "meshed endpoint, and this gateway has no mesh certificate "
-        "(set POD_NAMESPACE, SERVICE_ACCOUNT and MESHCTL_CERT_DIR)"
+        "(set POD_NAMESPACE, SERVICE_ACCOUNT and MESHCTL_CERT_DIR or CA_ADDRESS)"
     )
 
 
@@ -80,7 +67,12 @@ class Gateway:
                 principal=principal,
             )
         )
-        self.hbone = _hbone(settings)
+        self.identity = mesh_identity(settings)
+        self.hbone = (
+            None
+            if self.identity is None
+            else HboneDialer(identity=self.identity.identity, certs=self.identity.certs)
+        )
         self.forwarder = Forwarder(
             lambda: holder.current,
             pool=self.pool,
@@ -267,6 +259,8 @@ class Gateway:
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         tasks = [asyncio.create_task(s) for s in sources]
         tasks.append(asyncio.create_task(self._retry_binds()))
+        if self.identity is not None:
+            tasks.append(asyncio.create_task(self.identity.run()))
         log.info("gateway %s started", self.settings.gateway or "(from the files)")
         await stop.wait()
         await self.drain()

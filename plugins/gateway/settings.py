@@ -45,6 +45,15 @@ class GatewaySettings:
         None, env=("CA_ADDRESS", "CA_ADDR"), parse=values.DIAL_ADDRESS, hint=_ADDRESS_HINT
     )
     ca_root: str = setting("/var/run/secrets/istio/root-cert.pem", env="CA_ROOT_CA")
+    ca_server_name: str | None = setting(None, env="ALT_CA_HOSTNAME")
+    # A token file (read on every call) or, if no such file exists, the token itself (ztunnel).
+    auth_token: str = setting(
+        "/var/run/secrets/tokens/istio-token", env="AUTH_TOKEN", flag="--token-file"
+    )
+    cluster_id: str = setting("Kubernetes", env="ISTIO_META_CLUSTER_ID")
+    secret_ttl: float = setting(
+        86400.0, env="SECRET_TTL", parse=values.Duration(minimum=1.0), hint=_DURATION_HINT
+    )
     xds_address: str | None = setting(
         None, env="XDS_ADDRESS", parse=values.DIAL_ADDRESS, hint=_ADDRESS_HINT
     )

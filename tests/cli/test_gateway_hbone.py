@@ -1,11 +1,15 @@
 """``meshctl gateway run -f`` into the mesh: a meshed endpoint (its Pod ambient) is reached by
-HBONE with the gateway's own SPIFFE identity; a peer with another identity is refused (503)."""
+HBONE with the gateway's own SPIFFE identity (mounted files, or from the mesh CA); a peer with
+another identity is refused (503)."""
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +121,94 @@ def test_a_meshed_endpoint_without_a_gateway_certificate_is_503_saying_why(tmp_p
             status, _, reason = _get(proc.port(80))
     assert status == 503
     assert "no mesh certificate" in reason
+
+
+def _start_ca(tmp: Path) -> tuple[subprocess.Popen[str], int]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    tokens = tmp / "tokens.csv"
+    tokens.write_text(
+        "tok-gw,system:serviceaccount:infra:gw-sa,u1\ntok-web,system:serviceaccount:app:web,u2\n"
+    )
+    proc = subprocess.Popen(
+        [
+            *MESHCTL,
+            "controlplane",
+            "ca",
+            "--ca-dir",
+            str(tmp / "ca"),
+            "--tokens",
+            str(tokens),
+            "--grpc-address",
+            f"127.0.0.1:{port}",
+            "--serving-names",
+            "127.0.0.1",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    end = time.monotonic() + 30
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, port
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the CA did not listen")
+
+
+def _certs_from_ca(tmp: Path, port: int, token: str, account: str) -> Path:
+    """The peer's certificate as the CA issues it to the workload (its own token)."""
+    from meshctl import rpc
+    from meshctl.core.pki import certs
+    from meshctl.core.pki.identity import SpiffeId
+    from meshctl.proxy.ca_client import CaClient
+
+    roots = (tmp / "ca" / "ca-cert.pem").read_bytes()
+    identity = SpiffeId("cluster.local", "app", account)
+
+    async def ask() -> tuple[list[str], bytes]:
+        client = CaClient(f"127.0.0.1:{port}", auth=rpc.CallAuth(token=token))
+        try:
+            csr, key = certs.new_csr(identity)
+            return await client.create(csr, roots=roots, ttl_seconds=3600), key
+        finally:
+            await client.close()
+
+    chain, key = asyncio.run(ask())
+    out = tmp / account
+    out.mkdir()
+    (out / "cert-chain.pem").write_text("".join(chain))
+    (out / "key.pem").write_bytes(key)
+    (out / "root-cert.pem").write_bytes(roots)
+    return out
+
+
+def test_without_mounted_files_the_gateway_gets_its_certificate_from_the_ca(tmp_path):
+    ca, port = _start_ca(tmp_path)
+    try:
+        peer_certs = _certs_from_ca(tmp_path, port, "tok-web", "web")
+        env = {
+            "POD_NAMESPACE": "infra",
+            "SERVICE_ACCOUNT": "gw-sa",
+            "MESHCTL_CERT_DIR": str(tmp_path / "no-files"),
+            "CA_ADDRESS": f"127.0.0.1:{port}",
+            "CA_ROOT_CA": str(tmp_path / "ca" / "ca-cert.pem"),
+            "AUTH_TOKEN": "tok-gw",
+            "HOME": str(tmp_path),
+        }
+        with gw.backend() as web, gw.hbone_peer(peer_certs, web.port) as peer:
+            objects = _objects(peer.address, 8080, "web")
+            with gw.run_gateway(tmp_path, objects, listener_ports=(80,), env=env) as proc:
+                deadline = time.monotonic() + 20
+                while (answer := _get(proc.port(80)))[0] != 200:
+                    assert time.monotonic() < deadline, (answer, proc.output())
+                    time.sleep(0.2)
+                log = proc.output()
+        assert peer.seen[-1]["san"] == ["spiffe://cluster.local/ns/infra/sa/gw-sa"]
+        assert "certificates from the CA at 127.0.0.1:" in log
+    finally:
+        ca.terminate()
+        ca.wait(10)
