@@ -28,13 +28,28 @@ from .upstream import Writer
 HBONE_PORT = 15008
 
 
+class _CreditReader(asyncio.StreamReader):
+    """A reader that gives the tunnel its flow-control credit back as bytes are read, so a slow
+    client slows the backend instead of growing our buffer."""
+
+    def __init__(self, stream: HboneStream) -> None:
+        super().__init__(limit=2**16)
+        self._stream = stream
+
+    async def read(self, n: int = -1) -> bytes:
+        data = await super().read(n)
+        self._stream.credit(len(data))
+        return data
+
+
 class HboneStream:
     """One CONNECT stream: a ``StreamSink`` for the tunnel, a reader and a ``Writer`` for us."""
 
     def __init__(self, tunnel: TunnelProtocol) -> None:
         self.tunnel = tunnel
         self.sid = 0
-        self.reader = asyncio.StreamReader(limit=2**16)
+        self.owed = 0  # flow-control bytes received and not yet given back
+        self.reader: asyncio.StreamReader = _CreditReader(self)
         self.opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -53,7 +68,16 @@ class HboneStream:
 
     def tunnel_data(self, data: bytes | memoryview, flow: int) -> None:
         self.reader.feed_data(bytes(data))
-        self.tunnel.consumed(self.sid, flow)
+        self.owed += len(data)
+        if flow > len(data):  # padding: nobody reads it, its credit goes back now
+            self.tunnel.consumed(self.sid, flow - len(data))
+
+    def credit(self, read: int) -> None:
+        """``read`` bytes left the reader: that much credit goes back to the tunnel."""
+        give = min(self.owed, read)
+        if give > 0 and not self.ended:
+            self.owed -= give
+            self.tunnel.consumed(self.sid, give)
 
     def tunnel_ended(self) -> None:
         self.reader.feed_eof()
@@ -95,6 +119,9 @@ class HboneStream:
 
     def close(self) -> None:
         if not self.ended:
+            if self.owed:  # unread bytes: the connection's shared window gets them back
+                self.tunnel.consumed(self.sid, self.owed)
+                self.owed = 0
             self.ended = True
             self.tunnel.end(self.sid)
             self.tunnel.finished(self.sid)

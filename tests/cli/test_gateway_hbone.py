@@ -5,8 +5,10 @@ another identity is refused (503)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.client
 import json
+import os
 import socket
 import subprocess
 import time
@@ -90,6 +92,15 @@ def test_a_meshed_endpoint_is_reached_over_hbone_with_the_gateways_identity(tmp_
             assert json.loads(body)["path"] == "/mesh/x"
             status, _, _ = _get(proc.port(80))  # a second request: the pooled tunnel again
             assert status == 200
+            conn = http.client.HTTPConnection("127.0.0.1", proc.port(80), timeout=20)
+            conn.request("GET", "/big/3000000", headers={"Host": "example.com"})
+            response = conn.getresponse()
+            assert response.status == 200
+            assert response.read() == bytes(i % 251 for i in range(3_000_000))
+            payload = os.urandom(2_000_000)
+            conn.request("POST", "/mesh/upload", body=payload, headers={"Host": "example.com"})
+            response = conn.getresponse()
+            assert base64.b64decode(json.loads(response.read())["body"]) == payload
             log = proc.output()
     assert peer.seen[0] == {
         "authority": f"{peer.address}:8080",

@@ -470,10 +470,19 @@ class _HboneServer:
         writer.write(conn.data_to_send())
         upstreams: dict[int, Any] = {}
 
+        window = asyncio.Event()
+
         async def pump(sid: int, up: asyncio.StreamReader) -> None:
             while data := await up.read(65536):
-                conn.send_data(sid, data)  # the tests' responses fit the default windows
-                writer.write(conn.data_to_send())
+                while data:  # within the gateway's flow-control windows
+                    room = min(conn.local_flow_control_window(sid), conn.max_outbound_frame_size)
+                    if room <= 0:
+                        window.clear()
+                        await window.wait()
+                        continue
+                    conn.send_data(sid, data[:room])
+                    data = data[room:]
+                    writer.write(conn.data_to_send())
             conn.end_stream(sid)
             writer.write(conn.data_to_send())
 
@@ -492,6 +501,8 @@ class _HboneServer:
                 elif isinstance(event, h2.events.DataReceived):
                     upstreams[event.stream_id].write(event.data)
                     conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+                    window.set()
                 elif isinstance(event, h2.events.StreamReset):
                     up = upstreams.pop(event.stream_id, None)
                     if up is not None:
