@@ -94,11 +94,11 @@ def run(
     if "-" in files:
         raise UserError("-f -: the gateway re-reads its files", hint="name a file or directory")
     settings = dataclasses.replace(settings, config=files)
-    if not settings.config:
+    if not settings.config and not settings.xds_address:
         raise UserError(
             "no configuration source",
-            hint="pass -f FILE (Kubernetes objects); discovery from the control plane "
-            "(XDS_ADDRESS) is not served by this build yet",
+            hint="pass -f FILE (Kubernetes objects), or --xds-address (XDS_ADDRESS) and "
+            "--gateway NAMESPACE/NAME for the control plane's",
         )
     from .process import serve
 

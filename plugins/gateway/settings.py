@@ -1,6 +1,7 @@
 """Settings of ``meshctl gateway run``: flags > env (the pod's env, as ``ztunnel run`` reads it)
 > defaults. The CA, discovery and pod variables are ``ztunnel run``'s names (one pod env for
-every proxy the mesh runs); ``GATEWAY_NAME`` names what this proxy serves."""
+every proxy the mesh runs; the type is a ``meshctl.proxy.xds_client.DiscoverySettings``);
+``GATEWAY_NAME`` names what this proxy serves."""
 
 from __future__ import annotations
 
@@ -58,6 +59,10 @@ class GatewaySettings:
         None, env="XDS_ADDRESS", parse=values.DIAL_ADDRESS, hint=_ADDRESS_HINT
     )
     xds_root_ca: str = setting("/var/run/secrets/istio/root-cert.pem", env="XDS_ROOT_CA")
+    alt_xds_hostname: str | None = setting(None, env="ALT_XDS_HOSTNAME")
+    xds_on_demand: bool = setting(False, env="XDS_ON_DEMAND")
+    instance_ip: str = setting("", env="INSTANCE_IP")
+    node_name: str = setting("", env="NODE_NAME")
     # Where listeners bind ("0.0.0.0" in a pod; 127.0.0.1 for tests on loopback), and what is
     # added to every listener port the table names (0 in a pod: ports 80 and 443 as they are).
     bind_address: str = setting("0.0.0.0", env="MESHCTL_GATEWAY_BIND")  # noqa: S104
