@@ -215,6 +215,21 @@ def test_h2c_with_prior_knowledge_is_served_on_a_plaintext_port(running):
     assert status == 200  # the route has no hostnames: every host
 
 
+def test_the_gateways_own_answers_reach_h2_clients_with_their_reason(running):
+    proc, _ = running
+    client = Client.tls(proc.port(443), "a.example")
+    sid = client.send("/x", "b.example")  # no listener names b.example on 443
+    status, body = client.responses([sid])[sid]
+    assert status == 404
+    headers = next(
+        dict(e.headers)
+        for e in client.events
+        if isinstance(e, h2.events.ResponseReceived) and e.stream_id == sid
+    )
+    assert headers[b"x-meshctl-route"] == b"no-route (host b.example: no listener)"
+    assert body == b"no-route (host b.example: no listener)\n"
+
+
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js (node) for interop")
 def test_nodejs_http2_client_gets_every_stream_byte_for_byte(running):
     proc, _ = running
