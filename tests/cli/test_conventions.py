@@ -23,6 +23,7 @@ from typer.models import TyperPath
 from meshctl import cli, values
 from meshctl.config import GlobalSettings
 from meshctl.plugins import load
+from tests.harness.gateway import MINIMAL
 
 # --- the tree ---------------------------------------------------------------------------------
 
@@ -492,6 +493,8 @@ DATA_COMMANDS: dict[str, list[str]] = {
     "iptables render": [],
     "iptables trace": ["--dst", "10.0.0.1:80"],
     "verify": ["--kubeconfig", "{missing}"],  # no cluster: the failed check is the data
+    "gateway routes": ["-f", "{gateway}"],
+    "gateway explain": ["http://example.com/", "-f", "{gateway}"],
 }
 
 
@@ -512,7 +515,14 @@ def test_output_file_holds_exactly_what_stdout_would(command, capsys, tmp_path):
     )
     pem = tmp_path / "ca.crt"
     pem.write_text("-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n")
-    places = {"manifest": manifest, "pem": pem, "missing": tmp_path / "no-kubeconfig"}
+    gateway = tmp_path / "gateway.yaml"
+    gateway.write_text(MINIMAL)
+    places = {
+        "manifest": manifest,
+        "pem": pem,
+        "missing": tmp_path / "no-kubeconfig",
+        "gateway": gateway,
+    }
     args = [a.format(**places) for a in DATA_COMMANDS[command]]
     code, out, err = run(capsys, *command.split(), *args)
     target = tmp_path / "out" / "data.txt"

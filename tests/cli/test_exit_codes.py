@@ -27,6 +27,7 @@ from meshctl.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, EXIT_USAGE
 from tests.cli.test_conventions import COMMANDS, Node, _long, _parse
 from tests.harness.cli import MESHCTL
 from tests.harness.cni import fake_node
+from tests.harness.gateway import MINIMAL, free_offset
 
 TOKENS = "tok,system:serviceaccount:default:a,u1\n"
 BINARY = bytes(range(256)) * 4
@@ -116,6 +117,15 @@ RECIPES: dict[str, Recipe] = {
     "iptables clean": Recipe(("--dry-run", "--netns", "{tmp}/no-netns")),
     "iptables trace": Recipe(("--dst", "10.0.0.1:80")),
     "iptables validate": Recipe(("--netns", "{tmp}/no-netns")),
+    "gateway run": Recipe(
+        ("-f", "{gateway}", "--bind-address", "127.0.0.1", "--port-offset", "{offset}"),
+        # Its own ports bind at start (a taken one: tests/cli/test_gateway_run.py).
+        files={"-f": "gateway"},
+        blocking=(),
+    ),
+    "gateway routes": Recipe(("-f", "{gateway}"), files={"-f": "gateway"}),
+    "gateway explain": Recipe(("http://example.com/", "-f", "{gateway}"), files={"-f": "gateway"}),
+    "gateway": Recipe(),
     "ztunnel": Recipe(),
     "cni": Recipe(),
     "controlplane": Recipe(),
@@ -145,6 +155,7 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (tmp_path / "settings.yaml").write_text("log-level: warning\n")
     (tmp_path / "tokens.csv").write_text(TOKENS)
     (tmp_path / "local.yaml").write_text("workloads: []\nservices: []\n")
+    (tmp_path / "gateway.yaml").write_text(MINIMAL)
     (tmp_path / "node").mkdir()
     node = fake_node(tmp_path / "node")
     (node / "bin").mkdir()
@@ -181,6 +192,8 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "node": str(node),
         "kubeconfig": str(kubeconfig),
         "port": str(_free_port()),
+        "gateway": str(tmp_path / "gateway.yaml"),
+        "offset": str(free_offset((80,))),
     }
 
 
@@ -302,7 +315,7 @@ def test_the_port_cases_cover_every_daemon_with_a_port():
 
 
 # Groups that only hold subcommands: nothing of theirs runs, so nothing to interrupt.
-GROUPS_ONLY = {"ztunnel", "cni", "controlplane", "iptables", "manifest"}
+GROUPS_ONLY = {"ztunnel", "cni", "controlplane", "iptables", "manifest", "gateway"}
 RUNNABLE = [n for n in COMMANDS if n.id not in GROUPS_ONLY]
 
 
