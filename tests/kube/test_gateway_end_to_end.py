@@ -29,6 +29,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from meshctl import components
 from tests.harness import controlplane as cp
 from tests.harness.kube import KubeCluster, forward_into, request_token
 from tests.harness.netns import Netns, random_subnet
@@ -157,41 +158,44 @@ class GatewayProcess:
                 self.process.wait()
 
 
-def pod_env(deployment: Any, plane: cp.ControlPlaneProcess, *, namespace: str) -> dict[str, str]:
-    """The env of the Deployment's gateway container as the kubelet would give it to a pod
-    here: fieldRefs resolved, the control plane's Service address replaced by the test's, the
-    projected token and root ConfigMap as files."""
-    (container,) = deployment.spec.template.spec.containers
+def pod_env(
+    pod: dict[str, Any], plane: cp.ControlPlaneProcess, *, namespace: str
+) -> tuple[list[str], dict[str, str]]:
+    """The args and env of the pod template's gateway container as the kubelet would start it
+    here: fieldRefs resolved, the control plane's Service address replaced by the test's (the
+    projected token and root ConfigMap are files: ``start_gateway``)."""
+    (container,) = pod["spec"]["containers"]
     fields = {
         "metadata.name": "gw-1",
         "metadata.namespace": namespace,
-        "spec.serviceAccountName": deployment.spec.template.spec.service_account_name,
+        "spec.serviceAccountName": pod["spec"]["serviceAccountName"],
         "status.podIP": "127.0.0.1",
         "spec.nodeName": "node-a",
     }
     env: dict[str, str] = {}
-    for item in container.env:
-        if item.value_from is not None:
-            env[item.name] = fields[item.value_from.field_ref.field_path]
+    for item in container["env"]:
+        if "valueFrom" in item:
+            env[item["name"]] = fields[item["valueFrom"]["fieldRef"]["fieldPath"]]
         else:
-            env[item.name] = item.value or ""
+            env[item["name"]] = item.get("value") or ""
     address = f"127.0.0.1:{plane.grpc_port}"
     for name in ("CA_ADDRESS", "XDS_ADDRESS"):
         assert env[name], f"{name} not rendered"
         env[name] = address
-    return env
+    return list(container["args"]), env
 
 
 def start_gateway(
     cluster: KubeCluster,
     plane: cp.ControlPlaneProcess,
-    env: dict[str, str],
-    gateway: str,
+    pod: tuple[list[str], dict[str, str]],
     workdir: Path,
     ns: Netns,
 ) -> GatewayProcess:
-    """``meshctl gateway run --gateway GATEWAY`` in ``ns`` with ``env`` (the pod's), the mounted
-    token and root as files, listeners on 127.0.0.1 behind ``OFFSET``; ready awaited."""
+    """``meshctl <args>`` (``gateway run --gateway ...``) in ``ns`` with the pod's env, the
+    mounted token and root as files, listeners on 127.0.0.1 behind ``OFFSET``; ready awaited."""
+    args, env = pod
+    assert args[:2] == ["gateway", "run"], args
     with cluster.api_client() as api:
         root = cp.root_pem(api, plane.namespace)
     token = request_token(cluster, env["POD_NAMESPACE"], env["SERVICE_ACCOUNT"], "istio-ca")
@@ -216,7 +220,7 @@ def start_gateway(
     }
     argv = [
         *(sys.executable, "-c", "from meshctl.entry import run; run()"),
-        *("--log-level", "info", "gateway", "run", "--gateway", gateway),
+        *("--log-level", "info", *args),
         *("--bind-address", "127.0.0.1", "--port-offset", str(OFFSET)),
     ]
     with log.open("wb") as out:
@@ -321,9 +325,10 @@ def test_a_gateway_fed_over_xds_serves_a_route_an_edit_live_and_its_config_witho
             "the proxy's Deployment",
             lambda: k8s.AppsV1Api(kube_api).read_namespaced_deployment("gw-meshctl", ns),
         )
-        (container,) = deployment.spec.template.spec.containers
-        env = pod_env(deployment, plane, namespace=ns)
-        proxy = start_gateway(kube_cluster, plane, env, container.args[-1], tmp_path, pod_netns)
+        template = kube_api.sanitize_for_serialization(deployment)["spec"]["template"]
+        pod = pod_env(template, plane, namespace=ns)
+        assert pod[0] == ["gateway", "run", "--gateway", f"{ns}/gw"]
+        proxy = start_gateway(kube_cluster, plane, pod, tmp_path, pod_netns)
 
         body = wait_status(proxy, 80, "/app/x?q=1", "web.example", 200)
         assert body == PAYLOAD + b"/app/x?q=1"
@@ -372,6 +377,9 @@ def test_an_ingress_of_class_meshctl_is_served_by_the_ingress_gateway(
     backend: Backend,
 ) -> None:
     ns = kube_namespace
+    # Every Ingress of the class is in the one table: a host of this test's own (the API
+    # server's objects outlive their namespace here: no namespace controller).
+    host = f"shop-{secrets.token_hex(3)}.example"
     service_and_endpoints(kube_api, ns, backend)
     networking = k8s.NetworkingV1Api(kube_api)
     try:
@@ -392,7 +400,7 @@ def test_an_ingress_of_class_meshctl_is_served_by_the_ingress_gateway(
                 "ingressClassName": "meshctl",
                 "rules": [
                     {
-                        "host": "shop.example",
+                        "host": host,
                         "http": {
                             "paths": [
                                 {
@@ -412,25 +420,22 @@ def test_an_ingress_of_class_meshctl_is_served_by_the_ingress_gateway(
     relay.enter_context(forward_into(pod_netns, plane.grpc_port, ("127.0.0.1", plane.grpc_port)))
     proxy: GatewayProcess | None = None
     try:
-        env = {
-            "POD_NAME": "meshctl-ingressgateway-1",
-            "POD_NAMESPACE": home,
-            "SERVICE_ACCOUNT": "meshctl-ingressgateway",
-            "INSTANCE_IP": "127.0.0.1",
-            "CA_ADDRESS": f"127.0.0.1:{plane.grpc_port}",
-            "XDS_ADDRESS": f"127.0.0.1:{plane.grpc_port}",
-        }
-        proxy = start_gateway(kube_cluster, plane, env, "ingress", tmp_path, pod_netns)
-        port = INGRESS_HTTP_PORT
-        body = wait_status(proxy, port, "/cart/1", "shop.example", 200)
+        # The installed ingress gateway's pod (the demo profile's rendering), in the control
+        # plane's namespace; its Service maps 80 -> 8080, where the Ingress table listens.
+        registry = components.load()
+        installed = registry.by_name["gateway"].objects(registry.resolve(profile="demo"))
+        (deployment,) = [o for o in installed if o["kind"] == "Deployment"]
+        (service,) = [o for o in installed if o["kind"] == "Service"]
+        (port,) = [p["targetPort"] for p in service["spec"]["ports"] if p["port"] == 80]
+        pod = pod_env(deployment["spec"]["template"], plane, namespace=home)
+        proxy = start_gateway(kube_cluster, plane, pod, tmp_path, pod_netns)
+        body = wait_status(proxy, port, "/cart/1", host, 200)
         assert body == PAYLOAD + b"/cart/1"
-        status, _, headers = proxy.request(port, "/cartography", "shop.example")
+        status, _, headers = proxy.request(port, "/cartography", host)
         assert status == 404, headers
     finally:
         if proxy is not None:
             assert proxy.stop() == 0, proxy.log_tail()
         assert plane.stop() == 0, plane.log_tail()
         relay.close()
-
-
-INGRESS_HTTP_PORT = 80
+        networking.delete_namespaced_ingress("shop", ns)
