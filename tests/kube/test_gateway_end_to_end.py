@@ -4,11 +4,12 @@ with the env the controller renders into its Deployment (addresses pointed at th
 plane, the mounts as files). The proxy and its backend share a network namespace of the test's
 (an EndpointSlice may not name a loopback address, so the backend listens on an address of that
 namespace's ``lo``); the control plane's port is relayed into it, and the test talks to the
-proxy through sockets made in it.
+proxy through sockets made in it (HTTP, and HTTPS with the listener's Secret sent over xDS).
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import http.server
@@ -16,6 +17,7 @@ import os
 import secrets
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -31,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 
 from meshctl import components
 from tests.harness import controlplane as cp
-from tests.harness.kube import KubeCluster, forward_into, request_token
+from tests.harness.kube import CertificateAuthority, KubeCluster, forward_into, request_token
 from tests.harness.netns import Netns, random_subnet
 from tests.kube.test_gateway_controller import (  # noqa: F401 -- fixtures, registered by import
     GROUP,
@@ -124,12 +126,17 @@ class GatewayProcess:
         except OSError:
             return ""
 
-    def request(self, port: int, path: str, host: str) -> tuple[int, bytes, dict[str, str]]:
+    def request(
+        self, port: int, path: str, host: str, *, tls: ssl.SSLContext | None = None
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """GET over HTTP/1.1 (TLS with SNI ``host`` when ``tls`` is given)."""
         conn = http.client.HTTPConnection("127.0.0.1", port + self.offset, timeout=10)
         sock = self.ns.socket()
         sock.settimeout(10)
         try:
             sock.connect(("127.0.0.1", port + self.offset))
+            if tls is not None:
+                sock = tls.wrap_socket(sock, server_hostname=host)
         except OSError:
             sock.close()
             raise
@@ -301,6 +308,20 @@ def test_a_gateway_fed_over_xds_serves_a_route_an_edit_live_and_its_config_witho
     ns = kube_namespace
     gateway_class(kube_api)
     service_and_endpoints(kube_api, ns, backend)
+    authority = CertificateAuthority("gw-e2e")
+    pair = authority.issue("web.example", dns_sans=["web.example"], server=True)
+    k8s.CoreV1Api(kube_api).create_namespaced_secret(
+        ns,
+        {
+            "metadata": {"name": "cert"},
+            "type": "kubernetes.io/tls",
+            "data": {
+                "tls.crt": base64.b64encode(pair.cert_pem).decode(),
+                "tls.key": base64.b64encode(pair.key_pem).decode(),
+            },
+        },
+    )
+    tls = ssl.create_default_context(cadata=authority.cert_pem.decode())
     create(
         kube_api,
         ns,
@@ -311,7 +332,15 @@ def test_a_gateway_fed_over_xds_serves_a_route_an_edit_live_and_its_config_witho
             "metadata": {"name": "gw"},
             "spec": {
                 "gatewayClassName": "meshctl",
-                "listeners": [{"name": "http", "port": 80, "protocol": "HTTP"}],
+                "listeners": [
+                    {"name": "http", "port": 80, "protocol": "HTTP"},
+                    {
+                        "name": "https",
+                        "port": 443,
+                        "protocol": "HTTPS",
+                        "tls": {"mode": "Terminate", "certificateRefs": [{"name": "cert"}]},
+                    },
+                ],
             },
         },
     )
@@ -332,6 +361,9 @@ def test_a_gateway_fed_over_xds_serves_a_route_an_edit_live_and_its_config_witho
 
         body = wait_status(proxy, 80, "/app/x?q=1", "web.example", 200)
         assert body == PAYLOAD + b"/app/x?q=1"
+        # HTTPS with the Secret's certificate, sent over xDS.
+        status, body, _ = proxy.request(443, "/app/s", "web.example", tls=tls)
+        assert (status, body) == (200, PAYLOAD + b"/app/s")
         status, _, headers = proxy.request(80, "/new/y", "web.example")
         assert status == 404, headers
 
@@ -352,6 +384,8 @@ def test_a_gateway_fed_over_xds_serves_a_route_an_edit_live_and_its_config_witho
         time.sleep(1.0)
         for path in ("/app/x", "/new/y"):
             status, body, _ = proxy.request(80, path, "web.example")
+            assert (status, body) == (200, PAYLOAD + path.encode()), proxy.log_tail()
+            status, body, _ = proxy.request(443, path, "web.example", tls=tls)
             assert (status, body) == (200, PAYLOAD + path.encode()), proxy.log_tail()
         assert proxy.ready(), proxy.log_tail()
     finally:
