@@ -46,7 +46,7 @@ from tests.kube.test_gateway_controller import (  # noqa: F401 -- fixtures, regi
     wait_for,
 )
 
-pytestmark = pytest.mark.kube
+pytestmark = [pytest.mark.kube, pytest.mark.netns]  # the proxy and its backend in a netns
 
 PAYLOAD = bytes(range(256)) * 9 + b"\r\n\x00end"  # every byte value, CRLF and NUL included
 
