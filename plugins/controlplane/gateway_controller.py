@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from meshctl.core.gateway import assemble
+from meshctl.core.gateway import assemble, ingress
 from meshctl.core.gateway.config import GatewayConfig, KeyPair
 from meshctl.core.gateway.gateways import GatewayRuntime
 from meshctl.core.gateway.translate import Cluster, Options, StatusUpdate, Translation, translate
@@ -99,7 +99,9 @@ class GatewayController:
         self.configs = configs
         self.store = store
         self.inject = inject
-        self.options = class_options or Options()
+        # The Ingress table on the ports the installed gateway's Service targets (80 -> 8080,
+        # 443 -> 8443), not on 80/443 themselves.
+        self.options = class_options or Options(ingress_ports=ingress.GATEWAY_PORTS)
         self.leading = False
         self.last: Translation | None = None
         self._plane: Plane | None = None

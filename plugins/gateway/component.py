@@ -1,31 +1,35 @@
-"""The ingress gateway's part of install (the demo profile): its Service and Deployment shape.
+"""The ingress gateway's part of install (the demo profile): its Service and Deployment.
 
 Istio's demo gateway, with meshctl's names: Service ``meshctl-ingressgateway`` (LoadBalancer;
 80 -> 8080 ``http2``, 443 -> 8443 ``https``, 31400 ``tcp``, 15443 ``tls``, and the status port
-15021) in front of a Deployment whose ``istio-proxy`` container is the proxy the injector renders
-(``meshctl ztunnel run``: an identity from the control plane of its revision, discovery, readiness
-on 15021), as a regular container without capture. The gateway's own routing of those ports is a
-later issue: today the pods come up Ready with their identity and the Service's shape is fixed,
-but nothing listens on 8080/8443/31400/15443 yet (connections there are refused).
+15021) in front of a Deployment running ``meshctl gateway run --gateway ingress``: the proxy of
+every Ingress of class ``meshctl`` and of the Gateways that select it, in the container the
+controller renders for a Gateway's own proxy (``core.k8s.gatewaypod``: the proxy env pointing
+CA and discovery at the control plane of its revision, the projected token and the mesh root
+mounted, ready on 15021 once its config arrived and its listeners are bound). The control plane
+sends it the Ingress table on 8080 (HTTP) and 8443 (HTTPS), the Service's target ports
+(``core.gateway.ingress.GATEWAY_PORTS``); nothing listens on 31400/15443 (TCP and TLS routes are
+not supported: connections there are refused).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshctl.core.k8s.inject import annotations as ann
-from meshctl.core.k8s.inject import render
+from meshctl.core.gateway.ingress import GATEWAY_PORTS
+from meshctl.core.k8s import gatewaypod
 from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.core.k8s.install.components import Component, Object, Values
 from meshctl.core.k8s.install.values import value
 from meshctl.structured import Json
 
 NAME = "meshctl-ingressgateway"
+INGRESS = "ingress"  # the config it asks the control plane for: every Ingress of our class
 MAX_GATEWAY_REPLICAS = 100
 # (name, service port, target port): the seed's demo gateway ports.
 PORTS = (
-    ("http2", 80, 8080),
-    ("https", 443, 8443),
+    ("http2", 80, GATEWAY_PORTS[0]),
+    ("https", 443, GATEWAY_PORTS[1]),
     ("tcp", 31400, 31400),
     ("tls", 15443, 15443),
 )
@@ -54,14 +58,7 @@ def _render(values: Values, own: GatewayValues) -> list[Object]:
         trust_domain=values.trust_domain,
         ca_address=values.control_plane_address,
     )
-    options = render.pod_options({ann.NATIVE_SIDECAR: "false"}, settings)
-    proxy = render.proxy_container(
-        options, settings, workload_name=name, app_containers=[], probers={}
-    )
-    proxy["ports"] = [
-        *(render.container_port(n, t) for n, _, t in PORTS),
-        *proxy["ports"],
-    ]
+    proxy = gatewaypod.proxy_container(INGRESS, [(n, t) for n, _, t in PORTS], settings)
     selector = {"app": NAME, "istio.io/rev": values.revision}
     meta: dict[str, Json] = {"name": name, "namespace": values.namespace, "labels": dict(labels)}
     deployment: Object = {
@@ -79,7 +76,7 @@ def _render(values: Values, own: GatewayValues) -> list[Object]:
                 "spec": {
                     "serviceAccountName": name,
                     "containers": [proxy],
-                    "volumes": render.volumes(settings, options),
+                    "volumes": gatewaypod.proxy_volumes(settings),
                 },
             },
         },

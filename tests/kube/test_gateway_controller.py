@@ -451,7 +451,10 @@ def test_an_ingress_of_class_meshctl_gets_the_ingress_gateways_address_and_its_c
         root = cp.root_pem(kube_api, home)
         (config,) = asyncio.run(receive(plane, root, token, "ingress"))
         assert config.certificates[SecretRef(ns, "cert")].chain_pem == pair.cert_pem
-        assert [p.port for p in config.table.ports] == [80, 443]
+        assert [p.port for p in config.table.ports] == [
+            8080,
+            8443,
+        ]  # the installed Service targets these
         outsider = request_token(kube_cluster, ns, "web", "istio-ca")
         with pytest.raises(TimeoutError):
             asyncio.run(receive(plane, root, outsider, "ingress", attempts=20))

@@ -46,6 +46,9 @@ CLASS = "meshctl"
 DEFAULT_CLASS_ANNOTATION = "ingressclass.kubernetes.io/is-default-class"
 LEGACY_CLASS_ANNOTATION = "kubernetes.io/ingress.class"
 OWNER = "ingress"
+# Where the installed ingress gateway's container serves Ingresses (HTTP, HTTPS): its Service
+# maps 80 and 443 there, the shape of Istio's demo gateway (8080/8443 need no low-port sysctl).
+GATEWAY_PORTS = (8080, 8443)
 _PATH_TYPES = {
     "Exact": PathType.EXACT,
     "Prefix": PathType.PREFIX,

@@ -8,9 +8,10 @@ plane's image as ``meshctl gateway run --gateway <ns>/<name>`` with the env and 
 of the injector's rendering has (identity from the projected ``istio-token``, the mesh's root
 from the root ConfigMap, CA and discovery at the control plane), may bind the listeners' ports
 below 1024 (the pod's ``net.ipv4.ip_unprivileged_port_start=0``, Istio's gateway template) and
-is ready on 15021. The Service (LoadBalancer, as Istio's) exposes each listener port and the
-status port. Invariants: pure; equal inputs render equal objects, and ``digest`` names them, so
-the controller writes only when the rendering changed.
+is ready on 15021; that container (``proxy_container``, ``proxy_volumes``) is also the installed
+ingress gateway's (``--gateway ingress``). The Service (LoadBalancer, as Istio's) exposes each
+listener port and the status port. Invariants: pure; equal inputs render equal objects, and
+``digest`` names them, so the controller writes only when the rendering changed.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 from meshctl.core.k8s.inject import render
 from meshctl.core.k8s.inject.interception import READINESS_PORT, STATUS_PORT
 from meshctl.core.k8s.inject.settings import InjectSettings
+from meshctl.core.k8s.schema import Volume
 
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"  # GEP-1762's label
 MANAGED_LABEL = "gateway.meshctl.io/managed"
@@ -64,7 +66,7 @@ def listener_ports(listeners: Sequence[Any]) -> tuple[tuple[str, int], ...]:
     return tuple((seen[p], p) for p in sorted(seen))
 
 
-def _env(proxy: GatewayProxy, settings: InjectSettings) -> list[dict[str, Any]]:
+def _env(gateway: str, settings: InjectSettings) -> list[dict[str, Any]]:
     def field_env(name: str, path: str) -> dict[str, Any]:
         return {"name": name, "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}
 
@@ -78,7 +80,7 @@ def _env(proxy: GatewayProxy, settings: InjectSettings) -> list[dict[str, Any]]:
         {"name": "XDS_ADDRESS", "value": settings.control_plane_address},
         {"name": "TRUST_DOMAIN", "value": settings.trust_domain},
         {"name": "ISTIO_META_CLUSTER_ID", "value": settings.cluster_id},
-        {"name": "GATEWAY", "value": f"{proxy.namespace}/{proxy.name}"},
+        {"name": "GATEWAY_NAME", "value": gateway},  # ``gateway run``'s env for --gateway
     ]
 
 
@@ -93,6 +95,46 @@ def _mounts() -> list[dict[str, Any]]:
 
 def _port_name(protocol: str, port: int) -> str:
     return f"{protocol.lower()[:8]}-{port}"
+
+
+def proxy_container(
+    gateway: str, ports: Sequence[tuple[str, int]], settings: InjectSettings
+) -> dict[str, Any]:
+    """The container running ``meshctl gateway run --gateway <gateway>`` (``NS/NAME``, or
+    ``ingress``) with the proxy env and mounts (``proxy_volumes``), its ``(name, port)`` ports
+    declared, ready on 15021. Shared with the installed ingress gateway."""
+    return {
+        "name": CONTAINER,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": [render.MESHCTL],
+        "args": ["gateway", "run", "--gateway", gateway],
+        "env": _env(gateway, settings),
+        "ports": [
+            *(render.container_port(name, port) for name, port in ports),
+            render.container_port("mesh-metrics", STATUS_PORT),
+            render.container_port("status-port", READINESS_PORT),
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz/ready", "port": READINESS_PORT},
+            "periodSeconds": 2,
+            "timeoutSeconds": 3,
+            "failureThreshold": 3,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsUser": settings.proxy_uid,
+            "runAsGroup": settings.gid,
+            "runAsNonRoot": True,
+        },
+        "volumeMounts": _mounts(),
+    }
+
+
+def proxy_volumes(settings: InjectSettings) -> list[Volume]:
+    """The pod volumes ``proxy_container`` mounts (token, root ConfigMap, certs, tmp)."""
+    return render.volumes(settings, render.pod_options({}, settings))
 
 
 def render_proxy(proxy: GatewayProxy, settings: InjectSettings) -> list[dict[str, Any]]:
@@ -121,34 +163,11 @@ def render_proxy(proxy: GatewayProxy, settings: InjectSettings) -> list[dict[str
             "ownerReferences": [dict(owner)],
         }
 
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": settings.image,
-        "imagePullPolicy": settings.image_pull_policy,
-        "command": [render.MESHCTL],
-        "args": ["gateway", "run", "--gateway", f"{proxy.namespace}/{proxy.name}"],
-        "env": _env(proxy, settings),
-        "ports": [
-            *(render.container_port(_port_name(pr, p), p) for pr, p in proxy.ports),
-            render.container_port("mesh-metrics", STATUS_PORT),
-            render.container_port("status-port", READINESS_PORT),
-        ],
-        "readinessProbe": {
-            "httpGet": {"path": "/healthz/ready", "port": READINESS_PORT},
-            "periodSeconds": 2,
-            "timeoutSeconds": 3,
-            "failureThreshold": 3,
-        },
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "runAsUser": settings.proxy_uid,
-            "runAsGroup": settings.gid,
-            "runAsNonRoot": True,
-        },
-        "volumeMounts": _mounts(),
-    }
-    options = render.pod_options({}, settings)
+    container = proxy_container(
+        f"{proxy.namespace}/{proxy.name}",
+        [(_port_name(pr, p), p) for pr, p in proxy.ports],
+        settings,
+    )
     objects: list[dict[str, Any]] = [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()},
         {
@@ -167,7 +186,7 @@ def render_proxy(proxy: GatewayProxy, settings: InjectSettings) -> list[dict[str
                         "serviceAccountName": name,
                         "securityContext": {"sysctls": [dict(render.GATEWAY_SYSCTL)]},
                         "containers": [container],
-                        "volumes": render.volumes(settings, options),
+                        "volumes": proxy_volumes(settings),
                     },
                 },
             },

@@ -60,6 +60,7 @@ def test_the_pod_runs_the_gateway_with_the_proxy_env_and_binds_low_ports():
     ]
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert env["TRUST_DOMAIN"] == "td.example"
+    assert env["GATEWAY_NAME"] == "infra/gw"  # what ``gateway run`` reads for --gateway
     assert env["CA_ADDRESS"] == env["XDS_ADDRESS"] == SETTINGS.control_plane_address
     assert env["POD_NAMESPACE"] == {
         "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}

@@ -1,10 +1,12 @@
-"""The ingress gateway's install component belongs to its own plugin, not to the node proxy's."""
+"""The ingress gateway's install component belongs to its own plugin, not to the node proxy's,
+and runs ``meshctl gateway run --gateway ingress`` behind a Service targeting its Ingress ports."""
 
 from __future__ import annotations
 
 import importlib.metadata
 
 from meshctl import components
+from meshctl.core.gateway import ingress
 
 
 def _published() -> dict[str, str]:
@@ -29,3 +31,34 @@ def test_the_registry_renders_the_gateway_from_its_plugin_in_the_demo_profile():
     assert type(gateway).__module__ == "meshctl.core.k8s.install.components"
     assert gateway.render.__module__ == "meshctl_plugins.gateway.component"
     assert list(gateway.profiles) == ["demo"]
+
+
+def _demo_gateway() -> dict[str, dict]:
+    registry = components.load()
+    values = registry.resolve(profile="demo")
+    return {o["kind"]: o for o in registry.by_name["gateway"].objects(values)}
+
+
+def test_the_installed_gateway_runs_the_ingress_proxy_ready_on_15021():
+    (container,) = _demo_gateway()["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert [*container["command"], *container["args"]] == [
+        "meshctl",
+        "gateway",
+        "run",
+        "--gateway",
+        "ingress",
+    ]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (
+        env["XDS_ADDRESS"] == env["CA_ADDRESS"] == "meshctl-controlplane.meshctl-system.svc:15012"
+    )
+    assert env["GATEWAY_NAME"] == "ingress"
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz/ready", "port": 15021}
+
+
+def test_the_installed_gateways_service_targets_the_ports_the_ingress_table_listens_on():
+    ports = {
+        p["name"]: (p["port"], p["targetPort"]) for p in _demo_gateway()["Service"]["spec"]["ports"]
+    }
+    assert (ports["http2"], ports["https"]) == ((80, 8080), (443, 8443))
+    assert (ports["http2"][1], ports["https"][1]) == ingress.GATEWAY_PORTS
