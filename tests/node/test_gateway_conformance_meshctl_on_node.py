@@ -23,7 +23,8 @@ from tests.harness.node import TestNode
 pytestmark = pytest.mark.node
 
 CLASS = "meshctl"
-# The extended features of GATEWAY-HTTP the gateway implements (docs/gateway.md lists them).
+# The extended features of GATEWAY-HTTP the gateway implements (docs/gateway.md lists them),
+# each passing its tests in the run below.
 EXTENDED = (
     "HTTPRouteQueryParamMatching",
     "HTTPRouteMethodMatching",
@@ -33,7 +34,20 @@ EXTENDED = (
     "HTTPRoutePathRedirect",
     "HTTPRouteSchemeRedirect",
     "HTTPRoutePortRedirect",
+    "HTTPRoute303RedirectStatusCode",
+    "HTTPRoute307RedirectStatusCode",
+    "HTTPRoute308RedirectStatusCode",
+    "HTTPRouteRequestTimeout",
+    "HTTPRouteBackendTimeout",
+    "HTTPRouteNamedRouteRule",
+    "HTTPRouteParentRefPort",
+    "GatewayPort8080",
+    "GatewayHTTPListenerIsolation",
 )
+# Not declared: GatewayHTTPSListenerDetectMisdirectedRequests (the suite wants 421 for any host
+# of another listener; we answer 421 only when that listener has another certificate, and route
+# HTTP/2-coalesced requests the certificate covers: docs/gateway.md), and
+# HTTPRouteBackendRequestHeaderModification (filters on a backendRef are not applied yet).
 CORE_TESTS = 36  # GATEWAY-HTTP's core tests at v1.6.3 (../shared/notes/gateway.md)
 
 
