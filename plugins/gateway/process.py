@@ -62,10 +62,10 @@ def serve(settings: GatewaySettings) -> None:
         holder = ConfigHolder()
         gateway = Gateway(settings, holder)
         if follow is not None:
-            await gateway.run([follow(holder)])
+            await gateway.run([lambda: follow(holder)])
             return
         source = FileSource(settings.config, settings.gateway, holder, settings.trust_domain)
-        await gateway.run([source.run(settings.reload_interval)])
+        await gateway.run([lambda: source.run(settings.reload_interval)])
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())

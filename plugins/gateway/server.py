@@ -18,6 +18,7 @@ import json
 import logging
 import signal
 import socket
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from meshctl.core.gateway import render
@@ -242,8 +243,9 @@ class Gateway:
 
     # --- run and drain -------------------------------------------------------------------------
 
-    async def run(self, sources: list[Any]) -> None:
-        """Serve until SIGTERM, then drain."""
+    async def run(self, sources: list[Callable[[], Coroutine[Any, Any, None]]]) -> None:
+        """Serve until SIGTERM, then drain. ``sources`` are started once the own ports are
+        bound (factories, so a port in use leaves no coroutine that never ran)."""
         own = []
         offset = self.settings.port_offset
         for port, handler, host in (
@@ -257,7 +259,7 @@ class Gateway:
         loop = asyncio.get_running_loop()
         # SIGTERM (Kubernetes) drains; Ctrl-C stays an interrupt (exit 130, docs/cli.md).
         loop.add_signal_handler(signal.SIGTERM, stop.set)
-        tasks = [asyncio.create_task(s) for s in sources]
+        tasks = [asyncio.create_task(start()) for start in sources]
         tasks.append(asyncio.create_task(self._retry_binds()))
         if self.identity is not None:
             tasks.append(asyncio.create_task(self.identity.run()))

@@ -178,6 +178,9 @@ def test_an_own_port_in_use_stops_the_gateway_at_start_with_exit_1(tmp_path):
     assert len(errors) == 1
     assert f"127.0.0.1:{15021 + offset}" in errors[0]
     assert errors[0].endswith("the port is already in use")
+    # The error and its hint are all: no warning of a config source that never started.
+    assert "never awaited" not in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 2, done.stderr
 
 
 def _routes_objects(tmp_path: Path) -> Path:
