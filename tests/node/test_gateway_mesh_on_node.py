@@ -325,8 +325,11 @@ def test_gateway_reaches_ambient_sidecar_and_unmeshed_backends_with_mtls_on_the_
         assert bodies[kind] == backend.page + "\n", (kind, bodies[kind])
         assert again[kind][:2] == (200, backend.page + "\n"), (kind, again[kind])
 
-    assert_mtls_on_the_wire(segments, scene.gateway_pod_ip, ambient_b)
-    assert_mtls_on_the_wire(segments, scene.gateway_pod_ip, sidecar_b)
+    for meshed in (ambient_b, sidecar_b):
+        assert_mtls_on_the_wire(segments, scene.gateway_pod_ip, meshed)
+        streams = connections(segments, scene.gateway_pod_ip, meshed.pod_ip)
+        records = sum(len(tls_records(data)) for data in streams.values())
+        print(f"{meshed.kind}: {len(streams)} directions to :{HBONE_PORT}, {records} TLS records")
     # The unmeshed backend is reached in plaintext on its app port: the capture sees it.
     plain = connections(segments, scene.gateway_pod_ip, plain_b.pod_ip)
     assert plain, "the capture saw nothing between the gateway and the unmeshed backend"
@@ -370,10 +373,18 @@ def test_deny_policy_for_the_gateways_identity_refuses_only_that_backend(
         wl.apply(api, [policy], backend.namespace)
     until_answered(scene, "ambient", 503, timeout=60)
     status, _, headers = get(scene.address, backend.path)
-    assert status == 503, (status, headers)
+    reason = {k.lower(): v for k, v in headers.items()}.get("x-meshctl-route", "")
+    # The gateway's own answer: its only endpoint refused the tunnel (not a backend's 503).
+    assert (status, reason.split(" ", 1)[0]) == (503, "no-healthy-upstream"), (status, headers)
+    assert "HBONE CONNECT answered 401" in reason, reason  # the node proxy's policy refusal
+    print(f"DENY at {backend.kind}: {status} x-meshctl-route: {reason}")
     for kind in ("sidecar", "plain"):
         status, body, _ = get(scene.address, scene.backends[kind].path)
         assert (status, body) == (200, scene.backends[kind].page + "\n"), kind
+    # The policy was the cause: without it the backend answers again.
+    with kube_node.cluster.api_client() as api:
+        wl.delete(api, [policy], backend.namespace)
+    assert until_answered(scene, "ambient", 200, timeout=60) == backend.page + "\n"
 
 
 def test_uninstall_purge_leaves_nothing(kube_node: TestNode, scene: Scene, mesh: Mesh):
