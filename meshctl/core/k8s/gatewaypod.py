@@ -20,12 +20,14 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshctl.core.k8s.inject import render
 from meshctl.core.k8s.inject.interception import READINESS_PORT, STATUS_PORT
 from meshctl.core.k8s.inject.settings import InjectSettings
-from meshctl.core.k8s.schema import Volume
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Volume
 
 GATEWAY_NAME_LABEL = "gateway.networking.k8s.io/gateway-name"  # GEP-1762's label
 MANAGED_LABEL = "gateway.meshctl.io/managed"
