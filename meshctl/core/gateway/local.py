@@ -36,7 +36,8 @@ from .translate import Cluster, Translation, translate
 
 INGRESS = "ingress"  # the --gateway name of the Ingress classes' proxy
 TLS_SECRET = "kubernetes.io/tls"  # noqa: S105 (a Secret type, not a password)
-_KINDS = {
+# The translate input's field for each kind of object it reads (``translate.Cluster``).
+CLUSTER_FIELDS = {
     "GatewayClass": "gateway_classes",
     "Gateway": "gateways",
     "HTTPRoute": "http_routes",
@@ -46,7 +47,7 @@ _KINDS = {
     "IngressClass": "ingress_classes",
     "Ingress": "ingresses",
 }
-KINDS = (*_KINDS, "Secret", "EndpointSlice", "Pod")
+KINDS = (*CLUSTER_FIELDS, "Secret", "EndpointSlice", "Pod")
 DATAPLANE_MODE = "istio.io/dataplane-mode"  # ambient: the pod's traffic goes through HBONE
 SIDECAR_STATUS = "sidecar.istio.io/status"  # injected: its sidecar takes HBONE on 15008
 
@@ -170,7 +171,7 @@ def gateway_config(
 ) -> Local:
     """The configuration of ``gateway`` ("NAMESPACE/NAME", "ingress", or "" for the only Gateway
     of ours in ``items``, else the Ingress proxy) from every object in ``items``."""
-    by_kind: dict[str, list[Any]] = {field: [] for field in _KINDS.values()}
+    by_kind: dict[str, list[Any]] = {field: [] for field in CLUSTER_FIELDS.values()}
     secrets: list[Mapping[str, Any]] = []
     slices: list[Mapping[str, Any]] = []
     pods: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -178,8 +179,8 @@ def gateway_config(
     problems: list[str] = []
     for obj in items:
         kind = objects.field(obj, "kind")
-        if kind in _KINDS:
-            by_kind[_KINDS[kind]].append(obj)
+        if kind in CLUSTER_FIELDS:
+            by_kind[CLUSTER_FIELDS[kind]].append(obj)
         elif kind == "Secret":
             secrets.append(obj)
         elif kind == "EndpointSlice":

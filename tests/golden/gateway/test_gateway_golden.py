@@ -20,6 +20,7 @@ import yaml
 
 from meshctl.core.gateway import render
 from meshctl.core.gateway.gateways import Address, CertificateFacts, GatewayRuntime
+from meshctl.core.gateway.local import CLUSTER_FIELDS
 from meshctl.core.gateway.matching import Request, match
 from meshctl.core.gateway.translate import Cluster, Options, Translation, translate
 from meshctl.output import yaml_text
@@ -28,16 +29,6 @@ from tests.harness.golden import assert_golden, orphans
 DATA = Path(__file__).parent / "testdata"
 CASES = sorted(p.name.removesuffix(".yaml") for p in DATA.glob("*.yaml"))
 NOW = "2026-12-02T10:00:00Z"
-FIELDS = {
-    "GatewayClass": "gateway_classes",
-    "Gateway": "gateways",
-    "HTTPRoute": "http_routes",
-    "ReferenceGrant": "reference_grants",
-    "Service": "services",
-    "Namespace": "namespaces",
-    "IngressClass": "ingress_classes",
-    "Ingress": "ingresses",
-}
 
 
 def _key(text: str) -> tuple[str, str]:
@@ -50,9 +41,9 @@ def _address(value: str) -> Address:
 
 
 def _cluster(case: dict[str, Any]) -> Cluster:
-    lists: dict[str, list[Any]] = {f: [] for f in FIELDS.values()}
+    lists: dict[str, list[Any]] = {f: [] for f in CLUSTER_FIELDS.values()}
     for obj in case.get("objects") or ():
-        lists[FIELDS[obj["kind"]]].append(obj)
+        lists[CLUSTER_FIELDS[obj["kind"]]].append(obj)
     facts = case.get("facts") or {}
     certificates = {}
     for key, verdict in (facts.get("certificates") or {}).items():

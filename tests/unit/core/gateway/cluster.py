@@ -5,21 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from meshctl.core.gateway.gateways import Address, CertificateFacts, GatewayRuntime
+from meshctl.core.gateway.local import CLUSTER_FIELDS
 from meshctl.core.gateway.translate import Cluster, Options, Translation, translate
 
 NOW = "2026-12-02T10:00:00Z"
 CREATED = "2026-01-01T00:00:00Z"
 GROUP = "gateway.networking.k8s.io"
-KINDS = {
-    "GatewayClass": "gateway_classes",
-    "Gateway": "gateways",
-    "HTTPRoute": "http_routes",
-    "ReferenceGrant": "reference_grants",
-    "Service": "services",
-    "Namespace": "namespaces",
-    "IngressClass": "ingress_classes",
-    "Ingress": "ingresses",
-}
 
 
 def _meta(name: str, namespace: str | None, generation: int, **extra: Any) -> dict[str, Any]:
@@ -131,9 +122,9 @@ def cluster(
     ready: bool = True,
     addresses: tuple[str, ...] = ("10.96.0.10",),
 ) -> Cluster:
-    lists: dict[str, list[Any]] = {field: [] for field in KINDS.values()}
+    lists: dict[str, list[Any]] = {field: [] for field in CLUSTER_FIELDS.values()}
     for obj in objects:
-        lists[KINDS[obj["kind"]]].append(obj)
+        lists[CLUSTER_FIELDS[obj["kind"]]].append(obj)
     runtime = {
         (g["metadata"]["namespace"], g["metadata"]["name"]): GatewayRuntime(
             ready=ready, addresses=tuple(Address(value=a) for a in addresses)

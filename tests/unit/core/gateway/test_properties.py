@@ -7,6 +7,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from meshctl.core.gateway import hostnames, render, table
+from meshctl.core.gateway.local import CLUSTER_FIELDS as KIND_FIELDS
 from meshctl.core.gateway.matching import Outcome, Request, choose_backend, holds, match
 from meshctl.core.gateway.model import (
     Backend,
@@ -20,7 +21,6 @@ from meshctl.core.gateway.model import (
 )
 from meshctl.core.gateway.translate import Cluster, translate
 
-from .cluster import KINDS as KIND_FIELDS
 from .tables import backend, listener
 
 SEGMENTS = st.sampled_from(["a", "b", "ab", "ba", "aa", "a.b"])
