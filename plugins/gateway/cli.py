@@ -232,7 +232,13 @@ def explain(
 
     if not filename:
         raise UserError("explain needs the configuration", hint="pass -f FILE (the objects)")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:  # "http://[::1", a port out of range
+        raise UserError(
+            f"{url!r} is not a URL: {exc}", hint="e.g. http://example.com/path"
+        ) from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise UserError(f"{url!r} is not an http(s) URL", hint="e.g. http://example.com/path")
     headers = []
@@ -243,7 +249,6 @@ def explain(
         headers.append((hname.strip().lower(), value.strip()))
     gateway = config.resolve(GatewaySettings, flags={"gateway": name}).gateway
     local = load(tuple(options.source_names(filename)), gateway)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
     request = Request(
         port=port,
         host=parts.netloc.rpartition("@")[2],

@@ -100,7 +100,11 @@ class Forwarder:
         if config is None:
             await self._answer(inbound, sink, entry, 503, "no config yet", "no-config")
             return
-        path, query = _split(inbound.target)
+        try:
+            path, query = _split(inbound.target)
+        except ValueError as exc:  # an absolute-form target urlsplit refuses ("http://[::1/")
+            await self._answer(inbound, sink, entry, 400, f"bad request target ({exc})", "DPE")
+            return
         request = Request(
             port=inbound.port,
             host=inbound.authority,
@@ -318,7 +322,8 @@ class Forwarder:
 
 
 def _split(target: str) -> tuple[str, str]:
-    """(path, query) of a request target (origin form, or absolute form from a proxy client)."""
+    """(path, query) of a request target (origin form, or absolute form from a proxy client).
+    Raises ValueError for an absolute form that is not a URL (the caller answers 400)."""
     if target.startswith(("http://", "https://")):
         parts = urlsplit(target)
         return parts.path or "/", parts.query

@@ -358,6 +358,17 @@ def test_garbage_is_400_and_the_connection_closed(running):
     assert b"connection: close" in answer
 
 
+def test_an_absolute_target_that_is_no_url_is_400_and_the_next_request_is_served(running):
+    proc, _ = running
+    for target in (b"http://[::1/api/x", b"https://[zz]/api/x"):
+        request = b"GET " + target + b" HTTP/1.1\r\nHost: example.com\r\nConnection: close\r\n\r\n"
+        answer = _raw(proc, request)
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        assert b"bad request target" in answer
+    response, _ = _request(proc, "GET", "/api/after")
+    assert response.status == 200
+
+
 def test_oversized_headers_are_431(running):
     proc, _ = running
     head = b"GET / HTTP/1.1\r\nHost: example.com\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n"

@@ -267,3 +267,8 @@ def test_explain_refuses_what_is_not_an_http_url(tmp_path):
     done = run_meshctl("gateway", "explain", "ftp://example.com/", "-f", str(config))
     assert done.returncode == 2
     assert "is not an http(s) URL" in done.stderr
+    for url in ("http://[::1/", "http://example.com:99999/"):
+        done = run_meshctl("gateway", "explain", url, "-f", str(config))
+        assert done.returncode == 2, done.stderr
+        assert "internal error" not in done.stderr
+        assert done.stderr.startswith(f"Error: {url!r} is not a URL"), done.stderr
