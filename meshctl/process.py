@@ -168,6 +168,19 @@ class Supervisor:
         """Begin the drain (what SIGTERM does)."""
         self._stop.set()
 
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def ready(self) -> bool:
+        """Every worker is running and its last ``Status`` said ready."""
+        return len(self._ready) == self._workers
+
+    def pids(self) -> dict[int, int]:
+        """Worker index -> pid of the live workers."""
+        return {i: c.proc.pid for i, c in self._children.items() if c.proc.poll() is None}
+
     async def run(self) -> int:
         signals = StopSignals(self._stop.set)
         signals.install()
@@ -462,5 +475,6 @@ class Supervisor:
                 child.pods.close()
         if self._children.get(child.index) is child:
             del self._children[child.index]
+            self._ready.discard(child.index)  # its replacement says ready for itself
             if self._on_exit is not None:
                 self._on_exit(child.proc.pid)

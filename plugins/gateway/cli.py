@@ -85,10 +85,19 @@ def run(
     reload_interval: Annotated[
         float | None, _setting("reload_interval", "How often -f files are checked (1s).")
     ] = None,
+    workers: Annotated[
+        int | None,
+        _setting("workers", "Worker processes sharing the listener ports (1: one process).", "N"),
+    ] = None,
+    channel_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run the ingress gateway: serve the listeners and routes of a Gateway (or the Ingresses)."""
-    flags = {k: v for k, v in locals().items() if k not in ("ctx", "config_files")}
-    options.daemon_logging(ctx)
+    flags = {k: v for k, v in locals().items() if k not in ("ctx", "config_files", "channel_fd")}
+    level = options.daemon_logging(ctx)
+    if channel_fd is not None:  # a worker of 'gateway run --workers N', fed by its supervisor
+        from .worker import run as run_worker
+
+        raise typer.Exit(run_worker(channel_fd))
     settings = config.resolve(GatewaySettings, flags=flags)
     files = tuple(options.source_names(config_files or ()))
     if "-" in files:
@@ -102,7 +111,10 @@ def run(
         )
     from .process import serve
 
-    serve(settings)
+    log_args = ("--log-level", level, "--log-format", ctx.obj.log_format)
+    code = serve(settings, log_args)
+    if code:
+        raise typer.Exit(code)
 
 
 def _which(namespace: str | None, name: str | None) -> str:

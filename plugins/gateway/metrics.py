@@ -67,7 +67,14 @@ class RequestMetrics:
             "istio_response_bytes", "Response body bytes", REQUEST_LABELS, registry=r
         )
         self._children: dict[tuple[object, ...], tuple[Any, Any, Any, Any]] = {}
-        build = Gauge("istio_build", "Build information", ("component", "tag"), registry=r)
+        # One series however many workers set it (multiprocess mode; ignored in one process).
+        build = Gauge(
+            "istio_build",
+            "Build information",
+            ("component", "tag"),
+            registry=r,
+            multiprocess_mode="max",
+        )
         from meshctl import __version__
 
         build.labels("gateway", __version__).set(1)

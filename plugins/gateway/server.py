@@ -33,7 +33,7 @@ from .certificates import SniContexts, sni_of
 from .forward import Forwarder
 from .hbone import HboneDialer
 from .http2 import PREFACE, Http2Connection
-from .identity import mesh_identity
+from .identity import MeshIdentity, mesh_identity
 from .metrics import RequestMetrics, Source
 from .settings import GatewaySettings
 from .sources import ConfigHolder
@@ -49,9 +49,24 @@ async def _no_identity(host: str, port: int) -> tuple[asyncio.StreamReader, Writ
     )
 
 
+_FROM_SETTINGS = MeshIdentity.__new__(MeshIdentity)  # "identity not given": mesh_identity's
+
+
 class Gateway:
-    def __init__(self, settings: GatewaySettings, holder: ConfigHolder) -> None:
+    """One process's listeners. Alone it also serves its own ports and owns its identity; as
+    a worker (``reuse_port``) the supervisor does both and feeds ``identity``."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        holder: ConfigHolder,
+        *,
+        identity: MeshIdentity | None = _FROM_SETTINGS,
+        reuse_port: bool = False,
+        name: str = "gateway",
+    ) -> None:
         self.settings = settings
+        self.reuse_port = reuse_port
         self.holder = holder
         self.tls = SniContexts()
         self.pool = Pool(idle_timeout=settings.idle_timeout)
@@ -68,7 +83,7 @@ class Gateway:
                 principal=principal,
             )
         )
-        self.identity = mesh_identity(settings)
+        self.identity = mesh_identity(settings) if identity is _FROM_SETTINGS else identity
         self.hbone = (
             None
             if self.identity is None
@@ -80,6 +95,7 @@ class Gateway:
             metrics=self.metrics,
             dialer_for=self._dialer_for,
             domain="cluster.local",
+            name=name,
         )
         self.limits = http1.Limits(
             header_timeout=settings.header_timeout,
@@ -116,7 +132,12 @@ class Gateway:
                 continue
             actual = port + self.settings.port_offset
             try:
-                sock = listener(self.settings.bind_address, actual, what=f"listener {port}")
+                sock = listener(
+                    self.settings.bind_address,
+                    actual,
+                    what=f"listener {port}",
+                    reuse_port=self.reuse_port,
+                )
             except MeshctlError as exc:
                 if self.failed_ports.get(port) != str(exc):
                     log.error("cannot listen on %d: %s", actual, exc)  # noqa: TRY400 (expected; no traceback)
@@ -224,22 +245,11 @@ class Gateway:
         return await self._readiness(method, path, query, headers)
 
     def dump(self) -> dict[str, Any]:
-        config = self.holder.current
-        if config is None:
-            return {"gateway": self.settings.gateway, "version": "", "routes": None}
-        return {
-            "gateway": config.name,
-            "version": config.version,
-            "portOffset": self.settings.port_offset,
-            "routes": render.table_data(config.table),
-            "certificates": sorted(str(ref) for ref in config.certificates),
-            "endpoints": {
-                str(key): [f"{e.address}:{e.port}" for e in found]
-                for key, found in sorted(config.endpoints.items(), key=lambda kv: str(kv[0]))
-            },
-            "listening": sorted(self.servers),
-            "upstreamConnectionsOpened": self.pool.opened,
-        }
+        out = config_dump(self.settings, self.holder.current)
+        if self.holder.current is not None:
+            out["listening"] = sorted(self.servers)
+            out["upstreamConnectionsOpened"] = self.pool.opened
+        return out
 
     # --- run and drain -------------------------------------------------------------------------
 
@@ -260,7 +270,7 @@ class Gateway:
         # SIGTERM (Kubernetes) drains; Ctrl-C stays an interrupt (exit 130, docs/cli.md).
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         tasks = [asyncio.create_task(start()) for start in sources]
-        tasks.append(asyncio.create_task(self._retry_binds()))
+        tasks.append(asyncio.create_task(self.retry_binds()))
         if self.identity is not None:
             tasks.append(asyncio.create_task(self.identity.run()))
         log.info("gateway %s started", self.settings.gateway or "(from the files)")
@@ -271,7 +281,7 @@ class Gateway:
         for server in own:
             server.close()
 
-    async def _retry_binds(self) -> None:
+    async def retry_binds(self) -> None:
         """A listener port that could not be bound is tried again (until then: not ready)."""
         while True:
             await asyncio.sleep(self.settings.reload_interval)
@@ -299,3 +309,20 @@ class Gateway:
         for conn in list(self.connections):
             conn.writer.transport.abort()
         self.pool.close()
+
+
+def config_dump(settings: GatewaySettings, config: GatewayConfig | None) -> dict[str, Any]:
+    """``/config_dump``'s view of ``config`` (the same with one process or a supervisor)."""
+    if config is None:
+        return {"gateway": settings.gateway, "version": "", "routes": None}
+    return {
+        "gateway": config.name,
+        "version": config.version,
+        "portOffset": settings.port_offset,
+        "routes": render.table_data(config.table),
+        "certificates": sorted(str(ref) for ref in config.certificates),
+        "endpoints": {
+            str(key): [f"{e.address}:{e.port}" for e in found]
+            for key, found in sorted(config.endpoints.items(), key=lambda kv: str(kv[0]))
+        },
+    }

@@ -256,6 +256,16 @@ class PodsSynced:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayUpdate:
+    """Supervisor -> gateway worker: the whole ``GatewayConfig`` (``meshctl.gateway_wire``'s
+    bytes, base64), replacing the last one."""
+
+    TYPE: ClassVar[str] = "gateway_config"
+    version: str
+    config: str = field(repr=False)
+
+
 Message = (
     Hello
     | ProxyConfig
@@ -274,6 +284,7 @@ Message = (
     | PodAdd
     | PodDelete
     | PodsSynced
+    | GatewayUpdate
 )
 _KINDS: dict[str, type[Message]] = {
     k.TYPE: k
@@ -295,6 +306,7 @@ _KINDS: dict[str, type[Message]] = {
         PodAdd,
         PodDelete,
         PodsSynced,
+        GatewayUpdate,
     )
 }
 
