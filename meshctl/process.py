@@ -177,6 +177,11 @@ class Supervisor:
         """Every worker is running and its last ``Status`` said ready."""
         return len(self._ready) == self._workers
 
+    @property
+    def ready_workers(self) -> frozenset[int]:
+        """The indexes of the running workers whose last ``Status`` said ready."""
+        return frozenset(self._ready)
+
     def pids(self) -> dict[int, int]:
         """Worker index -> pid of the live workers."""
         return {i: c.proc.pid for i, c in self._children.items() if c.proc.poll() is None}

@@ -157,7 +157,10 @@ class GatewaySupervisor:
             if self.supervisor.stopping:
                 why = "draining"
             elif self.holder.current is not None:
-                why = "workers not ready"
+                waiting = set(range(self.workers)) - self.supervisor.ready_workers
+                why = "workers not ready (config or listeners): " + ", ".join(
+                    str(i) for i in sorted(waiting)
+                )
             return 503, "text/plain", f"not ready: {why}\n".encode()
         if path in ("/stats/prometheus", "/metrics"):
             return 200, "text/plain; version=0.0.4", self.metrics()

@@ -9,6 +9,9 @@ import json
 import os
 import re
 import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -162,3 +165,44 @@ def test_sigterm_drains_every_worker_with_a_request_in_flight(tmp_path: Path) ->
         for pid in pids.values():
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+
+
+def test_readiness_waits_for_every_worker_to_bind_the_listeners(tmp_path: Path) -> None:
+    offset = gw.free_offset((80,))
+    config = tmp_path / "gw.yaml"
+    with gw.backend() as web:
+        gw.write_objects(config, _objects(web))
+        holder = socket.socket()  # without SO_REUSEPORT: no worker can join this port
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 80 + offset))
+        holder.listen()
+        proc = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "meshctl", "gateway", "run", "-f", str(config)),
+                *("--bind-address", "127.0.0.1", "--port-offset", str(offset)),
+                *("--reload-interval", "200ms", *WORKERS),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        )
+        try:
+
+            def answer() -> tuple[int, bytes, dict[str, str]] | None:
+                try:
+                    return _get(15021 + offset, "/healthz/ready")
+                except OSError:
+                    return None
+
+            status, body, _ = _wait_for(answer, timeout=20)
+            time.sleep(1)  # both workers started and tried the port
+            status, body, _ = _get(15021 + offset, "/healthz/ready")
+            assert status == 503
+            assert body == b"not ready: workers not ready (config or listeners): 0, 1\n"
+            holder.close()
+            _wait_for(lambda: _get(15021 + offset, "/healthz/ready")[0] == 200)
+            assert _get(80 + offset, "/api/x")[0] == 200
+        finally:
+            holder.close()
+            proc.terminate()
+            assert proc.wait(10) == 0
