@@ -4,9 +4,11 @@ first usable certificate), ALPN ``h2`` and ``http/1.1``.
 
 Owns the SNI -> certificate step. Invariants: the per-port context never changes, only the
 map behind its callback (a new config's certificates are served from the next handshake on,
-without a restart or a new socket); a name no listener with a certificate covers is refused with
-the ``unrecognized_name`` alert, never served another listener's certificate; the SNI the
-handshake chose is kept on the connection (``sni_of``) for the 421 check. Keys live in memory
+without a restart or a new socket); a name no listener with a certificate covers fails the
+handshake (the callback answers ``unrecognized_name``; asyncio's TLS transport closes the
+connection before the alert reaches the client), never served another listener's
+certificate; the SNI the handshake chose is kept on the connection (``sni_of``) for the 421
+check. Keys live in memory
 and, while a context loads them, in a private temporary directory (stdlib ``ssl`` reads files).
 """
 

@@ -273,4 +273,12 @@ def explain(
     )
     decision = match(local.config.table, request)
     data = {"gateway": local.config.name, "request": url, **render.decision_data(decision)}
+    # What the wire shows before any HTTP answer: the proxy binds only the table's ports, and
+    # its TLS callback refuses a name no HTTPS listener covers (certificates.py).
+    if local.config.table.port(port) is None:
+        data["connection"] = f"refused: nothing listens on port {port}"
+    elif parts.scheme == "https" and decision.listener is None:
+        data["connection"] = (
+            f"TLS handshake refused: no HTTPS listener on port {port} covers {parts.hostname}"
+        )
     options.write_output(out.render(data, output), output_file)

@@ -262,6 +262,30 @@ def test_explain_names_the_rule_and_backend_or_why_none(tmp_path):
     assert (data["outcome"], data["status"]) == ("no-backend", 500)
 
 
+def test_explain_says_when_the_connection_itself_would_be_refused(tmp_path):
+    config = _routes_objects(tmp_path)
+    done = run_meshctl("gateway", "explain", "https://example.com/api", "-f", str(config))
+    assert done.returncode == 0, done.stderr
+    assert "connection: 'refused: nothing listens on port 443'" in done.stdout, done.stdout
+    done = run_meshctl("gateway", "explain", "http://example.com/api", "-f", str(config))
+    assert "connection:" not in done.stdout, done.stdout
+    chain, key = gw.server_cert("a.example.com")
+    tls = tmp_path / "tls.yaml"
+    gw.write_objects(
+        tls,
+        [
+            gw.gateway_class(),
+            gw.gateway(gw.https_listener("a", "a.example.com", "a-cert")),
+            gw.tls_secret("a-cert", chain, key),
+        ],
+    )
+    done = run_meshctl("gateway", "explain", "https://b.example.com/", "-f", str(tls))
+    assert done.returncode == 0, done.stderr
+    assert (
+        "connection: 'TLS handshake refused: no HTTPS listener on port 443 covers b.example.com'"
+    ) in done.stdout, done.stdout
+
+
 def test_explain_refuses_what_is_not_an_http_url(tmp_path):
     config = _routes_objects(tmp_path)
     done = run_meshctl("gateway", "explain", "ftp://example.com/", "-f", str(config))

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import serialization
 
 from meshctl.core.k8s.cluster import objects
 from meshctl.core.k8s.cluster.objects import ObjectError
-from meshctl.core.k8s.cluster.services import SERVICE_NAME_LABEL, read_service
+from meshctl.core.k8s.cluster.services import SliceFacts, read_endpoint_slice, read_service
 
 from .config import BackendKey, Endpoint, GatewayConfig, KeyPair
 from .gateways import Address, CertificateFacts, GatewayRuntime
@@ -137,12 +137,14 @@ def endpoints(
     mesh: MeshLookup,
 ) -> dict[BackendKey, tuple[Endpoint, ...]]:
     """The ready endpoints of each wanted Service port (a port with none is left out)."""
-    by_service: dict[tuple[str, str], list[Any]] = {}
+    by_service: dict[tuple[str, str], list[tuple[SliceFacts, Any]]] = {}
     for s in slices:
-        service = objects.string_map(s, "metadata", "labels").get(SERVICE_NAME_LABEL)
-        namespace = objects.text(s, "metadata", "namespace")
-        if service and namespace:
-            by_service.setdefault((namespace, service), []).append(s)
+        try:
+            facts = read_endpoint_slice(s)
+        except ObjectError:
+            continue
+        if facts.service:
+            by_service.setdefault((facts.namespace, facts.service), []).append((facts, s))
     port_names: dict[tuple[str, str, int], str] = {}
     for obj in services:
         try:
@@ -157,8 +159,8 @@ def endpoints(
         if name is None:
             continue
         found: dict[tuple[str, int], Endpoint] = {}
-        for s in by_service.get((key.namespace, key.name), ()):
-            target = _slice_port(s, name)
+        for facts, s in by_service.get((key.namespace, key.name), ()):
+            target = facts.ports.get(name)
             if target is not None:
                 for address in _ready_addresses(s):
                     found[(address, target)] = _endpoint(address, target, mesh)
@@ -172,15 +174,6 @@ def _ready_addresses(s: Any) -> Iterator[str]:
         if objects.field(e, "conditions", "ready") is False:
             continue
         yield from (a for a in objects.items(e, "addresses") if isinstance(a, str) and a)
-
-
-def _slice_port(s: Any, name: str) -> int | None:
-    for p in objects.items(s, "ports"):
-        port_name = objects.field(p, "name")
-        number = objects.field(p, "port")
-        if (port_name or "") == name and isinstance(number, int) and not isinstance(number, bool):
-            return number
-    return None
 
 
 def _endpoint(address: str, port: int, mesh: MeshLookup) -> Endpoint:

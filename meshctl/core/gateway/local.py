@@ -24,8 +24,8 @@ from typing import Any
 from meshctl.core.k8s.cluster import objects
 from meshctl.core.k8s.cluster.objects import ObjectError
 from meshctl.core.k8s.cluster.services import (
-    SERVICE_NAME_LABEL,
     ServiceFacts,
+    read_endpoint_slice,
     read_service,
 )
 
@@ -131,11 +131,13 @@ def ready_endpoints(
         return ()
     out: list[Endpoint] = []
     for obj in slices:
-        if objects.field(obj, "metadata", "namespace") != service.namespace:
+        try:
+            facts = read_endpoint_slice(obj)
+        except ObjectError:
+            continue  # a slice without a name or namespace is no Service's
+        if (facts.namespace, facts.service) != (service.namespace, service.name):
             continue
-        if objects.string_map(obj, "metadata", "labels").get(SERVICE_NAME_LABEL) != service.name:
-            continue
-        target = _slice_port(obj, spec.name) or spec.target
+        target = facts.ports.get(spec.name) or spec.target
         if not target:
             continue  # a named targetPort the slice does not carry: no port to reach
         for endpoint in objects.items(obj, "endpoints"):
@@ -149,15 +151,6 @@ def ready_endpoints(
                 if isinstance(address, str):
                     out.append(mesh.endpoint(address, target, workload))
     return tuple(dict.fromkeys(out))
-
-
-def _slice_port(obj: Mapping[str, Any], name: str) -> int:
-    for p in objects.items(obj, "ports"):
-        port_name = objects.field(p, "name") or ""
-        number = objects.field(p, "port")
-        if port_name == name and isinstance(number, int) and not isinstance(number, bool):
-            return number
-    return 0
 
 
 def gateway_config(
