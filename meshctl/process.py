@@ -16,7 +16,6 @@ every child with its descriptors, and a new child receives all current pods afte
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import dataclasses
@@ -30,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from meshctl import logs
+from meshctl import descriptors, logs
 from meshctl.core.backoff import Backoff
 from meshctl.core.wire import channel
 from meshctl.shutdown import StopSignals
@@ -134,6 +133,7 @@ class Supervisor:
         report_timeout: float = 1.0,
         ready_line: tuple[str, str] = ("data plane", ""),
         pods: PodFeed | None = None,
+        on_drain: Callable[[], None] | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("at least one worker")
@@ -163,6 +163,7 @@ class Supervisor:
         self._ready: set[int] = set()
         self._announced = False
         self._pods = pods
+        self._on_drain = on_drain
 
     def stop(self) -> None:
         """Begin the drain (what SIGTERM does)."""
@@ -297,8 +298,8 @@ class Supervisor:
         for message in self._feed.current():
             self._send(child, message)
         if self._pods is not None:
-            for message, descriptors in self._pods.current():
-                self._send_pod(child, message, descriptors)
+            for message, attached in self._pods.current():
+                self._send_pod(child, message, attached)
         child.fed = True
         log.debug("data plane %d started (pid %d)", index, proc.pid)
         child.reading = asyncio.ensure_future(self._read(child, decoder, hello[1:]))
@@ -405,6 +406,8 @@ class Supervisor:
         for role, sock in self._listeners.items():
             if role.removesuffix("6") not in HTTP_ROLES:
                 sock.close()  # the kernel now refuses new connections; open ones carry on
+        if self._on_drain is not None:
+            self._on_drain()  # the caller's own listener copies (sent over the pod channel)
         children = [c for c in self._children.values() if c.proc.poll() is None]
         if not children:
             return
@@ -445,13 +448,8 @@ class Supervisor:
     def _send_pod(self, child: _Child, message: channel.Message, fds: tuple[int, ...]) -> None:
         if child.pods is None:
             return
-        data = channel.encode(message)
         try:
-            if fds:
-                rights = array.array("i", fds)
-                child.pods.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
-            else:
-                child.pods.send(data)
+            descriptors.send(child.pods, message, fds)
         except OSError as exc:  # TimeoutError included: it stopped reading
             log.error("data plane %d: pod channel: %s; restarting it", child.index, exc)  # noqa: TRY400
             if child.proc.poll() is None:

@@ -72,21 +72,16 @@ def listener(
     what: str,
     backlog: int = 1024,
     v6only: bool = False,
-    reuse_port: bool = False,
     in_use_hint: str = "stop what is using it, or choose another port",
 ) -> socket.socket:
     """A bound, listening TCP socket on ``host``:``port`` (IPv6 when ``host`` has a colon), or
     a ``UserError`` naming ``what`` and why: the port is taken, the address is not this host's,
-    or the port is privileged. ``v6only`` keeps an IPv6 socket from taking the IPv4 port too;
-    ``reuse_port`` (SO_REUSEPORT) lets several processes of this user listen on the same port,
-    the kernel spreading new connections over them."""
+    or the port is privileged. ``v6only`` keeps an IPv6 socket from taking the IPv4 port too."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     where = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if reuse_port:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, int(v6only))
         sock.bind((host, port))

@@ -89,6 +89,15 @@ def run(
         int | None,
         _setting("workers", "Worker processes sharing the listener ports (1: one process).", "N"),
     ] = None,
+    run_dir: Annotated[
+        str | None,
+        _setting(
+            "run_dir",
+            "This run's files, e.g. the workers' metrics; what a killed run left there is "
+            "removed at start ($TMPDIR/meshctl-gateway-UID).",
+            metavar="DIR",
+        ),
+    ] = None,
     channel_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run the ingress gateway: serve the listeners and routes of a Gateway (or the Ingresses)."""

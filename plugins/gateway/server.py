@@ -54,7 +54,9 @@ _FROM_SETTINGS = MeshIdentity.__new__(MeshIdentity)  # "identity not given": mes
 
 class Gateway:
     """One process's listeners. Alone it also serves its own ports and owns its identity; as
-    a worker (``reuse_port``) the supervisor does both and feeds ``identity``."""
+    a worker (``supervised``) the supervisor does both, feeds ``identity`` and binds the
+    listener ports itself, handing their sockets over (``adopt``): a port's accept queue then
+    belongs to the supervisor and outlives any one worker."""
 
     def __init__(
         self,
@@ -62,11 +64,12 @@ class Gateway:
         holder: ConfigHolder,
         *,
         identity: MeshIdentity | None = _FROM_SETTINGS,
-        reuse_port: bool = False,
+        supervised: bool = False,
         name: str = "gateway",
     ) -> None:
         self.settings = settings
-        self.reuse_port = reuse_port
+        # Worker mode: the sockets the supervisor passed, not yet serving (port -> socket).
+        self.offered: dict[int, socket.socket] | None = {} if supervised else None
         self.holder = holder
         self.tls = SniContexts()
         self.pool = Pool(idle_timeout=settings.idle_timeout)
@@ -105,6 +108,7 @@ class Gateway:
         self.servers: dict[int, asyncio.Server] = {}  # listener port (as the table names it)
         self.connections: set[http1.Connection | Http2Connection] = set()
         self.failed_ports: dict[int, str] = {}
+        self._binding = asyncio.Lock()
         self.draining = False
         holder.subscribe(self._on_config)
 
@@ -122,6 +126,10 @@ class Gateway:
         asyncio.get_running_loop().create_task(self._bind(config))
 
     async def _bind(self, config: GatewayConfig) -> None:
+        async with self._binding:  # one at a time: a port is checked, then served after an await
+            await self._bind_now(config)
+
+    async def _bind_now(self, config: GatewayConfig) -> None:
         wanted = {p.port: p.protocol for p in config.table.ports}
         for port in list(self.servers):
             if port not in wanted:
@@ -131,13 +139,12 @@ class Gateway:
             if port in self.servers or self.draining:
                 continue
             actual = port + self.settings.port_offset
+            if self.offered is not None and port not in self.offered:
+                # Its socket is on the way (the two channels are read independently).
+                self.failed_ports[port] = "waiting for the supervisor's socket"
+                continue
             try:
-                sock = listener(
-                    self.settings.bind_address,
-                    actual,
-                    what=f"listener {port}",
-                    reuse_port=self.reuse_port,
-                )
+                sock = self._socket(port, actual)
             except MeshctlError as exc:
                 if self.failed_ports.get(port) != str(exc):
                     log.error("cannot listen on %d: %s", actual, exc)  # noqa: TRY400 (expected; no traceback)
@@ -153,6 +160,34 @@ class Gateway:
                 limit=64 * 1024,
             )
             log.info("listening on %s:%d (%s)", self.settings.bind_address, actual, protocol)
+
+    def _socket(self, port: int, actual: int) -> socket.socket:
+        if self.offered is None:
+            return listener(self.settings.bind_address, actual, what=f"listener {port}")
+        return self.offered.pop(port)
+
+    def adopt(self, sockets: dict[int, socket.socket]) -> None:
+        """Worker mode: the supervisor's current listener sockets (port -> socket). A port left
+        out stops being served here; a port already served keeps its server (the copy closes)."""
+        if self.offered is None:
+            raise TypeError("adopt() is for a supervised gateway")
+        for port in list(self.servers):
+            if port not in sockets:
+                self.servers.pop(port).close()
+        for port in list(self.offered):
+            if port not in sockets:
+                self.offered.pop(port).close()
+        for port, sock in sockets.items():
+            if port in self.servers:
+                sock.close()
+                continue
+            old = self.offered.get(port)
+            if old is not None:
+                old.close()
+            self.offered[port] = sock
+        config = self.holder.current
+        if config is not None:
+            asyncio.get_running_loop().create_task(self._bind(config))
 
     async def _client(
         self,

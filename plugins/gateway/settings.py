@@ -103,6 +103,7 @@ class GatewaySettings:
     workers: int = setting(
         1, env="MESHCTL_GATEWAY_WORKERS", parse=values.Integer(1, MAX_WORKERS, what="a count")
     )
+    run_dir: str = setting("", env="MESHCTL_RUN_DIR")
     admin_port: int = setting(15000)
     metrics_port: int = setting(15020)
     readiness_port: int = setting(15021)

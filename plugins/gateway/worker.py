@@ -4,10 +4,11 @@ listeners, fed by the supervisor over the channel.
 Owns the worker's side of the channel: ``Hello``, then ``ProxyConfig`` (its index), every
 ``GatewayUpdate`` into its ``ConfigHolder``, ``Certs`` into its mesh identity, ``Drain`` (finish
 requests in flight up to the deadline, then ``Drained`` and exit 0). Its readiness goes back as
-``Status`` whenever it changes. Invariants: a worker binds its listener ports itself with
-SO_REUSEPORT (the kernel spreads connections over the workers), serves no port of its own
-(readiness, metrics, admin are the supervisor's), and ignores SIGTERM/SIGINT: the supervisor
-decides when it drains; a closed channel (the supervisor is gone) drains it too.
+``Status`` whenever it changes; on the descriptor channel, ``GatewayListeners``: the listening
+sockets the supervisor bound, which it serves (every worker accepts from the same queue).
+Invariants: a worker binds no port itself and serves no port of its own (readiness, metrics,
+admin are the supervisor's), and ignores SIGTERM/SIGINT: the supervisor decides when it drains;
+a closed channel (the supervisor is gone) drains it too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import signal
 import socket
 from typing import Any
 
-from meshctl import gateway_wire, logs
+from meshctl import descriptors, gateway_wire, logs
 from meshctl.core.pki.identity import SpiffeId
 from meshctl.core.wire import channel
 
@@ -56,6 +57,7 @@ class Worker:
         self.index = -1
         self.gateway: Gateway | None = None
         self.identity: MeshIdentity | None = None
+        self.listeners: descriptors.Receiver | None = None
 
     def _start(self, config: channel.ProxyConfig) -> Gateway:
         self.index = config.worker
@@ -65,7 +67,7 @@ class Worker:
             self.settings,
             self.holder,
             identity=self.identity,
-            reuse_port=True,
+            supervised=True,
             name=f"gateway worker={config.worker} pid={os.getpid()}",
         )
 
@@ -93,6 +95,8 @@ class Worker:
         except (ConnectionError, channel.ChannelError) as exc:
             log.error("gateway worker channel: %s; draining", exc)  # noqa: TRY400 (expected; no traceback)
         remaining = 0
+        if self.listeners is not None:
+            self.listeners.close()
         if self.gateway is not None:
             self.gateway.settings = dataclasses.replace(self.settings, drain_deadline=deadline)
             await self.gateway.drain()
@@ -114,6 +118,10 @@ class Worker:
         """Act on one message from the supervisor; a drain's deadline when it says drain."""
         if isinstance(message, channel.ProxyConfig) and self.gateway is None:
             self.gateway = self._start(message)
+            if message.pod_channel >= 0:
+                self.listeners = descriptors.Receiver(
+                    message.pod_channel, self._adopt, "gateway listener"
+                )
             tasks.append(asyncio.create_task(self.gateway.retry_binds()))
             tasks.append(asyncio.create_task(self._report(writer)))
         elif isinstance(message, channel.GatewayUpdate):
@@ -123,6 +131,13 @@ class Worker:
         elif isinstance(message, channel.Drain):
             return message.deadline
         return None
+
+    def _adopt(self, message: channel.Message, fds: list[int]) -> None:
+        if not isinstance(message, channel.GatewayListeners) or len(fds) != len(message.ports):
+            raise channel.ChannelError(f"unexpected {message.TYPE} with {len(fds)} descriptor(s)")
+        if self.gateway is not None:  # always: the receiver starts with the gateway
+            pairs = zip(message.ports, fds, strict=True)
+            self.gateway.adopt({port: socket.socket(fileno=fd) for port, fd in pairs})
 
     async def _report(self, writer: asyncio.StreamWriter) -> None:
         """Tell the supervisor whenever this worker's readiness changes (a bind is async)."""

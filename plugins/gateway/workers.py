@@ -6,15 +6,20 @@ through ``meshctl.process.Supervisor`` (each restarted with backoff when it dies
 them all). Every worker gets every ``GatewayConfig`` (``meshctl.gateway_wire`` bytes) and
 certificate over its channel, the current ones first when it starts.
 
-Listeners: each worker binds the listener ports itself with SO_REUSEPORT rather than inheriting
-the supervisor's sockets, because the ports come and go with the config at run time while a
-worker's inherited descriptors are fixed when it starts. The cost: connections queued on a
-worker that dies are reset (the others' are not), and a port is spread by the kernel's hash,
-not by which worker is free.
+Listeners: the supervisor binds every listener port of the current config itself and hands the
+sockets to every worker over the descriptor channel (``GatewayListeners``, SCM_RIGHTS), again
+whenever the set of ports changes and in full to a worker that starts. One accept queue per
+port, owned here: whichever worker is free accepts, and a worker that dies loses only the
+connections it had accepted; those still queued go to the others or to its replacement
+(SO_REUSEPORT, one queue per worker, would reset them). A port that cannot be bound is tried
+again every reload interval and keeps the gateway not ready, named in the readiness answer.
 
 Invariants: ready only when every worker said ready for the current config (and not draining);
-metrics are the sum over the workers (prometheus-client's multiprocess mode in a directory of
-this run, removed at exit; a dead worker's counters stay counted); ``/config_dump`` is the
+the supervisor's listener copies close when the drain begins, so the kernel refuses new
+connections while the workers finish theirs;
+metrics are the sum over the workers (prometheus-client's multiprocess mode in this run's folder
+of ``meshctl.rundir``, removed at exit or by the next start after a kill; a dead worker's
+counters stay counted); ``/config_dump`` is the
 supervisor's config plus the workers' pids.
 """
 
@@ -22,19 +27,19 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
-import shutil
-import tempfile
+import socket
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
-from meshctl import gateway_wire
+from meshctl import gateway_wire, rundir
 from meshctl.core.gateway.config import GatewayConfig
 from meshctl.core.wire import channel
+from meshctl.errors import MeshctlError
 from meshctl.net.sockets import listener
-from meshctl.process import Feed, Supervisor, self_command
+from meshctl.process import Feed, PodFeed, Supervisor, self_command
 from meshctl.proxy import responder
 
 from .identity import MeshIdentity, mesh_identity
@@ -82,6 +87,59 @@ class _GatewayFeed(Feed):
             await self.identity.run()
 
 
+class _Listeners(PodFeed):
+    """The listener sockets of the current config's ports, bound here (port -> socket)."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.sockets: dict[int, socket.socket] = {}
+        self.failed: dict[int, str] = {}
+        self.closed = False
+
+    def sync(self, ports: set[int]) -> bool:
+        """Bind what ``ports`` adds, close what it drops; whether the set changed."""
+        if self.closed:
+            return False
+        changed = False
+        for port in list(self.sockets):
+            if port not in ports:
+                self.sockets.pop(port).close()
+                log.info("listener port %d closed (no longer in the config)", port)
+                changed = True
+        for port in list(self.failed):
+            if port not in ports:
+                del self.failed[port]
+        s = self.settings
+        for port in sorted(ports - set(self.sockets)):
+            actual = port + s.port_offset
+            try:
+                self.sockets[port] = listener(s.bind_address, actual, what=f"listener {port}")
+            except MeshctlError as exc:
+                if self.failed.get(port) != str(exc):
+                    log.error("cannot listen on %d: %s", actual, exc)  # noqa: TRY400 (expected; no traceback)
+                self.failed[port] = str(exc)
+                continue
+            self.failed.pop(port, None)
+            log.info("listening on %s:%d", s.bind_address, actual)
+            changed = True
+        return changed
+
+    def message(self) -> tuple[channel.Message, tuple[int, ...]]:
+        ports = tuple(sorted(self.sockets))
+        fds = tuple(self.sockets[p].fileno() for p in ports)
+        return channel.GatewayListeners(ports=ports), fds
+
+    def current(self) -> list[tuple[channel.Message, tuple[int, ...]]]:
+        return [] if self.closed else [self.message()]
+
+    def close(self) -> None:
+        """The drain: the kernel refuses new connections once the workers close theirs too."""
+        self.closed = True
+        for sock in self.sockets.values():
+            sock.close()
+        self.sockets.clear()
+
+
 class GatewaySupervisor:
     def __init__(
         self, settings: GatewaySettings, workers: int, log_args: tuple[str, ...], metrics_dir: str
@@ -90,6 +148,7 @@ class GatewaySupervisor:
         self.workers = workers
         self.metrics_dir = metrics_dir
         self.holder = ConfigHolder()
+        self.listeners = _Listeners(settings)
         self.identity = mesh_identity(settings)
         workload = str(self.identity.identity) if self.identity is not None else ""
 
@@ -122,8 +181,28 @@ class GatewaySupervisor:
             on_exit=self._worker_exited,
             poll_interval=settings.reload_interval,
             ready_line=("gateway", settings.gateway or "from the files"),
+            pods=self.listeners,
+            on_drain=self.listeners.close,
         )
-        self.holder.subscribe(lambda config: self.supervisor.broadcast(update(config)))
+        self.holder.subscribe(self._on_config)
+
+    def _on_config(self, config: GatewayConfig) -> None:
+        self.supervisor.broadcast(update(config))
+        self._sync_listeners()
+
+    def _sync_listeners(self) -> None:
+        config = self.holder.current
+        if config is None:
+            return
+        if self.listeners.sync({p.port for p in config.table.ports}):
+            self.supervisor.send_pod(*self.listeners.message())
+
+    async def _retry_binds(self) -> None:
+        """A listener port that could not be bound is tried again (until then: not ready)."""
+        while True:
+            await asyncio.sleep(self.settings.reload_interval)
+            if self.listeners.failed:
+                self._sync_listeners()
 
     def _worker_exited(self, pid: int) -> None:
         from prometheus_client import multiprocess
@@ -136,6 +215,7 @@ class GatewaySupervisor:
         return (
             self.holder.current is not None
             and not self.supervisor.stopping
+            and not self.listeners.failed
             and self.supervisor.ready
         )
 
@@ -156,6 +236,10 @@ class GatewaySupervisor:
             why = "no config yet"
             if self.supervisor.stopping:
                 why = "draining"
+            elif self.listeners.failed:
+                why = "listeners not bound: " + ", ".join(
+                    f"{p}: {e}" for p, e in sorted(self.listeners.failed.items())
+                )
             elif self.holder.current is not None:
                 waiting = set(range(self.workers)) - self.supervisor.ready_workers
                 why = "workers not ready (config or listeners): " + ", ".join(
@@ -192,10 +276,13 @@ class GatewaySupervisor:
         else:
             files = FileSource(s.config, s.gateway, self.holder, s.trust_domain)
             source = asyncio.create_task(files.run(s.reload_interval))
+        retry = asyncio.create_task(self._retry_binds())
         try:
             return await self.supervisor.run()
         finally:
             source.cancel()
+            retry.cancel()
+            self.listeners.close()
             for server in own:
                 server.close()
 
@@ -204,13 +291,12 @@ def supervise(
     settings: GatewaySettings, workers: int, log_args: tuple[str, ...], follow: Source | None
 ) -> int:
     """Run ``workers`` gateway workers until SIGTERM; the exit code."""
-    metrics_dir = tempfile.mkdtemp(prefix="meshctl-gateway-metrics-")
-    try:
+    where = Path(settings.run_dir) if settings.run_dir else rundir.default_run_dir("gateway")
+    with rundir.metrics_dir(where) as metrics_dir:
 
         async def main() -> int:
-            return await GatewaySupervisor(settings, workers, log_args, metrics_dir).run(follow)
+            return await GatewaySupervisor(settings, workers, log_args, str(metrics_dir)).run(
+                follow
+            )
 
         return asyncio.run(main())
-    finally:
-        with contextlib.suppress(OSError):
-            shutil.rmtree(metrics_dir)

@@ -1,6 +1,8 @@
 """``meshctl gateway run --workers 2``: a supervisor and two worker processes on loopback. Both
-workers serve the listener port, a killed one is replaced while requests keep succeeding, the
-metrics are the sum over both, a config change reaches both, and SIGTERM drains them."""
+workers serve the listener port (the supervisor's socket, one accept queue), a killed one is
+replaced while requests under load keep succeeding (none reset), the metrics are the sum over
+both, a config change (routes, and listener ports added or removed) reaches both, and SIGTERM
+drains them."""
 
 from __future__ import annotations
 
@@ -90,12 +92,36 @@ def test_a_killed_worker_is_replaced_and_requests_keep_succeeding(tmp_path: Path
         gw.run_gateway(tmp_path, _objects(web), listener_ports=(80,), args=WORKERS) as proc,
     ):
         before = _workers(proc)
+        stop = threading.Event()
+        load: list[int] = []
+
+        def hammer() -> None:  # new connections queue on the port while worker 1 dies
+            while not stop.is_set():
+                try:
+                    load.append(_get(proc.port(80), "/api/load")[0])
+                except (OSError, http.client.HTTPException):
+                    load.append(-1)
+
+        threads = [threading.Thread(target=hammer) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.3)
         os.kill(before[1], signal.SIGKILL)
+        killed = len(load)  # what worker 1 had already accepted when it died may be lost
         deadline = time.monotonic() + 15
+        meanwhile = 0
         while _workers(proc).get(1) in (None, before[1]):
             assert time.monotonic() < deadline
             assert _get(proc.port(80), "/api/meanwhile")[0] == 200
+            meanwhile += 1
             time.sleep(0.05)
+        time.sleep(0.3)
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        assert meanwhile > 0
+        assert len(load) > killed + 20
+        assert set(load[killed + 8 :]) == {200}  # 4 threads: at most 2 in flight each at kill
         after = _workers(proc)
         assert after[0] == before[0]
         assert after[1] != before[1]
@@ -167,12 +193,52 @@ def test_sigterm_drains_every_worker_with_a_request_in_flight(tmp_path: Path) ->
                 os.kill(pid, 0)
 
 
+def test_a_listener_port_added_and_removed_at_run_time_reaches_every_worker(
+    tmp_path: Path,
+) -> None:
+    def objects(web: gw.Backend, *ports: int) -> list[dict[str, Any]]:
+        listeners = [gw.http_listener(f"http-{p}", port=p) for p in ports]
+        return [
+            gw.gateway_class(),
+            gw.gateway(*listeners),
+            gw.route("web", [gw.rule("/api", "web:80")], hostnames=["example.com"]),
+            gw.service("web"),
+            gw.endpoint_slice("web", [("127.0.0.1", True)], web.port),
+        ]
+
+    with (
+        gw.backend() as web,
+        gw.run_gateway(tmp_path, objects(web, 80), listener_ports=(80, 8081), args=WORKERS) as proc,
+    ):
+        with pytest.raises(ConnectionRefusedError):
+            _get(proc.port(8081), "/api/x")
+        gw.write_objects(proc.config, objects(web, 80, 8081))
+
+        def served() -> bool:
+            try:
+                return _get(proc.port(8081), "/api/x")[0] == 200
+            except ConnectionRefusedError:
+                return False
+
+        _wait_for(served)
+        for _ in range(40):
+            assert _get(proc.port(8081), "/api/added")[0] == 200
+        pids = _workers(proc)
+        expected = {f"worker={i} pid={pid}" for i, pid in pids.items()}
+        assert _wait_for(lambda: _serving_workers(proc, "/api/added") == expected)
+        gw.write_objects(proc.config, objects(web, 80))
+        _wait_for(lambda: not served())
+        with pytest.raises(ConnectionRefusedError):
+            _get(proc.port(8081), "/api/gone")
+        assert _get(proc.port(80), "/api/still")[0] == 200
+
+
 def test_readiness_waits_for_every_worker_to_bind_the_listeners(tmp_path: Path) -> None:
     offset = gw.free_offset((80,))
     config = tmp_path / "gw.yaml"
     with gw.backend() as web:
         gw.write_objects(config, _objects(web))
-        holder = socket.socket()  # without SO_REUSEPORT: no worker can join this port
+        holder = socket.socket()  # the gateway's supervisor cannot bind this port
         holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         holder.bind(("127.0.0.1", 80 + offset))
         holder.listen()
@@ -198,7 +264,8 @@ def test_readiness_waits_for_every_worker_to_bind_the_listeners(tmp_path: Path) 
             time.sleep(1)  # both workers started and tried the port
             status, body, _ = _get(15021 + offset, "/healthz/ready")
             assert status == 503
-            assert body == b"not ready: workers not ready (config or listeners): 0, 1\n"
+            assert body.startswith(b"not ready: listeners not bound: 80: ")
+            assert f"127.0.0.1:{80 + offset}".encode() in body
             holder.close()
             _wait_for(lambda: _get(15021 + offset, "/healthz/ready")[0] == 200)
             assert _get(80 + offset, "/api/x")[0] == 200

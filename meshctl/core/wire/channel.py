@@ -266,6 +266,16 @@ class GatewayUpdate:
     config: str = field(repr=False)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayListeners:
+    """Supervisor -> gateway worker, on the descriptor channel: the listening socket of every
+    listener port, one descriptor per entry of ``ports`` in order; replaces the last set (a port
+    left out is closed)."""
+
+    TYPE: ClassVar[str] = "gateway_listeners"
+    ports: tuple[int, ...]
+
+
 Message = (
     Hello
     | ProxyConfig
@@ -285,6 +295,7 @@ Message = (
     | PodDelete
     | PodsSynced
     | GatewayUpdate
+    | GatewayListeners
 )
 _KINDS: dict[str, type[Message]] = {
     k.TYPE: k
@@ -307,6 +318,7 @@ _KINDS: dict[str, type[Message]] = {
         PodDelete,
         PodsSynced,
         GatewayUpdate,
+        GatewayListeners,
     )
 }
 
