@@ -291,6 +291,9 @@ def test_a_settings_flood_is_answered_with_goaway_enhance_your_calm(running):
     goaway = client.goaway()
     assert goaway is not None
     assert goaway[1] == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    fresh = Client.tls(proc.port(443), "a.example")  # others unaffected
+    sid = fresh.send("/api/after", "a.example")
+    assert fresh.responses([sid])[sid][0] == 200
 
 
 def test_sigterm_sends_goaway_and_finishes_the_stream_in_flight(running):
