@@ -120,3 +120,9 @@ def test_a_route_without_usable_backends_is_no_backend_without_an_http_status() 
     assert got.reason == "no-backend (TLSRoute ns/a rules[0]: no backendRefs)"
     zero = build((tls_listener("tls"), [tls_route("a", "svc-a", weight=0)]))
     assert passthrough(zero, 443, "a.example.com").reason.endswith("every weight is 0)")
+    missing = Route(
+        key=RouteKey("TLSRoute", "ns", "m"),
+        rules=(Rule(index=0, backends=(backend("gone", problem="BackendNotFound"),)),),
+    )
+    got = passthrough(build((tls_listener("tls"), [missing])), 443, "a.example.com")
+    assert got.reason == "no-backend (TLSRoute ns/m rules[0]: BackendNotFound ns/gone:80)"
