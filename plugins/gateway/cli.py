@@ -144,7 +144,7 @@ def _rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                             "port": f"{port['port']}/{port['protocol']}",
                             "listener": listener["listener"],
                             "host": host["hostname"],
-                            "match": route["match"],
+                            "match": route.get("match", "-"),  # a TLSRoute: none
                             "route": route["route"],
                             "backends": route["backends"] or ["(none: 500)"],
                         }

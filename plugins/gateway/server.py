@@ -35,6 +35,7 @@ from .hbone import HboneDialer
 from .http2 import PREFACE, Http2Connection
 from .identity import MeshIdentity, mesh_identity
 from .metrics import RequestMetrics, Source
+from .passthrough import Passthrough, StreamLimits
 from .settings import GatewaySettings
 from .sources import ConfigHolder
 from .upstream import Dialer, Pool, Writer, tcp_dialer
@@ -100,6 +101,14 @@ class Gateway:
             domain="cluster.local",
             name=name,
         )
+        self.passthrough = Passthrough(
+            lambda: holder.current,
+            limits=StreamLimits(
+                header_timeout=settings.header_timeout, idle_timeout=settings.idle_timeout
+            ),
+            dialer_for=self._dialer_for,
+            name=name,
+        )
         self.limits = http1.Limits(
             header_timeout=settings.header_timeout,
             idle_timeout=settings.idle_timeout,
@@ -152,6 +161,12 @@ class Gateway:
                 continue
             self.failed_ports.pop(port, None)
             https = protocol is Protocol.HTTPS
+            if protocol is Protocol.TLS:  # passthrough: the TLS is the client's and backend's
+                self.servers[port] = await asyncio.start_server(
+                    functools.partial(self.passthrough, port=port), sock=sock, limit=64 * 1024
+                )
+                log.info("listening on %s:%d (%s)", self.settings.bind_address, actual, protocol)
+                continue
             self.servers[port] = await asyncio.start_server(
                 functools.partial(self._client, port=port, https=https),
                 sock=sock,
@@ -337,10 +352,13 @@ class Gateway:
             conn.drain()
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline
-        while self.forwarder.in_flight and loop.time() < end:
+        while (self.forwarder.in_flight or self.passthrough.open) and loop.time() < end:
             await asyncio.sleep(0.05)
         if self.forwarder.in_flight:
             log.warning("drain deadline: %d request(s) cut off", self.forwarder.in_flight)
+        if self.passthrough.open:
+            log.warning("drain deadline: %d TLS connection(s) cut off", len(self.passthrough.open))
+            self.passthrough.drain()
         for conn in list(self.connections):
             conn.writer.transport.abort()
         self.pool.close()
