@@ -52,6 +52,7 @@ _PROTOCOLS = {
     Protocol.HTTP: pb.PROTOCOL_HTTP,
     Protocol.HTTPS: pb.PROTOCOL_HTTPS,
     Protocol.TLS: pb.PROTOCOL_TLS,
+    Protocol.TCP: pb.PROTOCOL_TCP,
 }
 _PATH_TYPES = {PathType.EXACT: pb.PATH_TYPE_EXACT, PathType.PREFIX: pb.PATH_TYPE_PREFIX}
 _MODIFIERS = {

@@ -1,14 +1,16 @@
-"""One TLS passthrough connection through the gateway (a ``protocol: TLS`` listener with
-``tls.mode: Passthrough``): its ClientHello read, never terminated, the connection routed by the
-hello's SNI and spliced to an endpoint of the chosen backend with the bytes read replayed.
+"""One connection through a TLS passthrough listener (``protocol: TLS``, ``tls.mode:
+Passthrough``: its ClientHello read, never terminated, the connection routed by the hello's SNI
+and spliced to an endpoint of the chosen backend with the bytes read replayed) or a TCP listener
+(``protocol: TCP``: the port's route, nothing read).
 
-Owns this traffic path and its outcomes (docs/gateway.md, "TLS passthrough"): a hello not
-complete within the header timeout is dropped (slowloris); a refused hello closes the connection,
-after a fatal alert when the client spoke TLS records (``meshctl.core.tls.alerts``); no route for
-the name: the ``unrecognized_name`` alert; no backend, no ready endpoint or none answering: the
-connection closes. Invariants: the bytes the client sent are forwarded unchanged and in order,
-the hello's first; each direction's end is passed on as a half-close (the other keeps flowing);
-a connection quiet both ways for the idle timeout is closed; one access-log line per connection.
+Owns these traffic paths and their outcomes (docs/gateway.md, "TLS passthrough"): a hello not
+complete within the header timeout is dropped (slowloris); a refused hello closes the
+connection, after a fatal alert when the client spoke TLS records (``meshctl.core.tls.alerts``);
+no route for the name: the ``unrecognized_name`` alert; no route on TCP, no backend, no ready
+endpoint or none answering: the connection closes. Invariants: the bytes the client sent are
+forwarded unchanged and in order, the hello's first; each direction's end is passed on as a
+half-close (the other keeps flowing); a connection quiet both ways for the idle timeout is
+closed; one access-log line per connection.
 """
 
 from __future__ import annotations
@@ -21,7 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshctl.core.gateway.config import Endpoint, GatewayConfig
-from meshctl.core.gateway.matching import Outcome, choose_backend, passthrough, unresolved
+from meshctl.core.gateway.matching import (
+    Decision,
+    Outcome,
+    choose_backend,
+    passthrough,
+    tcp,
+    unresolved,
+)
 from meshctl.core.gateway.model import Backend
 from meshctl.core.tls import alerts
 from meshctl.core.tls.clienthello import ClientHello, ClientHelloReader, NeedMore, Refused
@@ -37,6 +46,7 @@ _BROKEN = ("DC", "UC", "IT")  # flags of a connection cut off: reset, not closed
 
 @dataclass(slots=True)
 class _Log:
+    protocol: str = "TLS"
     sni: str = "-"
     alpn: str = "-"
     route: str = "-"
@@ -57,7 +67,7 @@ class StreamLimits:
 
 
 class Passthrough:
-    """The handler of a TLS passthrough listener's connections (``__call__`` per connection)."""
+    """The handler of TLS passthrough and TCP listeners' connections (``__call__`` each)."""
 
     def __init__(
         self,
@@ -74,14 +84,22 @@ class Passthrough:
         self.open: set[asyncio.StreamWriter] = set()  # client sides, for the drain
 
     async def __call__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, port: int
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        port: int,
+        tls: bool = True,
     ) -> None:
         loop = asyncio.get_running_loop()
         began = loop.time()
-        entry = _Log()
+        entry = _Log(protocol="TLS" if tls else "TCP")
         self.open.add(writer)
         try:
-            await self._serve(reader, writer, port, entry)
+            if tls:
+                await self._serve(reader, writer, port, entry)
+            else:
+                await self._serve_tcp(reader, writer, port, entry)
         except (ConnectionError, OSError) as exc:
             entry.reason, entry.flags = f"client ({exc})", "DC"
         finally:
@@ -120,6 +138,30 @@ class Passthrough:
             entry.flags = "NR"
             await _alert(writer, reader, alerts.Description.UNRECOGNIZED_NAME, data)
             return
+        await self._forward(config, decision, reader, writer, bytes(data), entry)
+
+    async def _serve_tcp(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int, entry: _Log
+    ) -> None:
+        config = self.current()
+        if config is None:
+            entry.reason, entry.flags = "no config yet", "NR"
+            return
+        decision = tcp(config.table, port)
+        entry.route = decision.entry.label if decision.entry is not None else "-"
+        entry.reason = decision.reason
+        await self._forward(config, decision, reader, writer, b"", entry)
+
+    async def _forward(
+        self,
+        config: GatewayConfig,
+        decision: Decision,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        first: bytes,
+        entry: _Log,
+    ) -> None:
+        """To a backend of a FORWARD decision, ``first`` (what was read already) ahead."""
         if decision.outcome is not Outcome.FORWARD:
             entry.flags = "NR"
             return
@@ -127,7 +169,8 @@ class Passthrough:
         if upstream is not None:
             up_reader, up_writer = upstream
             entry.reason = decision.reason
-            up_writer.write(bytes(data))  # the hello and whatever followed it, unchanged
+            if first:
+                up_writer.write(first)  # the hello and whatever followed it, unchanged
             await splice(reader, writer, up_reader, up_writer, self.limits.idle_timeout, entry)
 
     async def _upstream(
@@ -203,9 +246,10 @@ class Passthrough:
 
     def _finish(self, port: int, entry: _Log, duration_ms: float, client: str) -> None:
         access_log.info(
-            '[%s] TLS :%d sni=%s alpn=%s route="%s" backend=%s endpoint=%s identity=%s '
+            '[%s] %s :%d sni=%s alpn=%s route="%s" backend=%s endpoint=%s identity=%s '
             'flags=%s reason="%s" received=%d sent=%d duration=%.1fms client=%s',
             self.name,
+            entry.protocol,
             port,
             entry.sni,
             entry.alpn,

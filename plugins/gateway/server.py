@@ -161,10 +161,11 @@ class Gateway:
                 continue
             self.failed_ports.pop(port, None)
             https = protocol is Protocol.HTTPS
-            if protocol is Protocol.TLS:  # passthrough: the TLS is the client's and backend's
-                self.servers[port] = await asyncio.start_server(
-                    functools.partial(self.passthrough, port=port), sock=sock, limit=64 * 1024
+            if protocol in (Protocol.TLS, Protocol.TCP):  # streams: TLS is the client's own
+                handler = functools.partial(
+                    self.passthrough, port=port, tls=protocol is Protocol.TLS
                 )
+                self.servers[port] = await asyncio.start_server(handler, sock=sock, limit=64 * 1024)
                 log.info("listening on %s:%d (%s)", self.settings.bind_address, actual, protocol)
                 continue
             self.servers[port] = await asyncio.start_server(
@@ -357,7 +358,7 @@ class Gateway:
         if self.forwarder.in_flight:
             log.warning("drain deadline: %d request(s) cut off", self.forwarder.in_flight)
         if self.passthrough.open:
-            log.warning("drain deadline: %d TLS connection(s) cut off", len(self.passthrough.open))
+            log.warning("drain deadline: %d connection(s) cut off", len(self.passthrough.open))
             self.passthrough.drain()
         for conn in list(self.connections):
             conn.writer.transport.abort()

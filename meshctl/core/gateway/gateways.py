@@ -8,7 +8,9 @@ port both (``HostnameConflict``); the API forbids picking a winner. References r
 certificateRefs are core Secrets, allowed (same namespace or a ReferenceGrant:
 ``RefNotPermitted``) and present and valid by the caller's certificate facts
 (``InvalidCertificateRef``), and the allowed route kinds are the protocol's (HTTPRoute for HTTP
-and HTTPS, TLSRoute for TLS; else ``InvalidRouteKinds``). A listener serves when accepted and,
+and HTTPS, TLSRoute for TLS, TCPRoute for TCP; else ``InvalidRouteKinds``). A TCP listener's
+hostname is ignored (the API's rule: nothing on the wire names one), so two TCP listeners on a
+port conflict whatever their hostnames. A listener serves when accepted and,
 for HTTPS, at least one certificate is usable. Invariant: pure; status is recomputed whole.
 """
 
@@ -24,6 +26,7 @@ from .conditions import Condition
 from .gatewayapi import (
     GROUP,
     HTTPROUTE,
+    TCPROUTE,
     TLSROUTE,
     GatewayClassFacts,
     GatewayFacts,
@@ -32,11 +35,17 @@ from .gatewayapi import (
     conditions_of,
     permits,
 )
+from .hostnames import ANY
 from .model import Listener, Protocol, SecretRef
 
 SUPPORTED_PROTOCOLS = {p.value for p in Protocol}
 # The route kind each protocol's listeners take (the API's core kinds per protocol).
-ROUTE_KIND = {Protocol.HTTP: HTTPROUTE, Protocol.HTTPS: HTTPROUTE, Protocol.TLS: TLSROUTE}
+ROUTE_KIND = {
+    Protocol.HTTP: HTTPROUTE,
+    Protocol.HTTPS: HTTPROUTE,
+    Protocol.TLS: TLSROUTE,
+    Protocol.TCP: TCPROUTE,
+}
 # The TLS mode a protocol's listener must have (absent: the API's default, Terminate).
 TLS_MODE = {Protocol.HTTPS: "Terminate", Protocol.TLS: "Passthrough"}
 
@@ -114,14 +123,19 @@ def _conflicts(specs: Sequence[ListenerSpec]) -> dict[str, str]:
     protocols: dict[int, set[str]] = {}
     for s in supported:
         protocols.setdefault(s.port, set()).add(s.protocol)
-    same_host = Counter((s.port, s.hostname) for s in supported)
+    same_host = Counter((s.port, _hostname(s)) for s in supported)
     out = {}
     for s in supported:
         if len(protocols[s.port]) > 1:
             out[s.name] = "ProtocolConflict"
-        elif same_host[(s.port, s.hostname)] > 1:
+        elif same_host[(s.port, _hostname(s))] > 1:
             out[s.name] = "HostnameConflict"
     return out
+
+
+def _hostname(spec: ListenerSpec) -> str:
+    """The hostname a listener serves: ANY on TCP, where none is ever seen."""
+    return ANY if spec.protocol == Protocol.TCP else spec.hostname
 
 
 def _certificates(
@@ -215,7 +229,7 @@ def listener_states(
                     name=spec.name,
                     port=spec.port,
                     protocol=Protocol(spec.protocol) if supported else Protocol.HTTP,
-                    hostname=spec.hostname,
+                    hostname=_hostname(spec),
                     certificates=usable,
                     allowed=spec.allowed,
                 ),
@@ -231,6 +245,8 @@ def listener_states(
 def _conflict_message(spec: ListenerSpec, conflicts: Mapping[str, str]) -> str:
     if conflicts[spec.name] == "ProtocolConflict":
         return f"listeners on port {spec.port} use different protocols"
+    if spec.protocol == Protocol.TCP:
+        return f"another TCP listener on port {spec.port}"
     return f"another listener on port {spec.port} has hostname {spec.hostname}"
 
 

@@ -25,6 +25,7 @@ class Protocol(enum.StrEnum):
     HTTP = "HTTP"
     HTTPS = "HTTPS"
     TLS = "TLS"  # passthrough: routed by the ClientHello's SNI, never terminated (TLSRoute)
+    TCP = "TCP"  # bytes to a backend, nothing read (TCPRoute)
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,12 +147,12 @@ class Rule:
 
 
 # Route kinds that route whole connections: their rules have no matches (one row per rule).
-STREAM_KINDS = frozenset({"TLSRoute"})
+STREAM_KINDS = frozenset({"TLSRoute", "TCPRoute"})
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class RouteKey:
-    kind: str  # HTTPRoute | TLSRoute | Ingress
+    kind: str  # HTTPRoute | TLSRoute | TCPRoute | Ingress
     namespace: str
     name: str
 

@@ -92,9 +92,9 @@ def read_rules(
 def read_backend_rules(
     rules: Sequence[Mapping[str, Any]], resolve: Resolver, kind: str
 ) -> tuple[tuple[Rule, ...], tuple[Problem, ...]]:
-    """A TLSRoute's rules: backendRefs and a name, nothing to match on. The API (v1) allows
-    exactly one rule: with no matches a second could never take a connection, so more than
-    one (v1alpha2 allowed 16) is refused rather than silently ignored."""
+    """A TLSRoute's or TCPRoute's rules: backendRefs and a name, nothing to match on. The API
+    (v1) allows exactly one rule: with no matches a second could never take a connection, so
+    more than one (v1alpha2 allowed 16) is refused rather than silently ignored."""
     problems: list[Problem] = []
     if len(rules) > 1:
         problems.append((UNSUPPORTED, f"rules: a {kind} takes one rule, not {len(rules)}"))

@@ -58,6 +58,7 @@ class Cluster:
     gateways: Sequence[Any] = ()
     http_routes: Sequence[Any] = ()
     tls_routes: Sequence[Any] = ()  # v1 (or v1alpha2: the same fields)
+    tcp_routes: Sequence[Any] = ()  # v1 (or v1alpha2)
     reference_grants: Sequence[Any] = ()
     services: Sequence[Any] = ()
     namespaces: Sequence[Any] = ()
@@ -78,7 +79,7 @@ class Options:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatusUpdate:
-    kind: str  # GatewayClass | Gateway | HTTPRoute | TLSRoute | Ingress
+    kind: str  # GatewayClass | Gateway | HTTPRoute | TLSRoute | TCPRoute | Ingress
     namespace: str  # "" for GatewayClass
     name: str
     status: dict[str, Any]
@@ -192,7 +193,11 @@ def _routes(
     """Per Gateway of ours, per listener name, the routes attached; routes' status appended."""
     labels = _namespace_labels(cluster.namespaces)
     attached: dict[tuple[str, str], dict[str, list[Route]]] = {k: {} for k in gateways}
-    for kind, items in (("HTTPRoute", cluster.http_routes), ("TLSRoute", cluster.tls_routes)):
+    for kind, items in (
+        ("HTTPRoute", cluster.http_routes),
+        ("TLSRoute", cluster.tls_routes),
+        ("TCPRoute", cluster.tcp_routes),
+    ):
         routes = _read_all(items, functools.partial(read_route, kind=kind), kind, problems)
         for route in sorted(routes, key=lambda r: r.meta.key):
             _one_route(
