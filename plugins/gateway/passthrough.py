@@ -20,7 +20,8 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from meshctl.core.gateway.config import Endpoint, GatewayConfig
 from meshctl.core.gateway.matching import (
@@ -37,6 +38,7 @@ from meshctl.core.tls.clienthello import ClientHello, ClientHelloReader, NeedMor
 from meshctl.proxy.telemetry import access_log
 
 from .forward import DialerFor, plain
+from .metrics import RequestMetrics, Sample
 from .upstream import Writer
 
 log = logging.getLogger(__name__)
@@ -57,6 +59,8 @@ class _Log:
     flags: str = "-"
     received: int = 0  # bytes from the client (the hello included)
     sent: int = 0  # bytes to the client
+    opened: bool = False  # counted in istio_tcp_connections_opened (the backend answered)
+    sample: dict[str, Any] = field(default_factory=dict)  # the metrics' destination labels
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,9 +79,13 @@ class Passthrough:
         *,
         limits: StreamLimits,
         dialer_for: DialerFor = plain,
+        metrics: RequestMetrics | None = None,
+        domain: str = "cluster.local",
         name: str = "gateway",
     ) -> None:
         self.current = current
+        self.metrics = metrics
+        self.domain = domain
         self.limits = limits
         self.dialer_for = dialer_for
         self.name = name
@@ -179,6 +187,11 @@ class Passthrough:
         """A connection to an endpoint of a backend drawn by weight (None: said in ``entry``)."""
         backend = choose_backend(backends, random.random())  # noqa: S311 (load spread)
         entry.backend = backend.label
+        entry.sample.update(
+            service_host=f"{backend.name}.{backend.namespace}.svc.{self.domain}",
+            service_name=backend.name,
+            service_namespace=backend.namespace,
+        )
         if not backend.resolved:
             entry.reason, entry.flags = f"no-backend ({unresolved(backend)})", "NR"
             return None
@@ -191,6 +204,9 @@ class Passthrough:
         if upstream is None:
             entry.reason = f"no-healthy-upstream (every endpoint of {backend.label} refused)"
             entry.flags = "UF"
+        elif self.metrics is not None:
+            entry.opened = True
+            self.metrics.connection_opened(Sample(status=0, protocol="tcp", **entry.sample))
         return upstream
 
     async def _hello(
@@ -230,6 +246,7 @@ class Passthrough:
             dialer, identity = self.dialer_for(endpoint)
             entry.endpoint = f"{endpoint.address}:{endpoint.port}"
             entry.identity = identity or "-"
+            entry.sample.update(workload=endpoint.workload, principal=identity, mtls=bool(identity))
             try:
                 return await asyncio.wait_for(
                     dialer(endpoint.address, endpoint.port), self.limits.connect_timeout
@@ -245,6 +262,11 @@ class Passthrough:
             writer.transport.abort()
 
     def _finish(self, port: int, entry: _Log, duration_ms: float, client: str) -> None:
+        if self.metrics is not None:
+            sample = Sample(status=0, protocol="tcp", flags=entry.flags, **entry.sample)
+            if not entry.opened:
+                self.metrics.connection_opened(sample)
+            self.metrics.connection_closed(sample, received=entry.received, sent=entry.sent)
         access_log.info(
             '[%s] %s :%d sni=%s alpn=%s route="%s" backend=%s endpoint=%s identity=%s '
             'flags=%s reason="%s" received=%d sent=%d duration=%.1fms client=%s',

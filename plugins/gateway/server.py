@@ -107,6 +107,7 @@ class Gateway:
                 header_timeout=settings.header_timeout, idle_timeout=settings.idle_timeout
             ),
             dialer_for=self._dialer_for,
+            metrics=self.metrics,
             name=name,
         )
         self.limits = http1.Limits(

@@ -214,3 +214,21 @@ def test_a_port_without_a_route_closes_the_connection(running):
         with contextlib.suppress(ConnectionResetError):
             assert sock.recv(100) == b""
     running.wait_log('reason="no-route (no TCPRoute attached)"')
+
+
+def test_istio_tcp_metrics_count_the_connection_and_its_bytes_each_way(running):
+    with _connect(running) as sock:
+        sock.sendall(b"ANSWER-AFTER-EOF 1000\nabc")
+        sock.shutdown(socket.SHUT_WR)
+        answer = _until_eof(sock)
+    solo = {"destination_service_name": "solo", "request_protocol": "tcp", "reporter": "source"}
+    deadline = time.monotonic() + 5
+    while gw.metric(running, "istio_tcp_connections_closed_total", **solo) < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert gw.metric(running, "istio_tcp_connections_opened_total", **solo) == 1
+    sent = len("ANSWER-AFTER-EOF 1000\nabc")
+    assert gw.metric(running, "istio_tcp_received_bytes_total", **solo) == sent
+    assert gw.metric(running, "istio_tcp_sent_bytes_total", **solo) == len(answer)
+    service = "solo.app.svc.cluster.local"
+    assert gw.metric(running, "istio_tcp_sent_bytes_total", destination_service=service) > 1000

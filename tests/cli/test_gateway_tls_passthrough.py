@@ -203,6 +203,12 @@ def test_a_large_transfer_is_byte_exact_both_ways(running):
     assert name == "a"
     assert data == _pattern(size, seed=1)
     assert backends["a"].served[-1] == size
+    to_a = {"destination_service_name": "a", "response_flags": "-"}
+    deadline = time.monotonic() + 5
+    while gw.metric(proc, "istio_tcp_connections_closed_total", **to_a) < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert gw.metric(proc, "istio_tcp_received_bytes_total", **to_a) > size  # TLS records
 
 
 def test_a_wildcard_route_takes_any_name_under_it(running):
@@ -226,6 +232,9 @@ def test_an_unknown_name_gets_the_unrecognized_name_alert(running):
         pass
     assert caught.value.reason == "TLSV1_UNRECOGNIZED_NAME"
     proc.wait_log("sni=c.example.com")
+    refused = {"response_flags": "NR", "request_protocol": "tcp"}
+    assert gw.metric(proc, "istio_tcp_connections_opened_total", **refused) == 1
+    assert gw.metric(proc, "istio_tcp_connections_closed_total", **refused) == 1
     assert 'reason="no-route (sni c.example.com: no route)"' in proc.output()
     assert _exchange(proc, backends["a"], "a.example.com")[0] == "a"  # others unaffected
 
