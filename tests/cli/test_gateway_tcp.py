@@ -1,6 +1,7 @@
 """``meshctl gateway run -f`` TCP listeners (``protocol: TCP``, TCPRoute) on loopback: bytes
 exact both ways, a half-close passed on in both orders with the other direction still flowing,
-backends chosen by weight, the idle timeout, and a port without a route closed."""
+backends chosen by weight, the idle timeout, a port without a route closed, Istio's TCP
+metrics, and a meshed endpoint reached over HBONE."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import hashlib
 import socket
 import socketserver
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -19,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.harness import gateway as gw
+from tests.harness.cli import MESHCTL
 
 # Below the seed's 31400: the harness adds an offset of up to 45000 to every port.
 SOLO, WEIGHTED, ROUTELESS = 9001, 9000, 9002
@@ -232,3 +235,56 @@ def test_istio_tcp_metrics_count_the_connection_and_its_bytes_each_way(running):
     assert gw.metric(running, "istio_tcp_sent_bytes_total", **solo) == len(answer)
     service = "solo.app.svc.cluster.local"
     assert gw.metric(running, "istio_tcp_sent_bytes_total", destination_service=service) > 1000
+
+
+def _mesh_certs(tmp: Path, workload: str, name: str) -> Path:
+    out = tmp / name
+    args = ["certs", "--out", str(out), "--workload", workload, "--ca-dir", str(tmp / "ca")]
+    subprocess.run(
+        [*MESHCTL, "ztunnel", *args],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return out
+
+
+def test_a_meshed_endpoint_is_reached_over_hbone_and_its_close_reaches_the_client(tmp_path):
+    gateway_certs = _mesh_certs(tmp_path, "infra/gw/gw-sa", "gateway")
+    peer_certs = _mesh_certs(tmp_path, "app/db-0/db", "db")
+    with tcp_backend("db") as backend, gw.hbone_peer(peer_certs, backend.port) as peer:
+        slice_ = gw.endpoint_slice("db", [(peer.address, True)], 5432, service_port=7000)
+        slice_["endpoints"][0]["targetRef"] = {"kind": "Pod", "name": "db-0", "namespace": "app"}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "db-0",
+                "namespace": "app",
+                "labels": {"istio.io/dataplane-mode": "ambient"},
+            },
+            "spec": {"serviceAccountName": "db"},
+        }
+        objects = [
+            gw.gateway_class(),
+            gw.gateway(tcp_listener("tcp", SOLO)),
+            tcp_route("db", "tcp", ("db", 1)),
+            gw.service("db", ports=(7000,)),
+            slice_,
+            pod,
+        ]
+        env = {
+            "POD_NAMESPACE": "infra",
+            "SERVICE_ACCOUNT": "gw-sa",
+            "MESHCTL_CERT_DIR": str(gateway_certs),
+        }
+        with gw.run_gateway(tmp_path, objects, listener_ports=(SOLO,), env=env) as proc:
+            with _connect(proc) as sock:
+                sock.sendall(b"CLOSE-FIRST 300000\n")
+                # the backend's close: END_STREAM from the peer, a FIN from the gateway
+                assert _until_eof(sock) == _pattern(300000)
+            proc.wait_log("identity=spiffe://cluster.local/ns/app/sa/db")
+    assert peer.seen[0] == {
+        "authority": f"{peer.address}:5432",
+        "san": ["spiffe://cluster.local/ns/infra/sa/gw-sa"],
+    }
