@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +14,9 @@ from meshctl.errors import UserError
 from meshctl.output import OutputFormat
 
 from .settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from meshctl.core.gateway.config import GatewayConfig
 
 app = typer.Typer(
     add_completion=False,
@@ -144,7 +147,7 @@ def _rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                             "port": f"{port['port']}/{port['protocol']}",
                             "listener": listener["listener"],
                             "host": host["hostname"],
-                            "match": route["match"],
+                            "match": route.get("match", "-"),  # a TLSRoute: none
                             "route": route["route"],
                             "backends": route["backends"] or ["(none: 500)"],
                         }
@@ -226,7 +229,14 @@ def _admin_dump(admin: str) -> dict[str, Any]:
 
 @app.command()
 def explain(
-    url: Annotated[str, typer.Argument(metavar="URL", help="e.g. https://example.com/api?x=1")],
+    url: Annotated[
+        str,
+        typer.Argument(
+            metavar="URL",
+            help="e.g. https://example.com/api?x=1; tls://NAME:PORT for a TLS passthrough "
+            "connection with that SNI (tls://:PORT: none), tcp://:PORT for a TCP listener.",
+        ),
+    ],
     filename: options.FilenameOption = None,
     name: Annotated[
         str | None,
@@ -255,20 +265,30 @@ def explain(
         raise UserError("explain needs the configuration", hint="pass -f FILE (the objects)")
     try:
         parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port or (443 if parts.scheme in ("https", "tls") else 80)
     except ValueError as exc:  # "http://[::1", a port out of range
         raise UserError(
             f"{url!r} is not a URL: {exc}", hint="e.g. http://example.com/path"
         ) from exc
+    gateway = config.resolve(GatewaySettings, flags={"gateway": name}).gateway
+    if parts.scheme in ("tls", "tcp"):
+        if parts.scheme == "tcp" and not parts.port:
+            raise UserError(f"{url!r} names no port", hint="e.g. tcp://:31400")
+        local = load(tuple(options.source_names(filename)), gateway)
+        data = _explain_stream(local.config, parts.scheme, parts.hostname or "", port)
+        options.write_output(out.render({"request": url, **data}, output), output_file)
+        return
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"{url!r} is not an http(s) URL", hint="e.g. http://example.com/path")
+        raise UserError(
+            f"{url!r} is not an http(s) URL",
+            hint="e.g. http://example.com/path, tls://example.com:443 or tcp://:31400",
+        )
     headers = []
     for item in header or ():
         hname, colon, value = item.partition(":")
         if not colon:
             raise UserError(f"-H {item!r}: write NAME:VALUE")
         headers.append((hname.strip().lower(), value.strip()))
-    gateway = config.resolve(GatewaySettings, flags={"gateway": name}).gateway
     local = load(tuple(options.source_names(filename)), gateway)
     request = Request(
         port=port,
@@ -291,3 +311,27 @@ def explain(
             f"TLS handshake refused: no HTTPS listener on port {port} covers {parts.hostname}"
         )
     options.write_output(out.render(data, output), output_file)
+
+
+def _explain_stream(
+    gateway_config: GatewayConfig, scheme: str, sni: str, port: int
+) -> dict[str, Any]:
+    """``explain`` of a TLS passthrough (by SNI) or TCP connection, and what the wire shows."""
+    from meshctl.core.gateway import render
+    from meshctl.core.gateway.matching import Outcome, passthrough, tcp
+    from meshctl.core.gateway.model import Protocol
+
+    table = gateway_config.table
+    decision = passthrough(table, port, sni) if scheme == "tls" else tcp(table, port)
+    data: dict[str, Any] = {"gateway": gateway_config.name, **render.decision_data(decision)}
+    served = table.port(port)
+    wanted = Protocol.TLS if scheme == "tls" else Protocol.TCP
+    if served is None:
+        data["connection"] = f"refused: nothing listens on port {port}"
+    elif served.protocol is not wanted:
+        data["connection"] = f"port {port} is a {served.protocol} listener, not {wanted}"
+    elif decision.outcome is Outcome.NO_ROUTE and scheme == "tls":
+        data["connection"] = "TLS alert unrecognized_name, then closed"
+    elif decision.outcome is not Outcome.FORWARD:
+        data["connection"] = "closed"
+    return data

@@ -35,6 +35,7 @@ from .hbone import HboneDialer
 from .http2 import PREFACE, Http2Connection
 from .identity import MeshIdentity, mesh_identity
 from .metrics import RequestMetrics, Source
+from .passthrough import Passthrough, StreamLimits
 from .settings import GatewaySettings
 from .sources import ConfigHolder
 from .upstream import Dialer, Pool, Writer, tcp_dialer
@@ -100,6 +101,15 @@ class Gateway:
             domain="cluster.local",
             name=name,
         )
+        self.passthrough = Passthrough(
+            lambda: holder.current,
+            limits=StreamLimits(
+                header_timeout=settings.header_timeout, idle_timeout=settings.idle_timeout
+            ),
+            dialer_for=self._dialer_for,
+            metrics=self.metrics,
+            name=name,
+        )
         self.limits = http1.Limits(
             header_timeout=settings.header_timeout,
             idle_timeout=settings.idle_timeout,
@@ -152,6 +162,13 @@ class Gateway:
                 continue
             self.failed_ports.pop(port, None)
             https = protocol is Protocol.HTTPS
+            if protocol in (Protocol.TLS, Protocol.TCP):  # streams: TLS is the client's own
+                handler = functools.partial(
+                    self.passthrough, port=port, tls=protocol is Protocol.TLS
+                )
+                self.servers[port] = await asyncio.start_server(handler, sock=sock, limit=64 * 1024)
+                log.info("listening on %s:%d (%s)", self.settings.bind_address, actual, protocol)
+                continue
             self.servers[port] = await asyncio.start_server(
                 functools.partial(self._client, port=port, https=https),
                 sock=sock,
@@ -337,10 +354,13 @@ class Gateway:
             conn.drain()
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline
-        while self.forwarder.in_flight and loop.time() < end:
+        while (self.forwarder.in_flight or self.passthrough.open) and loop.time() < end:
             await asyncio.sleep(0.05)
         if self.forwarder.in_flight:
             log.warning("drain deadline: %d request(s) cut off", self.forwarder.in_flight)
+        if self.passthrough.open:
+            log.warning("drain deadline: %d connection(s) cut off", len(self.passthrough.open))
+            self.passthrough.drain()
         for conn in list(self.connections):
             conn.writer.transport.abort()
         self.pool.close()

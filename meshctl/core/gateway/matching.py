@@ -7,8 +7,9 @@ and the table allows coalescing); then that listener's most specific host (no fa
 wider one); then the first row in precedence order whose match holds. No match: 404, or
 Ingress's default backend. A rule that redirects answers the redirect; one without usable
 backends answers 500. A TLS passthrough connection (``passthrough``) takes the same listener
-and host steps on its SNI. Weighted choice takes the caller's random draw. Invariants: pure; every
-decision carries a one-line ``reason`` for the ``x-meshctl-route`` header and the access log.
+and host steps on its SNI; a TCP connection (``tcp``) the port's oldest route. Weighted choice
+takes the caller's random draw. Invariants: pure; every decision carries a one-line ``reason``
+for the ``x-meshctl-route`` header and the access log.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from .model import (
     Rule,
     Timeouts,
 )
+from .table import precedence
 
 HEADER = "x-meshctl-route"  # the response header a 404/500/421 carries its reason in
 
@@ -289,6 +291,30 @@ def passthrough(table: RouteTable, port_number: int, server_name: str) -> Decisi
         reason=entry.label,
         listener=chosen.listener,
         hostname=vhost.hostname,
+        entry=entry,
+    )
+    refused = _without_backends(entry, base, status=0)
+    return refused if refused is not None else replace(base, backends=_candidates(entry.rule))
+
+
+def tcp(table: RouteTable, port_number: int) -> Decision:
+    """The decision for a TCP connection (TCPRoute): nothing on the wire to match, so the
+    port's listener (one: TCP listeners on a port conflict) and its oldest route. ``status``
+    is 0 throughout; NO_ROUTE and NO_BACKEND both close the connection."""
+    port = table.port(port_number)
+    if port is None or not port.listeners:
+        return _reject(Outcome.NO_ROUTE, 0, f"no listener on port {port_number}")
+    chosen = port.listeners[0]
+    entries = [e for vh in chosen.hosts for e in vh.entries]
+    if not entries:
+        return _reject(Outcome.NO_ROUTE, 0, "no TCPRoute attached", listener=chosen.listener)
+    entry = min(entries, key=precedence)
+    base = Decision(
+        outcome=Outcome.FORWARD,
+        status=0,
+        reason=entry.label,
+        listener=chosen.listener,
+        hostname=chosen.listener.hostname,
         entry=entry,
     )
     refused = _without_backends(entry, base, status=0)
