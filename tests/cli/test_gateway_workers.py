@@ -109,17 +109,14 @@ def test_a_killed_worker_is_replaced_and_requests_keep_succeeding(tmp_path: Path
         os.kill(before[1], signal.SIGKILL)
         killed = len(load)  # what worker 1 had already accepted when it died may be lost
         deadline = time.monotonic() + 15
-        meanwhile = 0
         while _workers(proc).get(1) in (None, before[1]):
             assert time.monotonic() < deadline
             assert _get(proc.port(80), "/api/meanwhile")[0] == 200
-            meanwhile += 1
             time.sleep(0.05)
         time.sleep(0.3)
         stop.set()
         for thread in threads:
             thread.join(10)
-        assert meanwhile > 0
         assert len(load) > killed + 20
         assert set(load[killed + 8 :]) == {200}  # 4 threads: at most 2 in flight each at kill
         after = _workers(proc)
