@@ -83,7 +83,8 @@ def run(
         ),
     ] = None,
     idle_timeout: Annotated[
-        float | None, _setting("idle_timeout", "Idle keep-alive connections close after (60s).")
+        float | None,
+        _setting("idle_timeout", "Idle connections (HTTP keep-alive, TLS, TCP) close after (60s)."),
     ] = None,
     reload_interval: Annotated[
         float | None, _setting("reload_interval", "How often -f files are checked (1s).")
