@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client as k8s
 
+from tests.harness import nodehost
 from tests.harness import workloads as wl
 from tests.harness.cli import run_meshctl
 from tests.harness.node import TestNode
@@ -19,9 +20,11 @@ CNI_NS = "meshctl-system"
 def cni_capture(kube_node: TestNode) -> Iterator[None]:
     """``meshctl cni manifest`` rolled out, so injected pods (``--cni``) are captured by the
     plugin containerd calls: the meshctl image carries no iptables libraries for an init
-    container. Removed, with its namespace, after the module."""
+    container. Removed, with its namespace, after the module. The agent enters each pod's netns
+    by its path: this node's containerd pins them under its state dir (``--netns-dir``)."""
     kube_node.image("meshctl")
-    printed = run_meshctl("cni", "manifest", "-o", "json")
+    netns_dir = str(nodehost.WORKDIR / "containerd" / "state")
+    printed = run_meshctl("cni", "manifest", "--netns-dir", netns_dir, "-o", "json")
     assert printed.returncode == 0, printed.stderr
     objects = json.loads(printed.stdout)["items"]
     with kube_node.cluster.api_client() as api:
