@@ -12,6 +12,9 @@ to the other workers (``Gather`` -> ``ReportRequest`` each -> ``Gathered``) and 
 ``report_timeout`` with whatever arrived, naming the workers that did not answer. In node mode
 each child also gets a pod channel (SOCK_SEQPACKET): every pod the node agent handed over goes to
 every child with its descriptors, and a new child receives all current pods after its config.
+With a fork server (``meshctl.forkserver``, started early by the caller) a worker is forked from
+it instead of re-executed: same argv, descriptors, environment and contract, without a fresh
+interpreter's start and imports; a server found dead is replaced before the next start.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from meshctl import logs
 from meshctl.core.backoff import Backoff
 from meshctl.core.wire import channel
+from meshctl.forkserver import COMMAND as FORK_SERVER_COMMAND
+from meshctl.forkserver import ForkServer
 from meshctl.shutdown import StopSignals
 
 if TYPE_CHECKING:
@@ -50,6 +55,28 @@ def self_command(*args: str) -> list[str]:
     if getattr(sys, "frozen", False):
         return [sys.executable, *args]  # the one-file binary is its own interpreter
     return [sys.executable, "-m", "meshctl", *args]
+
+
+def start_fork_server(command: str) -> ForkServer:
+    """A fork server that has imported raw command ``command`` (``self_command(command, ...)``
+    workers are then forked from it). Start it early: it imports while the caller goes on."""
+    return ForkServer.start(fork_server_command(command))
+
+
+def fork_server_command(command: str) -> list[str]:
+    """argv of a fork server for raw command ``command`` (without its control descriptor)."""
+    return self_command(FORK_SERVER_COMMAND, command)
+
+
+class _Process(Protocol):
+    """What the supervisor needs of a child: a ``subprocess.Popen`` or a forked worker."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
 
 
 # A crashed child is restarted at once; one that crashes again waits 0.2 s doubling to 10 s.
@@ -91,7 +118,7 @@ class PodFeed:
 @dataclass(slots=True)
 class _Child:
     index: int
-    proc: subprocess.Popen[bytes]
+    proc: _Process
     started: float
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
@@ -134,6 +161,7 @@ class Supervisor:
         report_timeout: float = 1.0,
         ready_line: tuple[str, str] = ("data plane", ""),
         pods: PodFeed | None = None,
+        fork_server: ForkServer | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("at least one worker")
@@ -163,6 +191,7 @@ class Supervisor:
         self._ready: set[int] = set()
         self._announced = False
         self._pods = pods
+        self._fork_server = fork_server  # closed when run() ends
 
     def stop(self) -> None:
         """Begin the drain (what SIGTERM does)."""
@@ -190,6 +219,8 @@ class Supervisor:
             signals.remove()
             for child in list(self._children.values()):
                 self._kill(child)
+            if self._fork_server is not None:
+                self._fork_server.close()
 
     async def _slot(self, index: int) -> None:
         """Keep worker ``index`` running until the stop: start, watch, restart with backoff."""
@@ -235,12 +266,7 @@ class Supervisor:
             pods_ours.settimeout(_POD_SEND_TIMEOUT)
             inherited.append(pods_theirs.fileno())
         try:
-            proc = subprocess.Popen(
-                list(self._argv(theirs.fileno())),
-                pass_fds=tuple(inherited),
-                stdin=subprocess.DEVNULL,
-                env=self._env,
-            )
+            proc = await self._launch(self._argv(theirs.fileno()), inherited)
         except BaseException:
             if pods_ours is not None:
                 pods_ours.close()
@@ -285,6 +311,28 @@ class Supervisor:
         log.debug("data plane %d started (pid %d)", index, proc.pid)
         child.reading = asyncio.ensure_future(self._read(child, decoder, hello[1:]))
         return child
+
+    async def _launch(self, argv: Sequence[str], fds: list[int]) -> _Process:
+        """Fork ``argv`` from the fork server when it runs this binary, else execute it."""
+        prefix = self_command()
+        server = self._fork_server
+        if server is None or list(argv[: len(prefix)]) != prefix:
+            return subprocess.Popen(
+                list(argv), pass_fds=tuple(fds), stdin=subprocess.DEVNULL, env=self._env
+            )
+        if not server.alive():
+            log.error("the fork server (pid %d) exited; starting another", server.pid)
+            server.close()
+            self._fork_server = server = server.restart()
+        # In a thread: the first answer waits for the server's imports.
+        return await asyncio.get_running_loop().run_in_executor(
+            None,
+            server.spawn,
+            argv[len(prefix) :],
+            fds,
+            self._env if self._env is not None else dict(os.environ),
+            self._hello_timeout,
+        )
 
     async def _read(
         self, child: _Child, decoder: channel.Decoder, pending: list[channel.Message]

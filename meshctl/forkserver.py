@@ -1,0 +1,402 @@
+"""The fork server: one process that has imported a command's code forks that command's workers.
+
+A supervisor starts it once (``ForkServer.start``, a re-exec of this binary); it imports what the
+command needs (the command's ``preload``), freezes those objects out of the collector's sight
+(``gc.freeze``: a worker's collections then never write to the shared pages) and waits. Each
+``spawn`` forks a worker that runs the command as a fresh process would (``entry.main(args)``),
+so a worker starts without an interpreter start or imports and shares the imported pages
+copy-on-write with the server and its siblings.
+
+Wire (a SOCK_SEQPACKET socketpair, one packet per message): a request is JSON ``{"args", "fds",
+"env"}`` with the descriptors in SCM_RIGHTS in the order of ``fds`` (the numbers the worker must
+see them at, as ``subprocess``'s ``pass_fds`` keeps them); the answer is ``{"pid"}`` with a pidfd
+and the read end of the worker's status pipe, or ``{"error"}``. When the server reaps a worker it
+writes the wait status (4 bytes) to that pipe.
+
+Invariants: the server is single-threaded and runs no event loop, so a fork never copies a lock
+held by another thread; a worker gets exactly its descriptors (at their numbers) besides stdio,
+the environment asked for and default signal handling, and never returns into the server's loop
+(it exits with its command's code); a worker's death never ends the server; the server exits
+when its control socket closes (its supervisor is gone).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import fcntl
+import gc
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+
+COMMAND = "fork-server"  # meshctl's hidden command that runs ``serve`` (meshctl/entry.py)
+_MAX_PACKET = 1 << 20  # a request: argv, descriptor numbers and the environment
+_MAX_FDS = 64
+_STATUS = 4  # bytes of a wait status in the status pipe
+
+
+class ForkedProcess:
+    """A worker of a fork server, with the part of ``subprocess.Popen``'s interface a supervisor
+    uses (``pid``, ``returncode``, ``poll``, ``wait``, ``kill``, ``terminate``, ``send_signal``).
+
+    It is the server's child, not ours: its exit status comes through the status pipe, and
+    signals go through the pidfd (never to a recycled pid). ``wait`` may run in one thread while
+    ``poll`` runs in another.
+    """
+
+    def __init__(self, pid: int, pidfd: int, status_fd: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._pidfd = pidfd
+        self._status_fd = status_fd
+        os.set_blocking(status_fd, False)
+        self._lock = threading.Lock()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._collect(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None and not self._collect(timeout):
+            raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+        assert self.returncode is not None  # noqa: S101 (_collect set it)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        with self._lock:
+            if self.returncode is None:
+                with contextlib.suppress(ProcessLookupError):  # exited, not yet reported
+                    signal.pidfd_send_signal(self._pidfd, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def _known(self) -> bool:
+        return self.returncode is not None
+
+    def _collect(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` s (None: for ever) for the status; whether it is known now."""
+        with self._lock:
+            if self.returncode is not None:
+                return True
+            fd = self._status_fd
+        # Unlocked while waiting: a ``poll`` from another thread must not block behind ``wait``.
+        ready, _, _ = select.select([fd], [], [], timeout)
+        with self._lock:
+            if self._known():  # another thread read it meanwhile
+                return True
+            if not ready:
+                return False
+            try:
+                data = os.read(fd, _STATUS)
+            except BlockingIOError:
+                return False
+            if len(data) == _STATUS:
+                status = int.from_bytes(data, sys.byteorder, signed=True)
+                self.returncode = os.waitstatus_to_exitcode(status)
+            else:
+                # The server died before reporting (it reaps its workers): the worker, now
+                # someone else's child, is waited for through its pidfd; its status is lost.
+                select.select([self._pidfd], [], [], timeout)
+                self.returncode = -signal.SIGKILL
+            os.close(self._status_fd)
+            os.close(self._pidfd)
+            return True
+
+
+class ForkServer:
+    """Our end of a running fork server: ``spawn`` forks a worker, ``close`` ends the server."""
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None,
+        sock: socket.socket,
+        proc: subprocess.Popen[bytes] | _Adopted,
+    ) -> None:
+        self._argv, self._env = list(argv), env  # to start another like it
+        self._sock = sock
+        self._proc = proc
+        self._lock = threading.Lock()  # one request and its answer at a time
+
+    @classmethod
+    def start(cls, argv: Sequence[str], env: Mapping[str, str] | None = None) -> ForkServer:
+        """Start a server: ``argv`` is this binary's command line for ``COMMAND`` without the
+        control descriptor (``--control-fd N`` goes before its last word), ``env`` its
+        environment (None: ours)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            proc = subprocess.Popen(
+                [*argv[:-1], "--control-fd", str(theirs.fileno()), argv[-1]],
+                pass_fds=(theirs.fileno(),),
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return cls(argv, env, ours, proc)
+
+    @classmethod
+    def adopt(cls, argv: Sequence[str], control_fd: int, pid: int) -> ForkServer:
+        """The server that the process we were exec'd from started (see ``handover``): still our
+        child, since an exec keeps the pid. ``argv``: how to start another one."""
+        sock = socket.socket(fileno=control_fd)
+        sock.set_inheritable(False)
+        return cls(argv, None, sock, _Adopted(pid))
+
+    def handover(self) -> tuple[int, int]:
+        """(control descriptor, pid) for ``adopt`` after an exec: the descriptor is inherited."""
+        self._sock.set_inheritable(True)
+        return self._sock.fileno(), self._proc.pid
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def restart(self) -> ForkServer:
+        """Another server like this one (after this one died)."""
+        return ForkServer.start(self._argv, self._env)
+
+    def spawn(
+        self, args: Sequence[str], fds: Sequence[int], env: Mapping[str, str], timeout: float
+    ) -> ForkedProcess:
+        """Fork a worker running ``meshctl ARGS`` with ``fds`` at their numbers and ``env``.
+
+        Blocks until the server answers (at first it is still importing: up to ``timeout`` s);
+        an ``OSError`` when it is gone or says no.
+        """
+        request = json.dumps({"args": list(args), "fds": list(fds), "env": dict(env)}).encode()
+        with self._lock:
+            self._sock.settimeout(timeout)
+            rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+            self._sock.sendmsg([request], rights)
+            data, ancillary, _, _ = self._sock.recvmsg(_MAX_PACKET, socket.CMSG_SPACE(8))
+        received = _descriptors(ancillary)
+        if not data:
+            _close(received)
+            raise ConnectionError(f"the fork server (pid {self._proc.pid}) exited")
+        try:
+            answer = json.loads(data)
+        except ValueError:
+            answer = {"error": f"unreadable answer {data[:80]!r}"}
+        if "pid" not in answer or len(received) != 2:
+            _close(received)
+            raise OSError(f"the fork server could not start a worker: {answer.get('error')}")
+        return ForkedProcess(int(answer["pid"]), received[0], received[1])
+
+    def close(self, timeout: float = 2.0) -> None:
+        """End the server (its workers are not touched: each has its own supervisor channel)."""
+        self._sock.close()
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+class _Adopted:
+    """A child we did not start (an exec'd predecessor did): waited for by its pid."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # not ours after all: treat as gone
+                self.returncode = -1
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+            time.sleep(0.01)
+        assert self.returncode is not None  # noqa: S101 (poll set it)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)  # our unreaped child: the pid is still its
+
+
+def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    fds = array.array("i")
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+    return list(fds)
+
+
+def _close(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+# -- the server's side ---------------------------------------------------------------------------
+
+
+def main(
+    argv: list[str], *, preload: Callable[[str], None], run: Callable[[list[str]], int]
+) -> int:
+    """``meshctl fork-server --control-fd N COMMAND``: ``preload(COMMAND)``, then serve forks
+    whose workers run ``run(args)``."""
+    if len(argv) != 3 or argv[0] != "--control-fd" or not argv[1].isdigit():
+        sys.stderr.write(f"usage: meshctl {COMMAND} --control-fd N COMMAND (a supervisor's)\n")
+        return 2
+    control = socket.socket(fileno=int(argv[1]))
+    # Ctrl-C reaches the whole process group: the supervisor drains its workers, and this
+    # server ends when the supervisor closes its socket (workers get the default back).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    preload(argv[2])
+    gc.collect()
+    gc.freeze()  # what the workers share: never scanned (hence never written) by a collection
+    return _Server(control, run).serve()
+
+
+class _Server:
+    def __init__(self, control: socket.socket, run: Callable[[list[str]], int]) -> None:
+        self._control = control
+        self._run = run
+        self._status: dict[int, int] = {}  # worker pid -> write end of its status pipe
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def serve(self) -> int:
+        # SIGCHLD wakes the loop through the pipe (the handler itself does nothing).
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda _sig, _frame: None)
+        poller = select.poll()
+        poller.register(self._control.fileno(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        while True:
+            self._reap()
+            for fd, _ in poller.poll():
+                if fd == self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 512)
+                elif not self._request():
+                    return 0
+
+    def _request(self) -> bool:
+        """Answer one request; False when the supervisor has gone."""
+        space = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
+        data, ancillary, _, _ = self._control.recvmsg(_MAX_PACKET, space)
+        fds = _descriptors(ancillary)
+        if not data:
+            _close(fds)
+            return False
+        try:
+            request = json.loads(data)
+            targets = [int(n) for n in request["fds"]]  # as many as descriptors (strict zip)
+            pid, pidfd, status_r = self._fork(
+                [str(a) for a in request["args"]], dict(zip(targets, fds, strict=True)),
+                {str(k): str(v) for k, v in request["env"].items()},
+            )  # fmt: skip
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            self._control.send(json.dumps({"error": str(exc)}).encode())
+            return True
+        finally:
+            _close(fds)
+        rights = array.array("i", (pidfd, status_r))
+        try:
+            self._control.sendmsg(
+                [json.dumps({"pid": pid}).encode()],
+                [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)],
+            )
+        finally:
+            _close((pidfd, status_r))
+        return True
+
+    def _fork(
+        self, args: list[str], fds: dict[int, int], env: dict[str, str]
+    ) -> tuple[int, int, int]:
+        status_r, status_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            pid = os.fork()
+        except OSError:
+            _close((status_r, status_w))
+            raise
+        if pid == 0:
+            self._become_worker(args, fds, env)  # never returns
+        # Before the loop can reap it: the pid cannot be recycled while it is our zombie.
+        pidfd = os.pidfd_open(pid)
+        self._status[pid] = status_w
+        return pid, pidfd, status_r
+
+    def _reap(self) -> None:
+        while self._status:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            status_w = self._status.pop(pid, None)
+            if status_w is not None:
+                with contextlib.suppress(OSError):  # the supervisor no longer listens
+                    os.write(status_w, status.to_bytes(_STATUS, sys.byteorder, signed=True))
+                os.close(status_w)
+
+    def _become_worker(self, args: list[str], fds: dict[int, int], env: dict[str, str]) -> None:
+        """In the forked child: become ``meshctl ARGS`` as a fresh process would, then exit."""
+        code = 1
+        try:
+            self._control.detach()  # its number may become one of the worker's: never close it
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            _place(fds)
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = [sys.argv[0], *args]
+            code = self._run(args)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except BaseException:  # noqa: BLE001 (what an uncaught exception does in a fresh process)
+            traceback.print_exc()
+        finally:
+            logging.shutdown()  # the deferred log lines (meshctl.logs), as at a normal exit
+            with contextlib.suppress(Exception):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+
+
+def _place(fds: dict[int, int]) -> None:
+    """Put each received descriptor at its number; close every other one but stdio."""
+    high = max([*fds, *fds.values(), 2]) + 1
+    moved = {target: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, high) for target, fd in fds.items()}
+    for target, fd in moved.items():
+        os.dup2(fd, target)  # inheritable, as pass_fds leaves them
+    keep = sorted({0, 1, 2, *fds})
+    limit = max(os.sysconf("SC_OPEN_MAX"), keep[-1] + 1)
+    for low, next_kept in zip(keep, [*keep[1:], limit], strict=True):
+        os.closerange(low + 1, next_kept)

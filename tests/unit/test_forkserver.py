@@ -1,0 +1,195 @@
+"""The fork server forks workers that behave like fresh processes, and outlives their crashes.
+
+The server here runs a test command (``SERVER``): its preload sets a marker, and a worker reports
+what it sees (the marker, its descriptors, its environment) and exits with the code asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from meshctl import forkserver, process
+from meshctl.core.wire import channel
+
+SERVER = textwrap.dedent(
+    """
+    import os, sys
+    from meshctl import forkserver
+
+    PRELOADED = []
+
+    def preload(command):
+        PRELOADED.append(command)
+
+    def open_fds():
+        fds = []
+        for n in range(1024):
+            try:
+                os.fstat(n)
+            except OSError:
+                continue
+            fds.append(n)
+        return fds
+
+    def run(args):
+        # args: FD TEXT CODE -- write what this worker sees to descriptor FD, exit with CODE.
+        fd, text, code = int(args[0]), args[1], int(args[2])
+        seen = f"{text} preloaded={PRELOADED} env={os.environ.get('WORKER_ENV')} "
+        seen += f"pid={os.getpid()} server={os.getppid()} fds={open_fds()}"
+        os.write(fd, seen.encode())
+        if text == "hang":
+            import time
+            time.sleep(60)
+        return code
+
+    sys.exit(forkserver.main(sys.argv[1:], preload=preload, run=run))
+    """
+)
+
+
+@pytest.fixture
+def server():
+    started = forkserver.ForkServer.start([sys.executable, "-c", SERVER, "test-command"])
+    yield started
+    started.close()
+
+
+def _spawn(server: forkserver.ForkServer, fd: int, text: str, code: int = 0):
+    """A worker that writes ``text`` and what it sees to our ``fd`` (at the same number)."""
+    return server.spawn([str(fd), text, str(code)], [fd], {"WORKER_ENV": text}, 10.0)
+
+
+def test_a_worker_runs_after_the_preload_with_its_descriptor_and_its_env(server):
+    ours, theirs = socket.socketpair()
+    worker = _spawn(server, theirs.fileno(), "first", code=7)
+    assert worker.wait(10) == 7
+    seen = ours.recv(4096).decode()
+    assert seen.startswith("first preloaded=['test-command'] env=first ")
+    assert f"pid={worker.pid} server={server.pid}" in seen
+    # Exactly stdio and its one descriptor: none of the server's (its control socket, its
+    # wake-up pipe, other workers' status pipes).
+    assert seen.endswith(f"fds={sorted([0, 1, 2, theirs.fileno()])}")
+
+
+def test_descriptors_land_at_their_numbers_even_when_the_numbers_are_each_others():
+    a_read, a_write = os.pipe()
+    b_read, b_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the worker's side: a_write's number must now be b_write, and the reverse
+        code = 1
+        try:
+            forkserver._place({a_write: b_write, b_write: a_write})
+            os.write(a_write, b"to b")
+            os.write(b_write, b"to a")
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert os.read(b_read, 100) == b"to b"
+    assert os.read(a_read, 100) == b"to a"
+    for fd in (a_read, a_write, b_read, b_write):
+        os.close(fd)
+
+
+def test_a_killed_worker_reports_its_signal_and_the_server_forks_the_next(server):
+    ours, theirs = socket.socketpair()
+    worker = _spawn(server, theirs.fileno(), "hang")
+    assert ours.recv(4096).startswith(b"hang")
+    assert worker.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        worker.wait(0.05)
+    worker.kill()
+    assert worker.wait(10) == -signal.SIGKILL
+    assert worker.poll() == -signal.SIGKILL
+    assert server.alive()
+    again = _spawn(server, theirs.fileno(), "again", code=3)
+    assert again.wait(10) == 3
+    assert b"again" in ours.recv(4096)
+
+
+def test_wait_in_one_thread_and_poll_in_another_both_see_the_exit(server):
+    ours, theirs = socket.socketpair()
+    worker = _spawn(server, theirs.fileno(), "hang")
+    ours.recv(4096)
+
+    async def main() -> int:
+        waiting = asyncio.get_running_loop().run_in_executor(None, worker.wait)
+        await asyncio.sleep(0.1)
+        assert worker.poll() is None  # not blocked behind the waiting thread
+        worker.kill()
+        return await waiting
+
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == -signal.SIGKILL
+
+
+def test_the_server_exits_when_its_supervisor_closes_the_socket(server):
+    pid = server.pid
+    server.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_a_spawn_on_a_dead_server_is_an_oserror(server):
+    os.kill(server.pid, signal.SIGKILL)
+    end = time.monotonic() + 10
+    while server.alive() and time.monotonic() < end:
+        time.sleep(0.01)
+    with pytest.raises(OSError):  # noqa: PT011 (EPIPE or "exited": both say it is gone)
+        _spawn(server, 1, "never")
+
+
+class _NoFeed(process.Feed):
+    def current(self) -> list[channel.Message]:
+        return []
+
+    def changes(self) -> list[channel.Message]:
+        return []
+
+
+def test_the_supervisor_forks_data_planes_from_its_server_and_replaces_a_dead_server():
+    async def main() -> None:
+        server = process.start_fork_server("ztunnel-dataplane")
+        supervisor = process.Supervisor(
+            argv=lambda fd: process.self_command(
+                "ztunnel-dataplane", "--channel-fd", str(fd), "--log-level", "error"
+            ),
+            config=lambda _i, fds: channel.ProxyConfig(
+                mode="sidecar", workload="ns/name/sa", listeners=fds
+            ),
+            listeners={},
+            feed=_NoFeed(),
+            drain_deadline=1.0,
+            hello_timeout=30.0,
+            fork_server=server,
+        )
+        child = await supervisor._start(0)  # it said hello over its channel
+        assert isinstance(child.proc, forkserver.ForkedProcess)
+        assert _parent(child.proc.pid) == server.pid
+        supervisor._kill(child)
+        os.kill(server.pid, signal.SIGKILL)
+        server._proc.wait()  # type: ignore[attr-defined]
+        child = await supervisor._start(0)  # from a new server
+        replacement = supervisor._fork_server
+        assert replacement is not None
+        assert replacement.pid != server.pid
+        assert _parent(child.proc.pid) == replacement.pid
+        supervisor._kill(child)
+        replacement.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
