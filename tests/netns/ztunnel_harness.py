@@ -255,15 +255,25 @@ class Sidecar:
         return self.dataplane_pids(1)[0]
 
     def dataplane_pids(self, count: int) -> list[int]:
-        """The supervisor's data-plane children, once there are ``count`` of them."""
+        """The data-plane workers, once there are ``count`` of them: the fork server's children
+        (meshctl/forkserver.py), or the supervisor's own when it runs without one."""
         end = time.monotonic() + 10
         children: list[int] = []
         while time.monotonic() < end:
-            children = _children(self.supervisor_pid())
+            server = self.fork_server_pid()
+            children = _children(server) if server else _children(self.supervisor_pid())
             if len(children) >= count:
                 return children
             time.sleep(0.02)
         raise AssertionError(f"{len(children)} data plane children, wanted {count}")
+
+    def fork_server_pid(self) -> int | None:
+        """The supervisor's fork server (the data-plane workers' parent), if it runs one."""
+        for pid in _children(self.supervisor_pid()):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if b"\0fork-server\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+        return None
 
     def supervisor_pid(self) -> int:
         """The process running ``ztunnel run``.
