@@ -50,8 +50,9 @@ class ForkedProcess:
     uses (``pid``, ``returncode``, ``poll``, ``wait``, ``kill``, ``terminate``, ``send_signal``).
 
     It is the server's child, not ours: its exit status comes through the status pipe, and
-    signals go through the pidfd (never to a recycled pid). ``wait`` may run in one thread while
-    ``poll`` runs in another.
+    signals go through the pidfd (never to a recycled pid). ``wait`` may run in several threads
+    while ``poll`` runs in another: the status pipe stays open (readable at its end) until the
+    object goes, so a waiter never selects on a closed or reused descriptor.
     """
 
     def __init__(self, pid: int, pidfd: int, status_fd: int) -> None:
@@ -113,9 +114,15 @@ class ForkedProcess:
                 # someone else's child, is waited for through its pidfd; its status is lost.
                 select.select([self._pidfd], [], [], timeout)
                 self.returncode = -signal.SIGKILL
-            os.close(self._status_fd)
-            os.close(self._pidfd)
             return True
+
+    def __del__(self, close: Callable[[int], None] = os.close) -> None:
+        # Only here: while any thread waits (holding a reference) the numbers stay ours, never
+        # closed under its select() nor reused by another descriptor meanwhile. (``close``
+        # bound early: this may run while the interpreter tears the module down.)
+        for fd in (self._status_fd, self._pidfd):
+            with contextlib.suppress(OSError):
+                close(fd)
 
 
 class ForkServer:

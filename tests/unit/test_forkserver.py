@@ -118,19 +118,22 @@ def test_a_killed_worker_reports_its_signal_and_the_server_forks_the_next(server
     assert b"again" in ours.recv(4096)
 
 
-def test_wait_in_one_thread_and_poll_in_another_both_see_the_exit(server):
+def test_waits_in_several_threads_and_a_poll_all_see_the_exit_and_keep_their_descriptors(server):
     ours, theirs = socket.socketpair()
     worker = _spawn(server, theirs.fileno(), "hang")
     ours.recv(4096)
 
-    async def main() -> int:
-        waiting = asyncio.get_running_loop().run_in_executor(None, worker.wait)
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        # As the supervisor does: one wait watching the worker, one more in the drain.
+        waits = [loop.run_in_executor(None, worker.wait) for _ in range(3)]
         await asyncio.sleep(0.1)
-        assert worker.poll() is None  # not blocked behind the waiting thread
+        assert worker.poll() is None  # not blocked behind the waiting threads
         worker.kill()
-        return await waiting
+        return list(await asyncio.gather(*waits))
 
-    assert asyncio.run(asyncio.wait_for(main(), 10)) == -signal.SIGKILL
+    assert asyncio.run(asyncio.wait_for(main(), 10)) == [-signal.SIGKILL] * 3
+    assert worker.wait(0) == -signal.SIGKILL
 
 
 def test_the_server_exits_when_its_supervisor_closes_the_socket(server):
