@@ -43,6 +43,7 @@ COMMAND = "fork-server"  # meshctl's hidden command that runs ``serve`` (meshctl
 _MAX_PACKET = 1 << 20  # a request: argv, descriptor numbers and the environment
 _MAX_FDS = 64
 _STATUS = 4  # bytes of a wait status in the status pipe
+_UNREAPABLE_TRIES = 50  # x 10 ms: a worker exited under a dying server is ours by then
 
 
 class ForkedProcess:
@@ -50,7 +51,9 @@ class ForkedProcess:
     uses (``pid``, ``returncode``, ``poll``, ``wait``, ``kill``, ``terminate``, ``send_signal``).
 
     It is the server's child, not ours: its exit status comes through the status pipe, and
-    signals go through the pidfd (never to a recycled pid). ``wait`` may run in several threads
+    signals go through the pidfd (never to a recycled pid). Once the server has gone (retired
+    after start-up, or dead) the worker is ours (``become_subreaper``): waited for through the
+    pidfd. ``wait`` may run in several threads
     while ``poll`` runs in another: the status pipe stays open (readable at its end) until the
     object goes, so a waiter never selects on a closed or reused descriptor.
     """
@@ -62,6 +65,8 @@ class ForkedProcess:
         self._status_fd = status_fd
         os.set_blocking(status_fd, False)
         self._lock = threading.Lock()
+        self._orphan = False  # the server went before reporting: the pidfd tells the exit
+        self._unreapable = 0
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -91,30 +96,51 @@ class ForkedProcess:
 
     def _collect(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` s (None: for ever) for the status; whether it is known now."""
-        with self._lock:
-            if self.returncode is not None:
-                return True
-            fd = self._status_fd
-        # Unlocked while waiting: a ``poll`` from another thread must not block behind ``wait``.
-        ready, _, _ = select.select([fd], [], [], timeout)
-        with self._lock:
-            if self._known():  # another thread read it meanwhile
-                return True
-            if not ready:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if self._known():
+                    return True
+                fd = self._pidfd if self._orphan else self._status_fd
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            # Unlocked while waiting: a ``poll`` from another thread never blocks behind it.
+            ready, _, _ = select.select([fd], [], [], left)
+            with self._lock:
+                if ready:
+                    self._read_status()
+                if self._known():
+                    return True
+            if deadline is not None and time.monotonic() >= deadline:
                 return False
+            if ready and self._orphan and self._unreapable:
+                time.sleep(0.01)  # exited, but not (yet) ours to reap: see _read_status
+
+    def _read_status(self) -> None:
+        """With the lock: take what a readable descriptor says."""
+        if not self._orphan:
             try:
-                data = os.read(fd, _STATUS)
+                data = os.read(self._status_fd, _STATUS)
             except BlockingIOError:
-                return False
+                return
             if len(data) == _STATUS:
                 status = int.from_bytes(data, sys.byteorder, signed=True)
                 self.returncode = os.waitstatus_to_exitcode(status)
-            else:
-                # The server died before reporting (it reaps its workers): the worker, now
-                # someone else's child, is waited for through its pidfd; its status is lost.
-                select.select([self._pidfd], [], [], timeout)
+                return
+            self._orphan = True  # the server is gone: the worker's parent is now us, or init
+        if not select.select([self._pidfd], [], [], 0)[0]:
+            return  # still running
+        try:
+            result = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:
+            # Reparented to init (no subreaper), or not yet to us (the server is exiting): its
+            # exit is certain, its status unknown after a grace of ~0.5 s.
+            self._unreapable += 1
+            if self._unreapable > _UNREAPABLE_TRIES:
                 self.returncode = -signal.SIGKILL
-            return True
+            return
+        if result is not None:
+            killed = result.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+            self.returncode = -result.si_status if killed else result.si_status
 
     def __del__(self, close: Callable[[int], None] = os.close) -> None:
         # Only here: while any thread waits (holding a reference) the numbers stay ours, never
@@ -168,6 +194,15 @@ class ForkServer:
         sock.set_inheritable(False)
         return cls(argv, None, sock, _Adopted(pid))
 
+    def retire(self) -> None:
+        """Let the server go (it exits as its socket closes; ``alive``/``close`` reap it). Its
+        workers stay, sharing what they still share, and become ours (``become_subreaper``)."""
+        # shutdown first: a spawn blocked in another thread wakes (end of file) instead of
+        # waiting on a descriptor closed under it.
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+
     def handover(self) -> tuple[int, int]:
         """(control descriptor, pid) for ``adopt`` after an exec: the descriptor is inherited."""
         self._sock.set_inheritable(True)
@@ -213,7 +248,7 @@ class ForkServer:
 
     def close(self, timeout: float = 2.0) -> None:
         """End the server (its workers are not touched: each has its own supervisor channel)."""
-        self._sock.close()
+        self.retire()
         try:
             self._proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -254,6 +289,34 @@ class _Adopted:
                 os.kill(self.pid, signal.SIGKILL)  # our unreaped child: the pid is still its
 
 
+def become_subreaper() -> bool:
+    """Make this process the parent of orphaned descendants (prctl PR_SET_CHILD_SUBREAPER): a
+    fork server's workers outliving it are then our children, waited for with their status."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _set_name(name: str) -> bool:
+    """This process's name in ``ps``/``top`` (``/proc/PID/comm``, 15 bytes): a worker's
+    command line is its server's (a fork), its name says which it is."""
+    import ctypes
+
+    return _prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
+
+
+def _prctl(option: int, value: object) -> bool:
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(option, value, 0, 0, 0)) == 0
+    except (OSError, AttributeError, ctypes.ArgumentError):
+        return False
+
+
+_PR_SET_NAME = 15
+_PR_SET_CHILD_SUBREAPER = 36
+
+
 def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     fds = array.array("i")
     for level, kind, data in ancillary:
@@ -283,6 +346,7 @@ def main(
     # Ctrl-C reaches the whole process group: the supervisor drains its workers, and this
     # server ends when the supervisor closes its socket (workers get the default back).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _set_name(COMMAND)
     preload(argv[2])
     gc.collect()
     gc.freeze()  # what the workers share: never scanned (hence never written) by a collection
@@ -315,7 +379,10 @@ class _Server:
     def _request(self) -> bool:
         """Answer one request; False when the supervisor has gone."""
         space = socket.CMSG_SPACE(_MAX_FDS * array.array("i").itemsize)
-        data, ancillary, _, _ = self._control.recvmsg(_MAX_PACKET, space)
+        try:
+            data, ancillary, _, _ = self._control.recvmsg(_MAX_PACKET, space)
+        except ConnectionError:
+            return False
         fds = _descriptors(ancillary)
         if not data:
             _close(fds)
@@ -328,7 +395,8 @@ class _Server:
                 {str(k): str(v) for k, v in request["env"].items()},
             )  # fmt: skip
         except (ValueError, KeyError, TypeError, OSError) as exc:
-            self._control.send(json.dumps({"error": str(exc)}).encode())
+            with contextlib.suppress(OSError):
+                self._control.send(json.dumps({"error": str(exc)}).encode())
             return True
         finally:
             _close(fds)
@@ -338,6 +406,11 @@ class _Server:
                 [json.dumps({"pid": pid}).encode()],
                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)],
             )
+        except OSError:
+            # The supervisor went while we forked: nobody would ever feed or stop this worker.
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+            return False
         finally:
             _close((pidfd, status_r))
         return True
@@ -381,6 +454,7 @@ class _Server:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             _place(fds)
+            _set_name(args[0] if args else "worker")
             os.environ.clear()
             os.environ.update(env)
             sys.argv = [sys.argv[0], *args]

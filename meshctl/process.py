@@ -28,6 +28,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from meshctl import logs
 from meshctl.core.backoff import Backoff
 from meshctl.core.wire import channel
 from meshctl.forkserver import COMMAND as FORK_SERVER_COMMAND
-from meshctl.forkserver import ForkServer
+from meshctl.forkserver import ForkedProcess, ForkServer, become_subreaper
 from meshctl.shutdown import StopSignals
 
 if TYPE_CHECKING:
@@ -191,7 +192,12 @@ class Supervisor:
         self._ready: set[int] = set()
         self._announced = False
         self._pods = pods
-        self._fork_server = fork_server  # closed when run() ends
+        # Retired once every worker runs; another starts for a restart. Workers that outlive
+        # their server become our children (a subreaper), waited for with their status.
+        self._fork_server = fork_server
+        self._fork_server_retired = False
+        if fork_server is not None:
+            become_subreaper()
 
     def stop(self) -> None:
         """Begin the drain (what SIGTERM does)."""
@@ -232,6 +238,7 @@ class Supervisor:
                 log.error("data plane %d failed to start: %s", index, exc)  # noqa: TRY400 (expected; no traceback)
                 failures += 1
             else:
+                self._retire_fork_server()
                 outcome = await self._watch(child)
                 if outcome == "quit":
                     self._quit.set()
@@ -321,18 +328,46 @@ class Supervisor:
                 list(argv), pass_fds=tuple(fds), stdin=subprocess.DEVNULL, env=self._env
             )
         if not server.alive():
-            log.error("the fork server (pid %d) exited; starting another", server.pid)
+            if not self._fork_server_retired:
+                log.error("the fork server (pid %d) exited; starting another", server.pid)
             server.close()
             self._fork_server = server = server.restart()
-        # In a thread: the first answer waits for the server's imports.
-        return await asyncio.get_running_loop().run_in_executor(
-            None,
-            server.spawn,
-            argv[len(prefix) :],
-            fds,
-            self._env if self._env is not None else dict(os.environ),
-            self._hello_timeout,
-        )
+            self._fork_server_retired = False
+        env = self._env if self._env is not None else dict(os.environ)
+        lock = threading.Lock()
+        held: list[ForkedProcess] = []
+        abandoned = False
+
+        def spawn() -> ForkedProcess:
+            nonlocal abandoned
+            proc = server.spawn(argv[len(prefix) :], fds, env, self._hello_timeout)
+            with lock:
+                if abandoned:
+                    proc.kill()
+                held.append(proc)
+            return proc
+
+        # In a thread: the first answer waits for the server's imports. A start given up
+        # meanwhile (the supervisor stopping) kills the worker forked for it, whenever it comes.
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, spawn)
+        except asyncio.CancelledError:
+            with lock:
+                abandoned = True
+                for proc in held:
+                    proc.kill()
+            raise
+
+    def _retire_fork_server(self) -> None:
+        """Once every worker runs, let the fork server go: idle, it held ~15 MB of pages its
+        workers no longer share (each touched its own copies); they keep sharing the rest."""
+        server = self._fork_server
+        everyone = len(self._children) == self._workers
+        if server is not None and everyone and not self._fork_server_retired:
+            server.retire()
+            self._fork_server_retired = True
+            # Reaped as soon as it has gone (at once, on its socket's end): no zombie child.
+            asyncio.get_running_loop().run_in_executor(None, server.close)
 
     async def _read(
         self, child: _Child, decoder: channel.Decoder, pending: list[channel.Message]

@@ -255,13 +255,15 @@ class Sidecar:
         return self.dataplane_pids(1)[0]
 
     def dataplane_pids(self, count: int) -> list[int]:
-        """The data-plane workers, once there are ``count`` of them: the fork server's children
-        (meshctl/forkserver.py), or the supervisor's own when it runs without one."""
+        """The data-plane workers, once there are ``count`` of them: among the supervisor's
+        children and, while it runs, the fork server's (meshctl/forkserver.py; the workers it
+        forked become the supervisor's when it retires)."""
         end = time.monotonic() + 10
         children: list[int] = []
         while time.monotonic() < end:
             server = self.fork_server_pid()
-            children = _children(server) if server else _children(self.supervisor_pid())
+            candidates = _children(self.supervisor_pid()) + (_children(server) if server else [])
+            children = sorted(pid for pid in candidates if _is_worker(pid))
             if len(children) >= count:
                 return children
             time.sleep(0.02)
@@ -271,7 +273,7 @@ class Sidecar:
         """The supervisor's fork server (the data-plane workers' parent), if it runs one."""
         for pid in _children(self.supervisor_pid()):
             with contextlib.suppress(OSError):  # gone meanwhile
-                if b"\0fork-server\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if _command(pid) == "fork-server" and not _is_worker(pid):
                     return pid
         return None
 
@@ -309,8 +311,36 @@ class Sidecar:
 
 
 def _children(pid: int) -> list[int]:
+    """``pid``'s live children (not one that has exited and awaits its parent's wait)."""
     path = Path(f"/proc/{pid}/task/{pid}/children")
-    return sorted(int(c) for c in path.read_text().split())
+    return sorted(int(c) for c in path.read_text().split() if not _exited(int(c)))
+
+
+def _command(pid: int) -> str:
+    """The meshctl command ``pid`` runs (the word after the executable, or after ``-m meshctl``)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    words = argv[3:] if argv[1:3] == [b"-m", b"meshctl"] else argv[1:]
+    return next((w.decode() for w in words if not w.startswith(b"-")), "")
+
+
+def _is_worker(pid: int) -> bool:
+    """A data-plane worker: exec'd as ``ztunnel-dataplane``, or forked by the fork server and
+    named so (a fork keeps the server's command line; its name, /proc/PID/comm, is the
+    command's, cut to 15 bytes)."""
+    try:
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "ztunnel-dataplane"[:15]:
+            return True
+        return _command(pid) == "ztunnel-dataplane"
+    except OSError:
+        return False
+
+
+def _exited(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def metric_sum(text: str, name: str, **labels: str) -> float:

@@ -7,6 +7,7 @@ what it sees (the marker, its descriptors, its environment) and exits with the c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import socket
@@ -14,6 +15,8 @@ import subprocess
 import sys
 import textwrap
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -30,6 +33,9 @@ SERVER = textwrap.dedent(
 
     def preload(command):
         PRELOADED.append(command)
+        if os.environ.get("SLOW_PRELOAD"):
+            import time
+            time.sleep(float(os.environ["SLOW_PRELOAD"]))
 
     def open_fds():
         fds = []
@@ -44,6 +50,12 @@ SERVER = textwrap.dedent(
     def run(args):
         # args: FD TEXT CODE -- write what this worker sees to descriptor FD, exit with CODE.
         fd, text, code = int(args[0]), args[1], int(args[2])
+        if text == "sleeper":  # says nothing: lives until killed
+            import time
+            time.sleep(60)
+        if os.environ.get("PIDFILE"):
+            with open(os.environ["PIDFILE"], "w") as out:
+                out.write(str(os.getpid()))
         seen = f"{text} preloaded={PRELOADED} env={os.environ.get('WORKER_ENV')} "
         seen += f"pid={os.getpid()} server={os.getppid()} fds={open_fds()}"
         os.write(fd, seen.encode())
@@ -160,6 +172,23 @@ class _NoFeed(process.Feed):
         return []
 
 
+def _in_child(body: Callable[[], None]) -> None:
+    """Run ``body`` in a forked child of this test process: a subreaper (what a supervisor with
+    a fork server becomes) must not be the test runner itself."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            body()
+            code = 0
+        except BaseException:  # noqa: BLE001 (reported through the exit code and stderr)
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "see the child's traceback above"
+
+
 def test_the_supervisor_forks_data_planes_from_its_server_and_replaces_a_dead_server():
     async def main() -> None:
         server = process.start_fork_server("ztunnel-dataplane")
@@ -190,7 +219,94 @@ def test_the_supervisor_forks_data_planes_from_its_server_and_replaces_a_dead_se
         supervisor._kill(child)
         replacement.close()
 
-    asyncio.run(asyncio.wait_for(main(), 60))
+    _in_child(lambda: asyncio.run(asyncio.wait_for(main(), 60)))
+
+
+def test_once_every_worker_runs_the_server_retires_and_its_workers_become_ours():
+    async def main() -> None:
+        server = process.start_fork_server("ztunnel-dataplane")
+        supervisor = process.Supervisor(
+            argv=lambda fd: process.self_command(
+                "ztunnel-dataplane", "--channel-fd", str(fd), "--log-level", "error"
+            ),
+            config=lambda _i, fds: channel.ProxyConfig(
+                mode="sidecar", workload="ns/name/sa", listeners=fds
+            ),
+            listeners={},
+            feed=_NoFeed(),
+            drain_deadline=1.0,
+            hello_timeout=30.0,
+            fork_server=server,
+        )
+        child = await supervisor._start(0)
+        supervisor._retire_fork_server()  # what the slot does after each start
+        assert server._proc.wait(10) == 0  # type: ignore[attr-defined]
+        end = time.monotonic() + 10
+        while _parent(child.proc.pid) != os.getpid():  # reparented to the supervisor
+            assert time.monotonic() < end
+            await asyncio.sleep(0.01)
+        assert child.proc.poll() is None
+        os.kill(child.proc.pid, signal.SIGTERM)  # it drains and exits 0: its real status
+        assert child.proc.wait(10) == 0
+        with pytest.raises(ChildProcessError):  # reaped: no zombie left
+            os.waitpid(child.proc.pid, os.WNOHANG)
+        supervisor._forget(child)
+        again = await supervisor._start(0)  # a restart starts another server
+        assert supervisor._fork_server is not server
+        assert _parent(again.proc.pid) == supervisor._fork_server.pid  # type: ignore[union-attr]
+        supervisor._kill(again)
+        supervisor._fork_server.close()  # type: ignore[union-attr]
+
+    _in_child(lambda: asyncio.run(asyncio.wait_for(main(), 60)))
+
+
+def test_a_start_given_up_while_the_server_imports_kills_the_worker_forked_for_it(tmp_path):
+    pidfile = tmp_path / "worker.pid"
+
+    async def main() -> None:
+        server = forkserver.ForkServer.start(
+            [sys.executable, "-c", SERVER, "test-command"],
+            env={**os.environ, "SLOW_PRELOAD": "1"},
+        )
+        supervisor = process.Supervisor(
+            # This binary's command line, so that the supervisor forks it from the server;
+            # the test server's worker sleeps.
+            argv=lambda fd: [*process.self_command(), str(fd), "sleeper", "0"],
+            config=lambda _i, fds: channel.ProxyConfig(mode="sidecar", workload="a/b/c"),
+            listeners={},
+            feed=_NoFeed(),
+            drain_deadline=1.0,
+            extra_env={"PIDFILE": str(pidfile)},
+            fork_server=server,
+        )
+        start = asyncio.ensure_future(supervisor._start(0))
+        await asyncio.sleep(0.3)  # the request is sent; the server is still importing
+        start.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await start
+        # The server forks it once imported (~1 s): without the kill it would hang for 60 s as
+        # the server's live child; with it, it is killed (maybe before it wrote its pid).
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            live = [pid for pid in _children_of(server.pid) if _alive(pid)]
+            assert not live or time.monotonic() < end - 1.5, f"abandoned worker runs: {live}"
+            await asyncio.sleep(0.02)
+        assert server.alive()  # it answered, and outlived the kill
+        server.close()
+
+    _in_child(lambda: asyncio.run(asyncio.wait_for(main(), 30)))
+
+
+def _children_of(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
 
 
 def _parent(pid: int) -> int:
