@@ -187,12 +187,31 @@ class ForkServer:
         return cls(argv, env, ours, proc)
 
     @classmethod
-    def adopt(cls, argv: Sequence[str], control_fd: int, pid: int) -> ForkServer:
-        """The server that the process we were exec'd from started (see ``handover``): still our
-        child, since an exec keeps the pid. ``argv``: how to start another one."""
-        sock = socket.socket(fileno=control_fd)
-        sock.set_inheritable(False)
-        return cls(argv, None, sock, _Adopted(pid))
+    def fork(cls, argv: Sequence[str], run: Callable[[list[str]], int]) -> ForkServer:
+        """Start a server as a fork of this process, which must be single-threaded with no event
+        loop running (``start`` otherwise): it begins with every module imported so far, shared
+        copy-on-write, so it neither starts an interpreter nor imports them again. ``run(args)``
+        is meshctl's entry point (what ``argv``, the command line ``start`` would use, runs);
+        the server keeps only stdio and its control socket of our descriptors."""
+        if threading.active_count() != 1:
+            return cls.start(argv)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        pid = os.fork()
+        if pid == 0:  # the server: never returns
+            code = 1
+            try:
+                ours.detach()
+                control = theirs.detach()
+                _place({control: control})  # closes ours, listeners, any handover memfd
+                code = run([COMMAND, "--control-fd", str(control), argv[-1]])
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:  # noqa: BLE001 (what a fresh process would print)
+                traceback.print_exc()
+            finally:
+                os._exit(code)
+        theirs.close()
+        return cls(argv, None, ours, _Adopted(pid))
 
     def retire(self) -> None:
         """Let the server go (it exits as its socket closes; ``alive``/``close`` reap it). Its
@@ -202,11 +221,6 @@ class ForkServer:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
-
-    def handover(self) -> tuple[int, int]:
-        """(control descriptor, pid) for ``adopt`` after an exec: the descriptor is inherited."""
-        self._sock.set_inheritable(True)
-        return self._sock.fileno(), self._proc.pid
 
     @property
     def pid(self) -> int:
@@ -257,7 +271,7 @@ class ForkServer:
 
 
 class _Adopted:
-    """A child we did not start (an exec'd predecessor did): waited for by its pid."""
+    """A child forked here (no ``Popen``): waited for by its pid."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid

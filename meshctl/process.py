@@ -23,6 +23,7 @@ import array
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import logging
 import os
 import socket
@@ -59,14 +60,17 @@ def self_command(*args: str) -> list[str]:
 
 
 def start_fork_server(command: str) -> ForkServer:
-    """A fork server that has imported raw command ``command`` (``self_command(command, ...)``
-    workers are then forked from it). Start it early: it imports while the caller goes on."""
-    return ForkServer.start(fork_server_command(command))
+    """A fork server for raw command ``command`` (``self_command(command, ...)`` workers are then
+    forked from it), itself forked from this process when it is single-threaded: it shares what
+    this process has imported and imports the rest while the caller goes on. Start it early."""
+    return ForkServer.fork(self_command(FORK_SERVER_COMMAND, command), _run_meshctl)
 
 
-def fork_server_command(command: str) -> list[str]:
-    """argv of a fork server for raw command ``command`` (without its control descriptor)."""
-    return self_command(FORK_SERVER_COMMAND, command)
+def _run_meshctl(args: list[str]) -> int:
+    """meshctl's entry point, as ``self_command`` runs it (named, not imported: the entry point
+    sits above every module, this one included)."""
+    entry = importlib.import_module("meshctl.entry")
+    return int(entry.main(args))
 
 
 class _Process(Protocol):

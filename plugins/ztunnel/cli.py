@@ -136,17 +136,6 @@ def run(
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
     flags = {k: v for k, v in locals().items() if k != "ctx"}  # first: only the options
     level = options.daemon_logging(ctx)  # info unless a level was given: listening, ready
-    from meshctl.process import start_fork_server
-
-    from .supervisor.handover import DATAPLANE_COMMAND
-
-    # Before the checks: the data plane's fork server imports while this process checks, binds
-    # and execs (two cores, side by side); the supervisor adopts it. Should this run stop at a
-    # check, the server ends with it (its control socket closes).
-    try:
-        server = start_fork_server(DATAPLANE_COMMAND)
-    except OSError:
-        server = None  # the supervisor starts one
     from . import rundir
     from .listeners import bind_all
     from .supervisor import modes
@@ -196,15 +185,12 @@ def run(
         if global_settings.log_level or global_settings.debug
         else "warning",
         log_format=global_settings.log_format,
-        fork_server=None if server is None else server.handover(),
     )
     try:
         become_supervisor(handover)
     finally:  # only when the exec failed
         for sock in listeners.values():
             sock.close()
-        if server is not None:
-            server.close()
 
 
 @app.command()

@@ -33,9 +33,6 @@ class Handover:
     log_level: str  # the supervisor's
     dataplane_log_level: str  # its workers' (at info they log every connection)
     log_format: str
-    # The data plane's fork server ``ztunnel run`` started first, as (control descriptor, pid):
-    # it imports while the CLI checks and execs; None: the supervisor starts one itself.
-    fork_server: tuple[int, int] | None = None
 
     def to_json(self) -> str:
         # The channel's own form of the certificates (the length prefix cut).
@@ -49,14 +46,12 @@ class Handover:
                 "logLevel": self.log_level,
                 "dataplaneLogLevel": self.dataplane_log_level,
                 "logFormat": self.log_format,
-                "forkServer": self.fork_server,
             }
         )
 
     @classmethod
     def from_json(cls, text: str) -> Handover:
         doc = json.loads(text)
-        server = doc.get("forkServer")
         certs = None if doc["certs"] is None else channel.decode(doc["certs"].encode())
         if certs is not None and not isinstance(certs, channel.Certs):
             raise TypeError("handover with something else than certificates")
@@ -68,7 +63,6 @@ class Handover:
             log_level=str(doc["logLevel"]),
             dataplane_log_level=str(doc["dataplaneLogLevel"]),
             log_format=str(doc["logFormat"]),
-            fork_server=None if server is None else (int(server[0]), int(server[1])),
         )
 
 

@@ -56,19 +56,16 @@ def main(argv: list[str]) -> int:
 def supervise(handover: Handover) -> int:
     """Run the data-plane workers of ``handover``'s mode; the exit code."""
     from meshctl.forkserver import ForkServer
-    from meshctl.process import fork_server_command, start_fork_server
+    from meshctl.process import start_fork_server
 
-    # The workers are forks of a server that imported the data plane while this process (and
-    # 'ztunnel run' before the exec, which started it) imported and built its sources.
+    # First, before this process starts a thread or an event loop: a fork of it that keeps what
+    # it has imported and imports the data plane while this process builds its sources (side by
+    # side on two cores); the workers are then forks of that, not fresh starts.
     server: ForkServer | None = None
-    if handover.fork_server is not None:
-        fd, pid = handover.fork_server
-        server = ForkServer.adopt(fork_server_command(DATAPLANE_COMMAND), fd, pid)
-    else:
-        try:
-            server = start_fork_server(DATAPLANE_COMMAND)
-        except OSError as exc:
-            log.warning("no fork server (%s): each data-plane worker starts afresh", exc)
+    try:
+        server = start_fork_server(DATAPLANE_COMMAND)
+    except OSError as exc:
+        log.warning("no fork server (%s): each data-plane worker starts afresh", exc)
     from . import modes
 
     if handover.settings.node_mode:
