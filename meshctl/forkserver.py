@@ -276,8 +276,13 @@ class _Adopted:
     def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
+        self._lock = threading.Lock()  # one waitpid at a time: the other sees its result
 
     def poll(self) -> int | None:
+        with self._lock:
+            return self._poll()
+
+    def _poll(self) -> int | None:
         if self.returncode is None:
             try:
                 pid, status = os.waitpid(self.pid, os.WNOHANG)
