@@ -270,10 +270,13 @@ class Sidecar:
         raise AssertionError(f"{len(children)} data plane children, wanted {count}")
 
     def fork_server_pid(self) -> int | None:
-        """The supervisor's fork server (the data-plane workers' parent), if it runs one."""
+        """The supervisor's fork server (the data-plane workers' parent), if it runs one: named
+        so (forked from the supervisor, it has the supervisor's command line), or re-executed
+        as ``fork-server`` (a restart's)."""
         for pid in _children(self.supervisor_pid()):
             with contextlib.suppress(OSError):  # gone meanwhile
-                if _command(pid) == "fork-server" and not _is_worker(pid):
+                named = Path(f"/proc/{pid}/comm").read_text().strip() == "fork-server"
+                if (named or _command(pid) == "fork-server") and not _is_worker(pid):
                     return pid
         return None
 
