@@ -48,7 +48,12 @@ from meshctl.proto import gateway_pb2 as pb
 
 GATEWAY_TYPE = "type.googleapis.com/meshctl.gateway.v1.GatewayConfig"
 
-_PROTOCOLS = {Protocol.HTTP: pb.PROTOCOL_HTTP, Protocol.HTTPS: pb.PROTOCOL_HTTPS}
+_PROTOCOLS = {
+    Protocol.HTTP: pb.PROTOCOL_HTTP,
+    Protocol.HTTPS: pb.PROTOCOL_HTTPS,
+    Protocol.TLS: pb.PROTOCOL_TLS,
+    Protocol.TCP: pb.PROTOCOL_TCP,
+}
 _PATH_TYPES = {PathType.EXACT: pb.PATH_TYPE_EXACT, PathType.PREFIX: pb.PATH_TYPE_PREFIX}
 _MODIFIERS = {
     PathModifierType.FULL: pb.PATH_MODIFIER_TYPE_FULL,

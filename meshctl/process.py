@@ -19,7 +19,6 @@ interpreter's start and imports; a server found dead is replaced before the next
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import dataclasses
@@ -35,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from meshctl import logs
+from meshctl import descriptors, logs
 from meshctl.core.backoff import Backoff
 from meshctl.core.wire import channel
 from meshctl.forkserver import COMMAND as FORK_SERVER_COMMAND
@@ -166,6 +165,7 @@ class Supervisor:
         report_timeout: float = 1.0,
         ready_line: tuple[str, str] = ("data plane", ""),
         pods: PodFeed | None = None,
+        on_drain: Callable[[], None] | None = None,
         fork_server: ForkServer | None = None,
     ) -> None:
         if workers < 1:
@@ -196,6 +196,7 @@ class Supervisor:
         self._ready: set[int] = set()
         self._announced = False
         self._pods = pods
+        self._on_drain = on_drain
         # Retired once every worker runs; another starts for a restart. Workers that outlive
         # their server become our children (a subreaper), waited for with their status.
         self._fork_server = fork_server
@@ -206,6 +207,24 @@ class Supervisor:
     def stop(self) -> None:
         """Begin the drain (what SIGTERM does)."""
         self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def ready(self) -> bool:
+        """Every worker is running and its last ``Status`` said ready."""
+        return len(self._ready) == self._workers
+
+    @property
+    def ready_workers(self) -> frozenset[int]:
+        """The indexes of the running workers whose last ``Status`` said ready."""
+        return frozenset(self._ready)
+
+    def pids(self) -> dict[int, int]:
+        """Worker index -> pid of the live workers."""
+        return {i: c.proc.pid for i, c in self._children.items() if c.proc.poll() is None}
 
     async def run(self) -> int:
         signals = StopSignals(self._stop.set)
@@ -316,8 +335,8 @@ class Supervisor:
         for message in self._feed.current():
             self._send(child, message)
         if self._pods is not None:
-            for message, descriptors in self._pods.current():
-                self._send_pod(child, message, descriptors)
+            for message, attached in self._pods.current():
+                self._send_pod(child, message, attached)
         child.fed = True
         log.debug("data plane %d started (pid %d)", index, proc.pid)
         child.reading = asyncio.ensure_future(self._read(child, decoder, hello[1:]))
@@ -474,6 +493,8 @@ class Supervisor:
         for role, sock in self._listeners.items():
             if role.removesuffix("6") not in HTTP_ROLES:
                 sock.close()  # the kernel now refuses new connections; open ones carry on
+        if self._on_drain is not None:
+            self._on_drain()  # the caller's own listener copies (sent over the pod channel)
         children = [c for c in self._children.values() if c.proc.poll() is None]
         if not children:
             return
@@ -514,13 +535,8 @@ class Supervisor:
     def _send_pod(self, child: _Child, message: channel.Message, fds: tuple[int, ...]) -> None:
         if child.pods is None:
             return
-        data = channel.encode(message)
         try:
-            if fds:
-                rights = array.array("i", fds)
-                child.pods.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
-            else:
-                child.pods.send(data)
+            descriptors.send(child.pods, message, fds)
         except OSError as exc:  # TimeoutError included: it stopped reading
             log.error("data plane %d: pod channel: %s; restarting it", child.index, exc)  # noqa: TRY400
             if child.proc.poll() is None:
@@ -549,5 +565,6 @@ class Supervisor:
                 child.pods.close()
         if self._children.get(child.index) is child:
             del self._children[child.index]
+            self._ready.discard(child.index)  # its replacement says ready for itself
             if self._on_exit is not None:
                 self._on_exit(child.proc.pid)

@@ -32,12 +32,20 @@ class _ProtocolEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Protocol.Val
     PROTOCOL_UNSPECIFIED: _Protocol.ValueType  # 0
     PROTOCOL_HTTP: _Protocol.ValueType  # 1
     PROTOCOL_HTTPS: _Protocol.ValueType  # 2
+    PROTOCOL_TLS: _Protocol.ValueType  # 3
+    """passthrough (TLSRoute): routed by SNI, never terminated"""
+    PROTOCOL_TCP: _Protocol.ValueType  # 4
+    """TCPRoute: bytes to a backend"""
 
 class Protocol(_Protocol, metaclass=_ProtocolEnumTypeWrapper): ...
 
 PROTOCOL_UNSPECIFIED: Protocol.ValueType  # 0
 PROTOCOL_HTTP: Protocol.ValueType  # 1
 PROTOCOL_HTTPS: Protocol.ValueType  # 2
+PROTOCOL_TLS: Protocol.ValueType  # 3
+"""passthrough (TLSRoute): routed by SNI, never terminated"""
+PROTOCOL_TCP: Protocol.ValueType  # 4
+"""TCPRoute: bytes to a backend"""
 Global___Protocol: _TypeAlias = Protocol  # noqa: Y015
 
 class _PathType:

@@ -230,7 +230,7 @@ def manifest_cmd(
         typer.Option(
             "--netns-dir",
             metavar="DIR",
-            help="Ambient: where the runtime pins pod netns (host path).",
+            help="Where the runtime pins pod netns (host path; the agent enters them).",
         ),
     ] = layout.HOST_NETNS_DIR,
 ) -> None:

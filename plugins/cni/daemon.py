@@ -12,11 +12,15 @@ Invariants:
 - SIGTERM or SIGINT: stop watching, then ``Installer.cleanup`` (the node's config as it was);
   in ambient mode, when the agent's DaemonSet is going away (an uninstall), every pod is
   released first (``AmbientAgent.release_all``), so running pods keep working unmeshed.
-- The CNI plugin's log records arriving on ``<run_dir>/log.sock`` are re-logged here.
+- The CNI plugin is a thin client of this agent: every CNI request arrives whole on
+  ``<run_dir>/pluginevent.sock`` (``/cni``) and is served here (``requestroute.py``), in every
+  mode; the socket is bound before the plugin is chained into the node's config, so a runtime
+  never runs a plugin with no agent to answer it (but across a restart, which the client waits
+  out within its bound). Records of older plugins on ``<run_dir>/log.sock`` are re-logged here.
 - Ambient mode (``--ambient``): the node agent runs beside the installer (``ambient.py``): the
-  plugin's events on ``<run_dir>/pluginevent.sock``, the ZDS server for the node proxy, the pod
-  and namespace watches (or ``--local-inventory``: no API server); ``/readyz`` also waits for
-  their first sync.
+  ambient routes of the same socket, the ZDS server for the node proxy, the pod and namespace
+  watches (or ``--local-inventory``: no API server); ``/readyz`` also waits for their first
+  sync.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from meshctl.structured import InputError, load_json
 
 from .health import AgentStatus
 from .installer import Installer, InstallSettings, Status
-from .pluginserver import PluginServer
+from .pluginserver import Handler, PluginServer
+from .requestroute import ANSWER_TIMEOUT, MAX_REQUEST, CniRequests
 
 if TYPE_CHECKING:
     from .ambient import AmbientAgent
@@ -160,14 +165,29 @@ async def run(
             stack.callback(sink.unlink, missing_ok=True)
             stack.callback(transport.close)
             addresses.append(f"unix:{sink} (the plugin's log records)")
+        ambient: dict[str, Handler] = (
+            {"/cmdadd": agent.cni_add, "/cmddel": agent.cni_del} if agent else {}
+        )
+        requests = CniRequests(
+            settings.run_dir,
+            kernel=getattr(agent.kernel, "call", None) if agent is not None else None,
+            ambient=ambient or None,
+            log_level=settings.plugin_log_level,
+            netns_dir=settings.netns_dir,
+        )
+        requests.start()
+        stack.callback(requests.close)
+        events = PluginServer(
+            str(Path(settings.run_dir) / PLUGIN_EVENT_SOCKET_NAME),
+            ambient,
+            {"/cni": requests.handle},
+            raw_limit=MAX_REQUEST,
+            answer_timeout=ANSWER_TIMEOUT,
+        )
+        await events.start()
+        stack.push_async_callback(events.close)
+        addresses.append(f"unix:{events.path} (the plugin's requests)")
         if agent is not None:
-            events = PluginServer(
-                str(Path(settings.run_dir) / PLUGIN_EVENT_SOCKET_NAME),
-                {"/cmdadd": agent.cni_add, "/cmddel": agent.cni_del},
-            )
-            await events.start()
-            stack.push_async_callback(events.close)
-            addresses.append(f"unix:{events.path} (the plugin's pod events)")
             agent_stop, release = asyncio.Event(), asyncio.Event()
             serving = asyncio.ensure_future(agent.run(agent_stop, release=release))
             # On the way out, before the plugin leaves the node's config: decide and release.

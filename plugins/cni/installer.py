@@ -52,6 +52,7 @@ BACKUP_NAME = "conf-backup.json"
 TREES_DIR = f".{PLUGIN_TYPE}"  # in the CNI bin dir: the verified one-dir trees
 STALE_TEMP = 600.0  # seconds: an older temp copy is a dead installer's leftover
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+CLIENT_MODULE = "meshctl_plugins.cni_plugin.client"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,19 +185,33 @@ class InstallSettings:
         }
 
 
-def plugin_binary() -> bytes:
-    """What to install as ``meshctl-cni``.
+def plugin_binary(run_dir: str = DEFAULT_RUN_DIR) -> bytes:
+    """What to install as ``meshctl-cni`` when not from a tree.
 
-    Frozen: this very executable, copied as-is (it dispatches on its name, see meshctl/entry.py).
-    Unfrozen (development, tests): a launcher script that runs this interpreter with
-    ``-m meshctl cni-plugin``, so the installed plugin runs the same code as this installer.
-    """
+    Frozen (the one-file binary): this very executable, copied as-is (it dispatches on its name,
+    see meshctl/entry.py; it unpacks itself at every start, so the image's tree is the fast form).
+    Unfrozen (development, tests): the thin client itself as a script run by this interpreter
+    as ``python -I -S`` (isolated, no site: nothing but the standard library's built-ins), with
+    ``run_dir`` as its default (where it finds the agent when a config names none)."""
     if getattr(sys, "frozen", False):
         return Path(sys.executable).read_bytes()
+    import importlib.util
+
+    # Its source is data here (copied, never imported: plugins do not import each other).
+    spec = importlib.util.find_spec(CLIENT_MODULE)
+    if spec is None or spec.origin is None:
+        raise MeshctlError(f"no CNI plugin client: {CLIENT_MODULE} is missing", hint="reinstall")
+    source = Path(spec.origin).read_text(encoding="utf-8")
+    default = f'DEFAULT_RUN_DIR = "{DEFAULT_RUN_DIR}"\n'
+    if source.count(default) != 1:
+        raise MeshctlError(f"{spec.origin} does not define {default.strip()}", hint="reinstall")
+    source = source.replace(default, f"DEFAULT_RUN_DIR = {run_dir!r}\n")
+    # One interpreter argument at most on a #! line (Linux passes the rest as one): -IS.
     return (
-        "#!/bin/sh\n"
-        "# meshctl-cni launcher written by 'meshctl cni install' for an unfrozen meshctl.\n"
-        f"exec '{sys.executable}' -m meshctl cni-plugin \"$@\"\n"
+        f"#!{sys.executable} -IS\n"
+        "# meshctl-cni, written by 'meshctl cni install' for an unfrozen meshctl: the thin client\n"
+        "# (meshctl_plugins/cni_plugin/client.py) that hands each request to the node agent.\n"
+        f"{source}"
     ).encode()
 
 
@@ -209,8 +224,13 @@ class PluginTree:
 
     @property
     def link_target(self) -> str:
-        """What ``meshctl-cni`` points to: relative, so it resolves on the host and in here."""
-        return f"{TREES_DIR}/{self.manifest.name}/{self.manifest.executable}"
+        """What ``meshctl-cni`` points to: relative, so it resolves on the host and in here.
+
+        The tree's own ``meshctl-cni`` launcher (packaging/cni/launcher.c: the thin client in the
+        tree's Python, no PyInstaller bootloader) when it has one, else its executable."""
+        names = {f.path for f in self.manifest.files}
+        target = PLUGIN_TYPE if PLUGIN_TYPE in names else self.manifest.executable
+        return f"{TREES_DIR}/{self.manifest.name}/{target}"
 
 
 def plugin_form(settings: InstallSettings) -> bytes | PluginTree:
@@ -232,7 +252,7 @@ def plugin_form(settings: InstallSettings) -> bytes | PluginTree:
     own = trees.own()
     if own is not None:
         return PluginTree(*own)
-    return plugin_binary()
+    return plugin_binary(settings.run_dir)
 
 
 @dataclass(frozen=True, slots=True)

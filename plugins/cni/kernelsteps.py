@@ -71,6 +71,10 @@ class KernelSteps:
         self._host_task: asyncio.Task[None] | None = None
         self.host_error = ""  # the last failure writing the node's rules ("" when in line)
 
+    def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the kernel thread from another thread (a CNI request's), waiting."""
+        return self._pool.submit(fn).result()
+
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         try:

@@ -1,13 +1,15 @@
 """The objects that run ``meshctl cni install`` on every node: RBAC and the DaemonSet, as data,
 from the install's values and the component's own (``CniValues``: ``components.cni.*``).
 
-Invariants: the installer runs unprivileged (root only to write the host's CNI dirs, every
-capability dropped, read-only root filesystem); it mounts exactly the three host paths it writes;
-the plugin's RBAC is read-only on pods (the CNI plugin only ever GETs the pod it is called for).
-With ``ambient`` (the node agent runs too, like istio-cni's): the host network, the capabilities
-to enter pod namespaces and change their rules and the node's (NET_ADMIN, SYS_ADMIN), the host's
-netns and ZDS socket directories and its xtables lock, and RBAC to watch pods and namespaces,
-annotate pods, record events and read DaemonSets (is its own going away?); nothing more.
+Invariants: the agent runs as root with a read-only root filesystem and only the capabilities
+to enter pod namespaces and write their rules (SYS_ADMIN for setns, NET_ADMIN and NET_RAW for
+libiptc): the CNI plugin is a thin client and this agent serves its requests in every mode. It
+mounts the three host paths it writes and the host's netns directory (the pods' namespaces);
+the plugin's RBAC is read-only on pods (a CNI request only ever GETs the pod it is for).
+With ``ambient`` (the ambient node agent runs too, like istio-cni's): the host network, the
+host's ZDS socket directory and its xtables lock (the node's own rules), and RBAC to watch pods
+and namespaces, annotate pods, record events and read DaemonSets (is its own going away?);
+nothing more.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class CniValues:
     )
     netns_dir: str = value(
         layout.HOST_NETNS_DIR,
-        help="ambient: where the runtime pins pod network namespaces on the nodes",
+        help="where the runtime pins pod network namespaces on the nodes",
     )
 
 
@@ -66,12 +68,17 @@ def objects(install: InstallValues, own: CniValues) -> list[Object]:
         {"name": "CNI_AGENT_RUN_DIR", "value": run_dir},
         {"name": "EXCLUDE_NAMESPACES", "value": ",".join(excluded)},
         {"name": "MESHCTL_CNI_READINESS_ADDRESS", "value": f":{READINESS_PORT}"},
+        {"name": "MESHCTL_CNI_NETNS_DIR", "value": netns_dir},
     ]
     mounts = [
         ("cni-bin-dir", own.cni_bin_dir, MOUNTED_BIN_DIR),
         ("cni-net-dir", own.cni_conf_dir, MOUNTED_CONF_DIR),
-        # Same path inside and out: the conflist entry names it for the plugin on the host.
+        # Same path inside and out: the conflist entry names it for the plugin on the host, and
+        # the plugin finds the agent's socket there.
         ("cni-run-dir", run_dir, run_dir),
+        # The runtime's pinned netns files (containerd: /var/run/netns/cni-...), at the same
+        # path: the plugin passes them as they are on the host, the agent enters them.
+        ("cni-netns-dir", netns_dir, netns_dir),
     ]
     if ambient:
         env += [
@@ -84,14 +91,8 @@ def objects(install: InstallValues, own: CniValues) -> list[Object]:
                 "name": "POD_NAMESPACE",
                 "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
             },
-            {"name": "MESHCTL_CNI_NETNS_DIR", "value": netns_dir},
         ]
-        mounts += [
-            # The runtime's pinned netns files (containerd: /var/run/netns/cni-...), at the same
-            # path: the plugin reports them as it sees them on the host.
-            ("cni-netns-dir", netns_dir, netns_dir),
-            ("cni-ztunnel-sock-dir", ztunnel_dir, ztunnel_dir),
-        ]
+        mounts += [("cni-ztunnel-sock-dir", ztunnel_dir, ztunnel_dir)]
         files = [
             # The node's xtables lock, as kube-proxy mounts it: legacy writes to the node's own
             # tables take it (the root filesystem is read-only, and the lock must be the node's
@@ -117,10 +118,9 @@ def objects(install: InstallValues, own: CniValues) -> list[Object]:
             "periodSeconds": 10,
         },
         "resources": {"requests": {"cpu": "10m", "memory": "40Mi"}},
-        # Ambient: setns into pods (SYS_ADMIN), their rules and the node's (NET_ADMIN, RAW).
-        "securityContext": node_security_context(
-            ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"] if ambient else ()
-        ),
+        # setns into pods (SYS_ADMIN), their rules (NET_ADMIN; libiptc's raw socket: NET_RAW)
+        # and, ambient, the node's.
+        "securityContext": node_security_context(["NET_ADMIN", "NET_RAW", "SYS_ADMIN"]),
         "volumeMounts": [
             *(_mount(n, inside) for n, _, inside in mounts + files),
             # The one writable place under the read-only root. Our image's one-dir tree needs

@@ -1,10 +1,12 @@
-"""The node agent's endpoint for CNI plugin events: HTTP/1.1 on ``<run_dir>/pluginevent.sock``.
+"""The node agent's endpoint for the CNI plugin: HTTP/1.1 on ``<run_dir>/pluginevent.sock``.
 
-Owns the server side of what ``meshctl_plugins.cni_plugin.agentevent`` sends (Istio's
-``/cmdadd`` shape, plus ``/cmddel``): one JSON request per connection, answered with a status
-and a one-line text. Invariants: only root can connect (mode 0600); a request line, headers or
-body that is malformed, too large (64 KiB headers, 1 MiB body) or too slow (10 s) gets 400 and
-the connection closes; a handler's failure is the answer's text, never a crash of the agent.
+Owns the server side of what the plugin sends: ``/cni``, the whole CNI request from the thin
+client (``meshctl_plugins.cni_plugin.client``; a raw route: the body is bytes), and Istio's
+``/cmdadd`` / ``/cmddel`` JSON events (ambient mode): one request per connection, answered with
+a status and a text. Invariants: only root can connect (mode 0600); a request line, headers or
+body that is malformed, too large (64 KiB headers, 1 MiB body for a JSON route, ``raw_limit``
+for a raw one) or too slow (10 s) gets 400 and the connection closes; a handler's failure is
+the answer's text, never a crash of the agent.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ log = logging.getLogger(__name__)
 
 # A route's handler: the event (any JSON object, read as untrusted) -> (status, text).
 Handler: TypeAlias = "Callable[[PluginEvent], Awaitable[tuple[int, str]]]"
+# A raw route's handler: the body as it came -> (status, text).
+RawHandler: TypeAlias = "Callable[[bytes], Awaitable[tuple[int, str]]]"
 _MAX_BODY = 1024 * 1024
 _LIMITS = Limits(max_bytes=_MAX_BODY)
 _READ_TIMEOUT = 10.0
@@ -32,9 +36,20 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 500: "Internal Serv
 
 
 class PluginServer:
-    def __init__(self, path: str, routes: dict[str, Handler]) -> None:
+    def __init__(
+        self,
+        path: str,
+        routes: dict[str, Handler],
+        raw_routes: dict[str, RawHandler] | None = None,
+        *,
+        raw_limit: int = _MAX_BODY,
+        answer_timeout: float = _READ_TIMEOUT * 3,
+    ) -> None:
         self.path = path
         self._routes = routes
+        self._raw_routes = raw_routes or {}
+        self._raw_limit = raw_limit
+        self._answer_timeout = answer_timeout  # reading the request and handling it
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
@@ -53,7 +68,7 @@ class PluginServer:
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            status, text = await asyncio.wait_for(self._answer(reader), _READ_TIMEOUT * 3)
+            status, text = await asyncio.wait_for(self._answer(reader), self._answer_timeout)
         except TimeoutError:
             status, text = 400, "request timed out"
         try:
@@ -79,13 +94,21 @@ class PluginServer:
                 name, _, value = line.decode("latin-1").partition(":")
                 if name.strip().lower() == "content-length":
                     length = int(value.strip())
-            if not 0 <= length <= _MAX_BODY:
-                return 400, f"body of {length} bytes refused (at most {_MAX_BODY})"
+            limit = self._raw_limit if target in self._raw_routes else _MAX_BODY
+            if not 0 <= length <= limit:
+                return 400, f"body of {length} bytes refused (at most {limit})"
             data = await asyncio.wait_for(reader.readexactly(length), _READ_TIMEOUT)
         except (ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             return 400, "malformed request"
         except TimeoutError:
             return 400, "request timed out"
+        raw = self._raw_routes.get(target)
+        if raw is not None and method == "POST":
+            try:
+                return await raw(data)
+            except Exception as exc:  # a bug must answer, not hang the plugin
+                log.exception("plugin request %s failed", target)
+                return 500, f"node agent failed: {type(exc).__name__}: {exc}"
         handler = self._routes.get(target)
         if handler is None or method != "POST":
             return 404, f"no {method} {target} here"

@@ -1,5 +1,6 @@
-"""``meshctl-cni``: the CNI plugin, run by the container runtime (see main.py).
+"""``meshctl-cni``: the CNI plugin the container runtime runs, a thin client of the node agent.
 
-A package of its own, beside ``cni`` (the installer): plugin discovery reads this package's
-manifest without importing any plugin code, and the two share only ``meshctl.core.k8s.cni``.
+A package of its own, beside ``cni`` (the installer and node agent, which serves the requests):
+plugin discovery reads this package's manifest without importing any plugin code, and the
+client imports nothing of meshctl at all (client.py).
 """

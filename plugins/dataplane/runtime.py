@@ -21,6 +21,7 @@ from collections.abc import Coroutine
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from meshctl import descriptors
 from meshctl.core.k8s.appprobes import parse_probers, parse_scrape
 from meshctl.core.mesh.localconfig import parse_local_config
 from meshctl.core.mesh.records import LocalConfigError
@@ -44,9 +45,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["PROXY_ROLES", "Runtime"]
-
-_POD_PACKET = 64 * 1024
-_POD_MAX_FDS = 16
 
 
 class Runtime:
@@ -76,7 +74,7 @@ class Runtime:
         self._http: list[asyncio.Server] = []
         self._configured = False
         self._writer: asyncio.StreamWriter | None = None
-        self._pod_sock: socket.socket | None = None
+        self._pods: descriptors.Receiver | None = None
         self._quit = asyncio.Event()
         self._drain_deadline: float | None = None
         self._gathers: dict[int, asyncio.Future[channel.Gathered]] = {}
@@ -357,9 +355,7 @@ class Runtime:
             from meshctl.net.inpod import InPod
 
             self._inpod = InPod()
-            self._pod_sock = socket.socket(fileno=cfg.pod_channel)
-            self._pod_sock.setblocking(False)
-            asyncio.get_running_loop().add_reader(cfg.pod_channel, self._read_pods)
+            self._pods = descriptors.Receiver(cfg.pod_channel, self._apply_pod, "pod")
 
     def _apply_certs(self, certs: channel.Certs) -> None:
         try:
@@ -409,35 +405,6 @@ class Runtime:
 
     # -- node mode: pods from the pod channel ----------------------------------------------
 
-    def _read_pods(self) -> None:
-        sock = self._pod_sock
-        if sock is None:
-            return
-        while True:
-            try:
-                data, fds, flags, _ = socket.recv_fds(sock, _POD_PACKET, _POD_MAX_FDS)
-            except BlockingIOError:
-                return
-            except OSError as exc:
-                log.error("pod channel broken: %s", exc)  # noqa: TRY400
-                self._stop_reading_pods()
-                return
-            if not data:
-                self._stop_reading_pods()  # the supervisor went away; the main channel says so
-                return
-            try:
-                self._apply_pod(_pod_message(data, flags), fds)
-            except channel.ChannelError as exc:
-                log.error("pod channel: %s", exc)  # noqa: TRY400
-                _close_fds(fds)
-
-    def _stop_reading_pods(self) -> None:
-        if self._pod_sock is not None:
-            with contextlib.suppress(ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(self._pod_sock.fileno())
-            self._pod_sock.close()
-            self._pod_sock = None
-
     def _apply_pod(self, message: channel.Message, fds: list[int]) -> None:
         if isinstance(message, channel.PodAdd):
             if len(fds) != len(message.roles) or not message.roles or message.roles[0] != "netns":
@@ -466,17 +433,16 @@ class Runtime:
                 lo.maybe_accept()
             log.info("pod %s/%s (%s) served", message.namespace, message.name, message.uid)
         elif isinstance(message, channel.PodDelete):
-            _close_fds(fds)
+            descriptors.close_fds(fds)
             if self._remove_pod(message.uid):
                 log.info("pod %s no longer served", message.uid)
         elif isinstance(message, channel.PodsSynced):
-            _close_fds(fds)
+            descriptors.close_fds(fds)
             self.pods_synced = message.synced
             if message.reason:
                 self.pods_reason = message.reason
             self._update_readiness()
-        else:
-            _close_fds(fds)
+        else:  # the receiver closes its descriptors
             raise channel.ChannelError(f"unexpected {message.TYPE} on the pod channel")
 
     def _remove_pod(self, uid: str) -> bool:
@@ -490,7 +456,8 @@ class Runtime:
         """Stop accepting, let open flows finish for up to ``deadline`` s, abort the rest."""
         self.draining = True
         self.ready = False
-        self._stop_reading_pods()
+        if self._pods is not None:
+            self._pods.close()
         for lo in self.locals.values():
             lo.stop_accepting()
             for tunnel in list(lo.inbound.tunnels):
@@ -536,24 +503,6 @@ def _addr(sock: socket.socket) -> str:
     except OSError:
         return "closed"
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _pod_message(data: bytes, flags: int) -> channel.Message:
-    """The one frame a pod-channel packet holds."""
-    if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
-        raise channel.ChannelError("truncated pod message")
-    messages = channel.Decoder().feed(data)
-    if len(messages) != 1:
-        raise channel.ChannelError("a pod packet holds exactly one frame")
-    return messages[0]
-
-
-def _close_fds(fds: list[int]) -> None:
-    import os
-
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
 
 
 def _pid() -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -14,6 +14,9 @@ from meshctl.errors import UserError
 from meshctl.output import OutputFormat
 
 from .settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from meshctl.core.gateway.config import GatewayConfig
 
 app = typer.Typer(
     add_completion=False,
@@ -80,15 +83,34 @@ def run(
         ),
     ] = None,
     idle_timeout: Annotated[
-        float | None, _setting("idle_timeout", "Idle keep-alive connections close after (60s).")
+        float | None,
+        _setting("idle_timeout", "Idle connections (HTTP keep-alive, TLS, TCP) close after (60s)."),
     ] = None,
     reload_interval: Annotated[
         float | None, _setting("reload_interval", "How often -f files are checked (1s).")
     ] = None,
+    workers: Annotated[
+        int | None,
+        _setting("workers", "Worker processes sharing the listener ports (1: one process).", "N"),
+    ] = None,
+    run_dir: Annotated[
+        str | None,
+        _setting(
+            "run_dir",
+            "This run's files, e.g. the workers' metrics; what a killed run left there is "
+            "removed at start ($TMPDIR/meshctl-gateway-UID).",
+            metavar="DIR",
+        ),
+    ] = None,
+    channel_fd: Annotated[int | None, typer.Option(hidden=True)] = None,
 ) -> None:
     """Run the ingress gateway: serve the listeners and routes of a Gateway (or the Ingresses)."""
-    flags = {k: v for k, v in locals().items() if k not in ("ctx", "config_files")}
-    options.daemon_logging(ctx)
+    flags = {k: v for k, v in locals().items() if k not in ("ctx", "config_files", "channel_fd")}
+    level = options.daemon_logging(ctx)
+    if channel_fd is not None:  # a worker of 'gateway run --workers N', fed by its supervisor
+        from .worker import run as run_worker
+
+        raise typer.Exit(run_worker(channel_fd))
     settings = config.resolve(GatewaySettings, flags=flags)
     files = tuple(options.source_names(config_files or ()))
     if "-" in files:
@@ -102,7 +124,10 @@ def run(
         )
     from .process import serve
 
-    serve(settings)
+    log_args = ("--log-level", level, "--log-format", ctx.obj.log_format)
+    code = serve(settings, log_args)
+    if code:
+        raise typer.Exit(code)
 
 
 def _which(namespace: str | None, name: str | None) -> str:
@@ -123,7 +148,7 @@ def _rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                             "port": f"{port['port']}/{port['protocol']}",
                             "listener": listener["listener"],
                             "host": host["hostname"],
-                            "match": route["match"],
+                            "match": route.get("match", "-"),  # a TLSRoute: none
                             "route": route["route"],
                             "backends": route["backends"] or ["(none: 500)"],
                         }
@@ -205,7 +230,14 @@ def _admin_dump(admin: str) -> dict[str, Any]:
 
 @app.command()
 def explain(
-    url: Annotated[str, typer.Argument(metavar="URL", help="e.g. https://example.com/api?x=1")],
+    url: Annotated[
+        str,
+        typer.Argument(
+            metavar="URL",
+            help="e.g. https://example.com/api?x=1; tls://NAME:PORT for a TLS passthrough "
+            "connection with that SNI (tls://:PORT: none), tcp://:PORT for a TCP listener.",
+        ),
+    ],
     filename: options.FilenameOption = None,
     name: Annotated[
         str | None,
@@ -234,20 +266,30 @@ def explain(
         raise UserError("explain needs the configuration", hint="pass -f FILE (the objects)")
     try:
         parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        port = parts.port or (443 if parts.scheme in ("https", "tls") else 80)
     except ValueError as exc:  # "http://[::1", a port out of range
         raise UserError(
             f"{url!r} is not a URL: {exc}", hint="e.g. http://example.com/path"
         ) from exc
+    gateway = config.resolve(GatewaySettings, flags={"gateway": name}).gateway
+    if parts.scheme in ("tls", "tcp"):
+        if parts.scheme == "tcp" and not parts.port:
+            raise UserError(f"{url!r} names no port", hint="e.g. tcp://:31400")
+        local = load(tuple(options.source_names(filename)), gateway)
+        data = _explain_stream(local.config, parts.scheme, parts.hostname or "", port)
+        options.write_output(out.render({"request": url, **data}, output), output_file)
+        return
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UserError(f"{url!r} is not an http(s) URL", hint="e.g. http://example.com/path")
+        raise UserError(
+            f"{url!r} is not an http(s) URL",
+            hint="e.g. http://example.com/path, tls://example.com:443 or tcp://:31400",
+        )
     headers = []
     for item in header or ():
         hname, colon, value = item.partition(":")
         if not colon:
             raise UserError(f"-H {item!r}: write NAME:VALUE")
         headers.append((hname.strip().lower(), value.strip()))
-    gateway = config.resolve(GatewaySettings, flags={"gateway": name}).gateway
     local = load(tuple(options.source_names(filename)), gateway)
     request = Request(
         port=port,
@@ -270,3 +312,27 @@ def explain(
             f"TLS handshake refused: no HTTPS listener on port {port} covers {parts.hostname}"
         )
     options.write_output(out.render(data, output), output_file)
+
+
+def _explain_stream(
+    gateway_config: GatewayConfig, scheme: str, sni: str, port: int
+) -> dict[str, Any]:
+    """``explain`` of a TLS passthrough (by SNI) or TCP connection, and what the wire shows."""
+    from meshctl.core.gateway import render
+    from meshctl.core.gateway.matching import Outcome, passthrough, tcp
+    from meshctl.core.gateway.model import Protocol
+
+    table = gateway_config.table
+    decision = passthrough(table, port, sni) if scheme == "tls" else tcp(table, port)
+    data: dict[str, Any] = {"gateway": gateway_config.name, **render.decision_data(decision)}
+    served = table.port(port)
+    wanted = Protocol.TLS if scheme == "tls" else Protocol.TCP
+    if served is None:
+        data["connection"] = f"refused: nothing listens on port {port}"
+    elif served.protocol is not wanted:
+        data["connection"] = f"port {port} is a {served.protocol} listener, not {wanted}"
+    elif decision.outcome is Outcome.NO_ROUTE and scheme == "tls":
+        data["connection"] = "TLS alert unrecognized_name, then closed"
+    elif decision.outcome is not Outcome.FORWARD:
+        data["connection"] = "closed"
+    return data

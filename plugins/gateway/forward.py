@@ -75,8 +75,10 @@ class Forwarder:
         metrics: RequestMetrics,
         dialer_for: DialerFor = plain,
         domain: str = "cluster.local",
+        name: str = "gateway",
     ) -> None:
         self.current = current
+        self.name = name  # the access log's first field ("gateway worker=N pid=P" in a worker)
         self.pool = pool
         self.metrics = metrics
         self.dialer_for = dialer_for
@@ -289,7 +291,7 @@ class Forwarder:
             '[%s] "%s %s %s" %d %s route="%s" backend=%s endpoint=%s identity=%s '
             'reason="%s" received=%d sent=%d duration=%.1fms upstream=%s client=%s '
             'authority="%s" request_id=%s',
-            "gateway",
+            self.name,
             inbound.method,
             inbound.target,
             inbound.protocol,

@@ -114,6 +114,11 @@ class HboneStream:
         if self.ended:
             raise ConnectionResetError("HBONE stream ended")
 
+    def write_eof(self) -> None:
+        """Half-close: END_STREAM on our side; the backend's bytes keep coming."""
+        if not self.ended:
+            self.tunnel.end(self.sid)
+
     def is_closing(self) -> bool:
         return self.ended or not self.tunnel.usable
 

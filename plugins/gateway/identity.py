@@ -38,6 +38,10 @@ class MeshIdentity:
             return self.feed.certs
         return self._certs
 
+    def replace(self, certs: channel.Certs) -> None:
+        """New certificates (a gateway worker's, from its supervisor)."""
+        self._certs = certs
+
     async def run(self) -> None:
         """Keep the CA's certificate fresh (nothing to do for mounted files)."""
         if self.feed is not None:

@@ -1,9 +1,15 @@
-"""The gateway's request metrics, with Istio's names and labels (the gateway reports as the
-source, as Istio's gateways do): ``istio_requests_total``, ``istio_request_duration_milliseconds``,
-``istio_request_bytes``/``istio_response_bytes`` sums.
+"""The gateway's request and connection metrics, with Istio's names and labels (the gateway
+reports as the source, as Istio's gateways do): ``istio_requests_total``,
+``istio_request_duration_milliseconds``, ``istio_request_bytes``/``istio_response_bytes`` sums;
+for TLS passthrough and TCP listeners ``istio_tcp_connections_opened_total``/``_closed_total``
+and ``istio_tcp_received_bytes_total`` (client -> backend) / ``istio_tcp_sent_bytes_total``
+(backend -> client), with ``request_protocol="tcp"`` as Istio's TCP metrics carry.
 
 Owns one registry per process (never the global one). The label set is the TCP metrics' set
-from ``meshctl.proxy.telemetry`` plus ``response_code``; unknown values render ``unknown``.
+from ``meshctl.proxy.telemetry`` (plus ``response_code`` on the request metrics); unknown values
+render ``unknown``. A connection counts as opened when its backend connection is made (or, never
+made, when it ends: opened and closed together, its flags saying why), and its bytes are added
+when it closes.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ class Source:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Sample:
     status: int
-    protocol: str  # http | grpc
+    protocol: str  # http | grpc | tcp
     service_host: str = ""  # name.namespace.svc.cluster.local
     service_name: str = ""
     service_namespace: str = ""
@@ -66,8 +72,27 @@ class RequestMetrics:
         self.response_bytes = Counter(
             "istio_response_bytes", "Response body bytes", REQUEST_LABELS, registry=r
         )
+        self.tcp_opened = Counter(
+            "istio_tcp_connections_opened", "TCP connections opened", LABELS, registry=r
+        )
+        self.tcp_closed = Counter(
+            "istio_tcp_connections_closed", "TCP connections closed", LABELS, registry=r
+        )
+        self.tcp_received = Counter(
+            "istio_tcp_received_bytes", "Bytes received client -> server", LABELS, registry=r
+        )
+        self.tcp_sent = Counter(
+            "istio_tcp_sent_bytes", "Bytes sent server -> client", LABELS, registry=r
+        )
         self._children: dict[tuple[object, ...], tuple[Any, Any, Any, Any]] = {}
-        build = Gauge("istio_build", "Build information", ("component", "tag"), registry=r)
+        # One series however many workers set it (multiprocess mode; ignored in one process).
+        build = Gauge(
+            "istio_build",
+            "Build information",
+            ("component", "tag"),
+            registry=r,
+            multiprocess_mode="max",
+        )
         from meshctl import __version__
 
         build.labels("gateway", __version__).set(1)
@@ -101,6 +126,21 @@ class RequestMetrics:
         duration.observe(sample.duration_ms)
         request_bytes.inc(sample.request_bytes)
         response_bytes.inc(sample.response_bytes)
+
+    def connection_opened(self, sample: Sample) -> None:
+        self.tcp_opened.labels(**self._tcp_labels(sample)).inc()
+
+    def connection_closed(self, sample: Sample, *, received: int, sent: int) -> None:
+        """``received``: bytes from the client; ``sent``: bytes to it (Istio's directions)."""
+        labels = self._tcp_labels(sample)
+        self.tcp_closed.labels(**labels).inc()
+        self.tcp_received.labels(**labels).inc(received)
+        self.tcp_sent.labels(**labels).inc(sent)
+
+    def _tcp_labels(self, s: Sample) -> dict[str, str]:
+        labels = self._labels(s)
+        del labels["response_code"]
+        return labels
 
     def _labels(self, s: Sample) -> dict[str, str]:
         src = self.source

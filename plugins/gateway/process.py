@@ -48,14 +48,19 @@ def discovery(settings: GatewaySettings) -> Callable[[ConfigHolder], Coroutine[A
     return follow
 
 
-def serve(settings: GatewaySettings) -> None:
-    """Serve until SIGTERM; a configuration the files cannot make stops here, before binding."""
+def serve(settings: GatewaySettings, log_args: tuple[str, ...] = ()) -> int:
+    """Serve until SIGTERM; a configuration the files cannot make stops here, before binding.
+    With ``settings.workers`` > 1 this process supervises that many workers (``workers``)."""
     import uvloop
 
     follow = None if settings.config else discovery(settings)
     if settings.config:
         for problem in load(settings.config, settings.gateway, settings.trust_domain).problems:
             log.warning("config: %s", problem)  # the first read says what is wrong at once
+    if settings.workers > 1:
+        from .workers import supervise
+
+        return supervise(settings, settings.workers, log_args, follow)
 
     async def main() -> None:
         logs.defer_writes(asyncio.get_running_loop().call_soon)
@@ -69,3 +74,4 @@ def serve(settings: GatewaySettings) -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(main())
+    return 0

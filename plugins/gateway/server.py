@@ -33,8 +33,9 @@ from .certificates import SniContexts, sni_of
 from .forward import Forwarder
 from .hbone import HboneDialer
 from .http2 import PREFACE, Http2Connection
-from .identity import mesh_identity
+from .identity import MeshIdentity, mesh_identity
 from .metrics import RequestMetrics, Source
+from .passthrough import Passthrough, StreamLimits
 from .settings import GatewaySettings
 from .sources import ConfigHolder
 from .upstream import Dialer, Pool, Writer, tcp_dialer
@@ -49,9 +50,27 @@ async def _no_identity(host: str, port: int) -> tuple[asyncio.StreamReader, Writ
     )
 
 
+_FROM_SETTINGS = MeshIdentity.__new__(MeshIdentity)  # "identity not given": mesh_identity's
+
+
 class Gateway:
-    def __init__(self, settings: GatewaySettings, holder: ConfigHolder) -> None:
+    """One process's listeners. Alone it also serves its own ports and owns its identity; as
+    a worker (``supervised``) the supervisor does both, feeds ``identity`` and binds the
+    listener ports itself, handing their sockets over (``adopt``): a port's accept queue then
+    belongs to the supervisor and outlives any one worker."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        holder: ConfigHolder,
+        *,
+        identity: MeshIdentity | None = _FROM_SETTINGS,
+        supervised: bool = False,
+        name: str = "gateway",
+    ) -> None:
         self.settings = settings
+        # Worker mode: the sockets the supervisor passed, not yet serving (port -> socket).
+        self.offered: dict[int, socket.socket] | None = {} if supervised else None
         self.holder = holder
         self.tls = SniContexts()
         self.pool = Pool(idle_timeout=settings.idle_timeout)
@@ -68,7 +87,7 @@ class Gateway:
                 principal=principal,
             )
         )
-        self.identity = mesh_identity(settings)
+        self.identity = mesh_identity(settings) if identity is _FROM_SETTINGS else identity
         self.hbone = (
             None
             if self.identity is None
@@ -80,6 +99,16 @@ class Gateway:
             metrics=self.metrics,
             dialer_for=self._dialer_for,
             domain="cluster.local",
+            name=name,
+        )
+        self.passthrough = Passthrough(
+            lambda: holder.current,
+            limits=StreamLimits(
+                header_timeout=settings.header_timeout, idle_timeout=settings.idle_timeout
+            ),
+            dialer_for=self._dialer_for,
+            metrics=self.metrics,
+            name=name,
         )
         self.limits = http1.Limits(
             header_timeout=settings.header_timeout,
@@ -89,6 +118,7 @@ class Gateway:
         self.servers: dict[int, asyncio.Server] = {}  # listener port (as the table names it)
         self.connections: set[http1.Connection | Http2Connection] = set()
         self.failed_ports: dict[int, str] = {}
+        self._binding = asyncio.Lock()
         self.draining = False
         holder.subscribe(self._on_config)
 
@@ -106,6 +136,10 @@ class Gateway:
         asyncio.get_running_loop().create_task(self._bind(config))
 
     async def _bind(self, config: GatewayConfig) -> None:
+        async with self._binding:  # one at a time: a port is checked, then served after an await
+            await self._bind_now(config)
+
+    async def _bind_now(self, config: GatewayConfig) -> None:
         wanted = {p.port: p.protocol for p in config.table.ports}
         for port in list(self.servers):
             if port not in wanted:
@@ -115,8 +149,12 @@ class Gateway:
             if port in self.servers or self.draining:
                 continue
             actual = port + self.settings.port_offset
+            if self.offered is not None and port not in self.offered:
+                # Its socket is on the way (the two channels are read independently).
+                self.failed_ports[port] = "waiting for the supervisor's socket"
+                continue
             try:
-                sock = listener(self.settings.bind_address, actual, what=f"listener {port}")
+                sock = self._socket(port, actual)
             except MeshctlError as exc:
                 if self.failed_ports.get(port) != str(exc):
                     log.error("cannot listen on %d: %s", actual, exc)  # noqa: TRY400 (expected; no traceback)
@@ -124,6 +162,13 @@ class Gateway:
                 continue
             self.failed_ports.pop(port, None)
             https = protocol is Protocol.HTTPS
+            if protocol in (Protocol.TLS, Protocol.TCP):  # streams: TLS is the client's own
+                handler = functools.partial(
+                    self.passthrough, port=port, tls=protocol is Protocol.TLS
+                )
+                self.servers[port] = await asyncio.start_server(handler, sock=sock, limit=64 * 1024)
+                log.info("listening on %s:%d (%s)", self.settings.bind_address, actual, protocol)
+                continue
             self.servers[port] = await asyncio.start_server(
                 functools.partial(self._client, port=port, https=https),
                 sock=sock,
@@ -132,6 +177,34 @@ class Gateway:
                 limit=64 * 1024,
             )
             log.info("listening on %s:%d (%s)", self.settings.bind_address, actual, protocol)
+
+    def _socket(self, port: int, actual: int) -> socket.socket:
+        if self.offered is None:
+            return listener(self.settings.bind_address, actual, what=f"listener {port}")
+        return self.offered.pop(port)
+
+    def adopt(self, sockets: dict[int, socket.socket]) -> None:
+        """Worker mode: the supervisor's current listener sockets (port -> socket). A port left
+        out stops being served here; a port already served keeps its server (the copy closes)."""
+        if self.offered is None:
+            raise TypeError("adopt() is for a supervised gateway")
+        for port in list(self.servers):
+            if port not in sockets:
+                self.servers.pop(port).close()
+        for port in list(self.offered):
+            if port not in sockets:
+                self.offered.pop(port).close()
+        for port, sock in sockets.items():
+            if port in self.servers:
+                sock.close()
+                continue
+            old = self.offered.get(port)
+            if old is not None:
+                old.close()
+            self.offered[port] = sock
+        config = self.holder.current
+        if config is not None:
+            asyncio.get_running_loop().create_task(self._bind(config))
 
     async def _client(
         self,
@@ -224,22 +297,11 @@ class Gateway:
         return await self._readiness(method, path, query, headers)
 
     def dump(self) -> dict[str, Any]:
-        config = self.holder.current
-        if config is None:
-            return {"gateway": self.settings.gateway, "version": "", "routes": None}
-        return {
-            "gateway": config.name,
-            "version": config.version,
-            "portOffset": self.settings.port_offset,
-            "routes": render.table_data(config.table),
-            "certificates": sorted(str(ref) for ref in config.certificates),
-            "endpoints": {
-                str(key): [f"{e.address}:{e.port}" for e in found]
-                for key, found in sorted(config.endpoints.items(), key=lambda kv: str(kv[0]))
-            },
-            "listening": sorted(self.servers),
-            "upstreamConnectionsOpened": self.pool.opened,
-        }
+        out = config_dump(self.settings, self.holder.current)
+        if self.holder.current is not None:
+            out["listening"] = sorted(self.servers)
+            out["upstreamConnectionsOpened"] = self.pool.opened
+        return out
 
     # --- run and drain -------------------------------------------------------------------------
 
@@ -260,7 +322,7 @@ class Gateway:
         # SIGTERM (Kubernetes) drains; Ctrl-C stays an interrupt (exit 130, docs/cli.md).
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         tasks = [asyncio.create_task(start()) for start in sources]
-        tasks.append(asyncio.create_task(self._retry_binds()))
+        tasks.append(asyncio.create_task(self.retry_binds()))
         if self.identity is not None:
             tasks.append(asyncio.create_task(self.identity.run()))
         log.info("gateway %s started", self.settings.gateway or "(from the files)")
@@ -271,7 +333,7 @@ class Gateway:
         for server in own:
             server.close()
 
-    async def _retry_binds(self) -> None:
+    async def retry_binds(self) -> None:
         """A listener port that could not be bound is tried again (until then: not ready)."""
         while True:
             await asyncio.sleep(self.settings.reload_interval)
@@ -292,10 +354,30 @@ class Gateway:
             conn.drain()
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline
-        while self.forwarder.in_flight and loop.time() < end:
+        while (self.forwarder.in_flight or self.passthrough.open) and loop.time() < end:
             await asyncio.sleep(0.05)
         if self.forwarder.in_flight:
             log.warning("drain deadline: %d request(s) cut off", self.forwarder.in_flight)
+        if self.passthrough.open:
+            log.warning("drain deadline: %d connection(s) cut off", len(self.passthrough.open))
+            self.passthrough.drain()
         for conn in list(self.connections):
             conn.writer.transport.abort()
         self.pool.close()
+
+
+def config_dump(settings: GatewaySettings, config: GatewayConfig | None) -> dict[str, Any]:
+    """``/config_dump``'s view of ``config`` (the same with one process or a supervisor)."""
+    if config is None:
+        return {"gateway": settings.gateway, "version": "", "routes": None}
+    return {
+        "gateway": config.name,
+        "version": config.version,
+        "portOffset": settings.port_offset,
+        "routes": render.table_data(config.table),
+        "certificates": sorted(str(ref) for ref in config.certificates),
+        "endpoints": {
+            str(key): [f"{e.address}:{e.port}" for e in found]
+            for key, found in sorted(config.endpoints.items(), key=lambda kv: str(kv[0]))
+        },
+    }

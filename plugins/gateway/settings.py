@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from meshctl import values
 from meshctl.config import setting
 
+MAX_WORKERS = 64
 _DURATION_HINT = f"write a duration, {values.DURATION_EXAMPLES}"
 _ADDRESS_HINT = "write HOST:PORT, e.g. meshctl-controlplane.meshctl-system.svc:15012"
 
@@ -98,6 +99,11 @@ class GatewaySettings:
         parse=values.Duration(positive=True),
         hint=_DURATION_HINT,
     )
+    # Data-plane worker processes sharing the listener ports (1: one process does everything).
+    workers: int = setting(
+        1, env="MESHCTL_GATEWAY_WORKERS", parse=values.Integer(1, MAX_WORKERS, what="a count")
+    )
+    run_dir: str = setting("", env="MESHCTL_RUN_DIR")
     admin_port: int = setting(15000)
     metrics_port: int = setting(15020)
     readiness_port: int = setting(15021)

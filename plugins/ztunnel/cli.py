@@ -136,7 +136,8 @@ def run(
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
     flags = {k: v for k, v in locals().items() if k != "ctx"}  # first: only the options
     level = options.daemon_logging(ctx)  # info unless a level was given: listening, ready
-    from . import rundir
+    from meshctl import rundir
+
     from .listeners import bind_all
     from .supervisor import modes
     from .supervisor.handover import Handover, become_supervisor

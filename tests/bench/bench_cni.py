@@ -2,7 +2,8 @@
 
 Run (root, kube binaries built): python -m tests.bench.bench_cni [--runs N] [--tree DIR] [--smoke]
 Starts a throwaway etcd + kube-apiserver, creates a CNI-mode-injected pod and a plain one, and
-per sample a fresh pod netns (outside the timed part). Times, in the same run:
+per sample a fresh pod netns (outside the timed part); the node agent's request endpoint runs in
+this process (the plugin is its thin client). Times, in the same run:
 - ``meshctl-cni ADD`` for the injected pod (API lookup + rules applied in the netns) and for the
   plain pod (API lookup, nothing applied), once for each installed form: the fast form the
   DaemonSet installs from the image (the one-dir tree, ``--tree``, placed and linked by the real
@@ -46,7 +47,14 @@ from meshctl.kube import pods, rest
 from meshctl.net import capture, netns
 from tests.bench.smoke import figures_produced
 from tests.harness import netns as harness
-from tests.harness.cni import PREV_RESULT, exec_plugin, fake_node, install_launcher, network_config
+from tests.harness.cni import (
+    PREV_RESULT,
+    NodeAgent,
+    exec_plugin,
+    fake_node,
+    install_launcher,
+    network_config,
+)
 from tests.harness.kube import (
     SA_ISSUER,
     create_namespace,
@@ -160,7 +168,11 @@ def main() -> int:  # noqa: PLR0915 (one linear script)
                 }
             )
         )
-        plugins = {"launcher (unfrozen)": install_launcher(work / "bin")}
+        # The plugin is a thin client: its requests are served by the node agent's endpoint,
+        # here on a thread of this process (tests/harness/cni.NodeAgent), warm like the
+        # DaemonSet's.
+        NodeAgent(work / "run").start()
+        plugins = {"launcher (unfrozen)": install_launcher(work / "bin", work / "run")}
         if (tree / MANIFEST_NAME).is_file():
             plugins = {"fast form (tree)": install_tree(tree, work / "node"), **plugins}
         conf = network_config(kubeconfig=str(kubeconfig), run_dir=str(work / "run"))

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshctl_plugins.cni_plugin.agentevent import post
 
 from tests.harness.cli import run_meshctl
 from tests.harness.cni import exec_plugin, fake_node, network_config
@@ -161,7 +160,9 @@ def test_manifest_is_a_daemonset_with_host_mounts_and_node_critical_priority():
     spec = items[4]["spec"]["template"]["spec"]
     assert spec["priorityClassName"] == "system-node-critical"
     paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert paths == {"/opt/cni/bin", "/etc/cni/net.d", "/var/run/meshctl-cni"}
+    # The agent serves the plugin's requests: it enters the pods' netns where the runtime
+    # pins them (HostToContainer: namespaces pinned after it started).
+    assert paths == {"/opt/cni/bin", "/etc/cni/net.d", "/var/run/meshctl-cni", "/var/run/netns"}
     container = spec["containers"][0]
     # A read-only root, but the one-file binary needs a writable /tmp to unpack itself.
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
@@ -169,7 +170,14 @@ def test_manifest_is_a_daemonset_with_host_mounts_and_node_critical_priority():
     assert {"name": "tmp", "emptyDir": {}} in spec["volumes"]
     assert container["image"] == "registry.example/m:1"
     assert container["args"][-2:] == ["cni", "install"]
-    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    netns = next(m for m in container["volumeMounts"] if m["mountPath"] == "/var/run/netns")
+    assert netns["mountPropagation"] == "HostToContainer"
+    # setns into a pod (SYS_ADMIN), its rules (NET_ADMIN), libiptc's raw socket (NET_RAW).
+    assert container["securityContext"]["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["NET_ADMIN", "NET_RAW", "SYS_ADMIN"],
+    }
+    assert "hostNetwork" not in spec or spec["hostNetwork"] is False
     assert items[2]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
 
 
@@ -272,11 +280,16 @@ def test_ambient_agent_without_an_api_server_reads_its_pods_from_the_local_inven
         assert [(p["namespace"], p["name"], p["captured"]) for p in pods] == [
             ("shop", "cart", False)  # this node's only; no sandbox yet
         ]
-        # A DEL for a pod the agent knows only from its inventory (no ADD reported it): not
-        # released, so the plugin cleans the sandbox itself.
-        gone = {"podName": "cart", "podNamespace": "shop", "podUid": pods[0]["uid"]}
-        answer = post(str(node / "run"), "/cmddel", {**gone, "netns": "/x"}, timeout=5)
-        assert answer == "pod shop/cart: its sandbox was not reported to the agent"
+        # A DEL, through the installed plugin, for a pod the agent knows only from its inventory
+        # (no ADD reported it): not released by the ambient agent, so the request's own
+        # clean-up runs (its netns is gone already: nothing to remove).
+        conf = {**entry, "cniVersion": "1.0.0", "name": "dbnet"}
+        deleted = exec_plugin(
+            node / "bin" / "meshctl-cni", "DEL", conf, netns="/x", pod=("shop", "cart")
+        )
+        assert (deleted.returncode, deleted.stdout) == (0, ""), deleted.stderr
+        log = (node / "run" / "meshctl-cni.log").read_text()
+        assert "DEL shop/cart: netns already gone, nothing to remove" in log
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(20) == 0

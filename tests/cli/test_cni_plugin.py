@@ -1,24 +1,39 @@
-"""The CNI plugin as the runtime execs it: VERSION, pass-through, and every kind of bad input.
+"""The CNI plugin as the runtime execs it, served by the node agent: VERSION, pass-through, and
+every kind of bad input.
 
 These need no root: bad input is rejected before any namespace is entered (tests/netns/ repeats
-the important ones with a real namespace and proves no rule was installed).
+the important ones with a real namespace and proves no rule was installed). The agent's request
+endpoint runs in this process (``NodeAgent``); test_cni_plugin_agent.py covers its absence.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from meshctl.core.k8s.cni import spec
 from tests.harness.cli import run_meshctl
-from tests.harness.cni import PREV_RESULT, exec_plugin, install_launcher, network_config
+from tests.harness.cni import (
+    PREV_RESULT,
+    NodeAgent,
+    exec_plugin,
+    install_launcher,
+    network_config,
+)
 
 
 @pytest.fixture(scope="module")
-def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_launcher(tmp_path_factory.mktemp("bin"))
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeAgent]:
+    with NodeAgent(tmp_path_factory.mktemp("run")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory: pytest.TempPathFactory, agent: NodeAgent) -> Path:
+    return install_launcher(tmp_path_factory.mktemp("bin"), agent.run_dir)
 
 
 @pytest.fixture
@@ -38,14 +53,15 @@ def test_version_reports_every_supported_spec_version(plugin: Path, version: str
 
 @pytest.mark.parametrize("version", ["0.3.1", "0.4.0", "1.0.0", "1.1.0"])
 def test_add_in_an_excluded_namespace_passes_prev_result_through(
-    plugin: Path, sandbox: str, tmp_path: Path, version: str
+    plugin: Path, agent: NodeAgent, sandbox: str, version: str
 ):
-    conf = network_config(version, run_dir=str(tmp_path / "run"))
-    run = exec_plugin(plugin, "ADD", conf, netns=sandbox, pod=("kube-system", "coredns"))
+    conf = network_config(version, run_dir=str(agent.run_dir))
+    pod = f"coredns-{version}"
+    run = exec_plugin(plugin, "ADD", conf, netns=sandbox, pod=("kube-system", pod))
     assert run.returncode == 0, run.stderr
     assert run.json == {**PREV_RESULT, "cniVersion": version}
-    log = (tmp_path / "run" / "meshctl-cni.log").read_text()
-    assert "kube-system/coredns: namespace excluded" in log
+    log = (agent.run_dir / "meshctl-cni.log").read_text()
+    assert f"kube-system/{pod}: namespace excluded" in log
 
 
 def _bad(version: str = "1.0.0", **keys: object) -> dict[str, object]:
@@ -107,18 +123,18 @@ def test_check_and_status_need_the_spec_versions_that_define_them(plugin: Path, 
     assert (status.returncode, status.json["code"]) == (1, spec.INCOMPATIBLE_VERSION)
 
 
-def test_status_without_the_installer_says_the_plugin_is_not_available(
-    plugin: Path, tmp_path: Path
+def test_status_without_the_plugin_kubeconfig_says_the_plugin_is_not_available(
+    plugin: Path, agent: NodeAgent
 ):
-    conf = network_config("1.1.0", run_dir=str(tmp_path))
+    conf = network_config("1.1.0", run_dir=str(agent.run_dir))
     run = exec_plugin(plugin, "STATUS", conf, pod=None)
     assert run.returncode == 1
     assert run.json["code"] == spec.NOT_AVAILABLE
     assert "meshctl cni install" in run.json["details"]
 
 
-def test_del_of_a_sandbox_whose_netns_is_gone_succeeds_silently(plugin: Path, tmp_path: Path):
-    conf = network_config(run_dir=str(tmp_path))
+def test_del_of_a_sandbox_whose_netns_is_gone_succeeds_silently(plugin: Path, agent: NodeAgent):
+    conf = network_config(run_dir=str(agent.run_dir))
     for _ in range(2):
         run = exec_plugin(plugin, "DEL", conf, netns="/run/netns/mt-gone-already")
         assert (run.returncode, run.stdout) == (0, ""), run.stderr
@@ -131,6 +147,7 @@ def test_cni_command_in_a_users_shell_does_not_hijack_the_cli():
 
 
 def test_runtime_style_invocation_without_arguments_runs_the_plugin():
+    # VERSION is the client's own answer: no agent needed.
     result = run_meshctl(stdin='{"cniVersion": "0.4.0"}', env={"CNI_COMMAND": "VERSION"})
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["cniVersion"] == "0.4.0"

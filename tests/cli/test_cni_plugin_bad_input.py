@@ -1,6 +1,6 @@
 """Whatever reaches the CNI plugin, the runtime gets the spec's error JSON on stdout and no
 traceback: nested or binary configs, no stdin at all, a terminal, an interrupt, our own bug
-(code 199, as docs/cni.md promises)."""
+(code 199, as docs/cni.md promises), whether the thin client or the agent serving it meets it."""
 
 from __future__ import annotations
 
@@ -10,19 +10,27 @@ import os
 import pty
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from meshctl.core.k8s.cni import spec
-from tests.harness.cni import exec_plugin, install_launcher, network_config
+from tests.harness.cni import NodeAgent, exec_plugin, install_launcher, network_config
 
-PLUGIN_MAIN = "meshctl_plugins.cni_plugin.main"
+CLIENT = "meshctl_plugins.cni_plugin.client"
+SERVER = "meshctl_plugins.cni.cnirequest"
 
 
 @pytest.fixture(scope="module")
-def plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_launcher(tmp_path_factory.mktemp("bin"))
+def agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeAgent]:
+    with NodeAgent(tmp_path_factory.mktemp("run")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory: pytest.TempPathFactory, agent: NodeAgent) -> Path:
+    return install_launcher(tmp_path_factory.mktemp("bin"), agent.run_dir)
 
 
 def assert_error_json(stdout: str, stderr: str, code: int, needle: str) -> dict[str, object]:
@@ -103,49 +111,47 @@ def test_without_arguments_on_a_terminal_it_does_not_wait_for_input():
     assert "CNI_COMMAND=VERSION" in str(error["details"])
 
 
-@pytest.fixture
-def fresh_logging(monkeypatch):
-    """The plugin runs in a process of its own: no handler an earlier in-process test left on
-    the root logger (writing to a capture stream closed since) may take its records."""
-    import logging
-
-    monkeypatch.setattr(logging.root, "handlers", [])
-
-
-@pytest.mark.usefixtures("fresh_logging")
-def test_our_own_bug_is_code_199_with_the_exception(monkeypatch, capsys):
+def _context() -> object:
     import importlib
 
-    main = importlib.import_module(PLUGIN_MAIN)
+    server = importlib.import_module(SERVER)
 
-    def broken(request: object) -> str:
+    def agent(route: str, event: object, timeout: float) -> str:
+        raise server.AgentUnavailableError("no ambient agent in this test")
+
+    return server.Context(kernel=server.KernelRunner(lambda fn: fn()), agent=agent)
+
+
+def test_our_own_bug_in_the_agent_is_code_199_with_the_exception(monkeypatch):
+    import importlib
+
+    server = importlib.import_module(SERVER)
+
+    def broken(request: object, context: object) -> str:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(main, "_handle", broken)
-    monkeypatch.setattr(main, "_configure_logging", lambda request: None)
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(_add_config())))
-    for name, value in _add_env().items():
-        monkeypatch.setenv(name, value)
-    assert main.main([]) == 1
-    out, err = capsys.readouterr()
-    error = assert_error_json(out, err, spec.INTERNAL, "unexpected KeyError: 'a bug'")
+    monkeypatch.setattr(server, "_handle", broken)
+    answer = server.serve(_add_env(), _add_config(), _context())
+    assert answer.code == 1
+    error = assert_error_json(
+        answer.stdout + "\n", "", spec.INTERNAL, "unexpected KeyError: 'a bug'"
+    )
     assert error["cniVersion"] == "1.0.0"
 
 
-@pytest.mark.usefixtures("fresh_logging")
 def test_a_bug_before_the_config_is_read_is_code_199_too(monkeypatch, capsys):
     import importlib
 
-    main = importlib.import_module(PLUGIN_MAIN)
+    client = importlib.import_module(CLIENT)
 
-    def broken(env: object, stdin: bytes, limits: object) -> object:
+    def broken(stdin: bytes, key: str) -> object:
         raise RecursionError("maximum recursion depth exceeded")
 
-    monkeypatch.setattr(main.spec, "parse_request", broken)
+    monkeypatch.setattr(client, "config_string", broken)
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(_add_config())))
     for name, value in _add_env().items():
         monkeypatch.setenv(name, value)
-    assert main.main([]) == 1
+    assert client.main() == 1
     out, err = capsys.readouterr()
     assert_error_json(out, err, spec.INTERNAL, "unexpected RecursionError")
 
@@ -153,13 +159,13 @@ def test_a_bug_before_the_config_is_read_is_code_199_too(monkeypatch, capsys):
 def test_an_interrupt_still_answers_in_the_spec_format(monkeypatch, capsys):
     import importlib
 
-    main = importlib.import_module(PLUGIN_MAIN)
+    client = importlib.import_module(CLIENT)
 
     def interrupted(*args: object) -> object:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(main, "_serve", interrupted)
-    assert main.main([]) == 1
+    monkeypatch.setattr(client, "_serve", interrupted)
+    assert client.main() == 1
     out, err = capsys.readouterr()
     assert_error_json(out, err, spec.TRY_AGAIN_LATER, "interrupted")
 
@@ -182,8 +188,10 @@ def test_version_on_a_terminal_needs_no_config():
     assert json.loads(proc.stdout)["supportedVersions"] == list(spec.SUPPORTED_VERSIONS)
 
 
-def test_a_good_request_still_works_after_the_bad_ones(plugin: Path, tmp_path: Path):
-    conf = network_config("1.0.0", run_dir=str(tmp_path))
+def test_a_good_request_still_works_after_the_bad_ones(
+    plugin: Path, agent: NodeAgent, tmp_path: Path
+):
+    conf = network_config("1.0.0", run_dir=str(agent.run_dir))
     run = exec_plugin(plugin, "ADD", conf, netns=str(tmp_path), pod=("kube-system", "dns"))
     assert run.returncode == 0, run.stderr
 

@@ -20,7 +20,7 @@ from meshctl_plugins.cni.installer import TREES_DIR, Installer, InstallSettings,
 
 from meshctl import tree as trees
 from meshctl.core.tree import MANIFEST_NAME
-from tests.harness.cni import SEED_CONFLIST, exec_plugin, fake_node
+from tests.harness.cni import SEED_CONFLIST, NodeAgent, exec_plugin, fake_node
 from tests.harness.frozen import frozen_tree
 from tests.harness.kube import free_port
 from tests.harness.wait import eventually
@@ -235,8 +235,11 @@ def test_the_frozen_tree_installed_by_link_answers_the_runtime(node):
     )
     installer.install()
     link = node / "bin" / "meshctl-cni"
+    # The tree's own launcher (packaging/cni/launcher.c), not the PyInstaller executable.
+    assert link.readlink().name == "meshctl-cni"
     assert answers_version(link)
-    # ADD for a pod of an excluded namespace: the whole request path, no API server needed.
+    # ADD for a pod of an excluded namespace: the whole request path, through the agent's
+    # endpoint (this checkout's), no API server needed.
     conf = {
         "cniVersion": "1.0.0",
         "name": "test-net",
@@ -245,6 +248,27 @@ def test_the_frozen_tree_installed_by_link_answers_the_runtime(node):
         "exclude_namespaces": ["kube-system"],
         "prevResult": {"cniVersion": "1.0.0", "interfaces": [], "ips": []},
     }
-    result = exec_plugin(link, "ADD", conf, netns="/proc/self/ns/net", pod=("kube-system", "p"))
+    with NodeAgent(node / "run"):
+        result = exec_plugin(link, "ADD", conf, netns="/proc/self/ns/net", pod=("kube-system", "p"))
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.json == conf["prevResult"]
+    # Without the agent: fail closed, from the tree's launcher too.
+    gone = exec_plugin(
+        link, "ADD", conf, netns="/proc/self/ns/net", pod=("kube-system", "p"),
+        env={"MESHCTL_CNI_AGENT_WAIT": "0.3"},
+    )  # fmt: skip
+    assert (gone.returncode, gone.json["code"]) == (1, 104), gone.stdout + gone.stderr
+
+
+def test_a_tree_with_its_own_cni_launcher_is_linked_to_it(node, tmp_path):
+    root = tmp_path / "v2"
+    (root / "_internal").mkdir(parents=True)
+    for name in ("meshctl", "meshctl-cni"):
+        (root / name).write_text(LAUNCHER)
+        (root / name).chmod(0o755)
+    manifest = trees.scan(root, executable="meshctl", version="2.0")
+    (root / MANIFEST_NAME).write_bytes(manifest.render())
+    Installer(settings(node), tree=PluginTree(root, manifest)).install()
+    link = node / "bin" / "meshctl-cni"
+    assert link.readlink() == Path(TREES_DIR, manifest.name, "meshctl-cni")
+    assert answers_version(link)

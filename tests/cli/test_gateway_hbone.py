@@ -9,6 +9,7 @@ import base64
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -223,3 +224,26 @@ def test_without_mounted_files_the_gateway_gets_its_certificate_from_the_ca(tmp_
     finally:
         ca.terminate()
         ca.wait(10)
+
+
+def test_every_worker_dials_hbone_with_the_certificate_its_supervisor_holds(tmp_path):
+    gateway_certs = _certs(tmp_path, "infra/gw/gw-sa", "gateway")
+    peer_certs = _certs(tmp_path, "app/web-0/web", "web")
+    with gw.backend() as web, gw.hbone_peer(peer_certs, web.port) as peer:
+        objects = _objects(peer.address, 8080, "web")
+        with gw.run_gateway(
+            tmp_path,
+            objects,
+            listener_ports=(80,),
+            env=_env(tmp_path, gateway_certs),
+            args=("--workers", "2"),
+        ) as proc:
+            for _ in range(30):  # new connections: spread over both workers by the kernel
+                status, _, _ = _get(proc.port(80))
+                assert status == 200, proc.output()
+            log = proc.output()
+    served = set(re.findall(r"\[gateway (worker=\d+) pid=\d+\] \"GET /mesh/x ", log))
+    assert served == {"worker=0", "worker=1"}
+    assert {tuple(seen["san"]) for seen in peer.seen} == {
+        ("spiffe://cluster.local/ns/infra/sa/gw-sa",)
+    }

@@ -383,6 +383,26 @@ def test_a_body_above_the_limit_is_413_before_any_of_it_is_read(running):
     assert len(web.seen) == seen
 
 
+def test_garbage_and_oversized_requests_leave_other_connections_served(running):
+    proc, _ = running
+    kept = http.client.HTTPConnection("127.0.0.1", proc.port(80), timeout=10)
+    try:
+        assert _request(proc, "GET", "/api/before", conn=kept)[0].status == 200
+        bad = (
+            (b"\x16\x03\x01\x02\x00garbage\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: example.com\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n", 431),
+            (b"POST /api/x HTTP/1.1\r\nHost: example.com\r\nContent-Length: 1000001\r\n\r\n", 413),
+        )
+        for request, status in bad:
+            # _raw returns once the gateway closed that connection (else its read times out).
+            assert _raw(proc, request).startswith(b"HTTP/1.1 %d " % status)
+            # A connection kept open from before and a new one: both still served.
+            assert _request(proc, "GET", "/api/kept", conn=kept)[0].status == 200, status
+            assert _request(proc, "GET", "/api/new")[0].status == 200, status
+    finally:
+        kept.close()
+
+
 def test_a_slow_head_is_cut_off_at_the_header_timeout_and_others_are_served(running):
     proc, _ = running
     with socket.create_connection(("127.0.0.1", proc.port(80)), timeout=10) as slow:

@@ -8,6 +8,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -290,6 +291,9 @@ def test_a_settings_flood_is_answered_with_goaway_enhance_your_calm(running):
     goaway = client.goaway()
     assert goaway is not None
     assert goaway[1] == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+    fresh = Client.tls(proc.port(443), "a.example")  # others unaffected
+    sid = fresh.send("/api/after", "a.example")
+    assert fresh.responses([sid])[sid][0] == 200
 
 
 def test_sigterm_sends_goaway_and_finishes_the_stream_in_flight(running):
@@ -303,3 +307,27 @@ def test_sigterm_sends_goaway_and_finishes_the_stream_in_flight(running):
     assert _echo(body)["path"] == "/slow/1"
     assert client.goaways == [(sid, h2.errors.ErrorCodes.NO_ERROR)]
     assert proc.proc.wait(10) == 0
+
+
+def test_sigterm_with_two_workers_sends_goaway_on_every_connection_and_finishes_it(
+    tmp_path: Path,
+) -> None:
+    cert = gw.server_cert("a.example")
+    with (
+        gw.backend("web") as web,
+        gw.run_gateway(
+            tmp_path, _objects(web, cert), listener_ports=(80, 443), args=("--workers", "2")
+        ) as proc,
+    ):
+        clients = [Client.tls(proc.port(443), "a.example") for _ in range(6)]
+        sids = [client.send("/slow/1", "a.example") for client in clients]
+        time.sleep(0.3)
+        proc.proc.send_signal(signal.SIGTERM)
+        for client, sid in zip(clients, sids, strict=True):
+            status, body = client.responses([sid])[sid]
+            assert status == 200
+            assert _echo(body)["path"] == "/slow/1"
+            assert client.goaways == [(sid, h2.errors.ErrorCodes.NO_ERROR)]
+        assert proc.proc.wait(10) == 0
+        served = set(re.findall(r"\[gateway (worker=\d+) pid=\d+\] \"GET /slow/1 ", proc.output()))
+    assert served  # by the workers (the access log names them)

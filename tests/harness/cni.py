@@ -1,15 +1,18 @@
 """Running meshctl's CNI plugin the way a container runtime does: exec, CNI_* env, JSON on stdin.
 
-Owns: installing the plugin launcher into a test bin dir, one exec of it, and reading the MESH_
-chains of a test namespace. Everything runs on temp dirs and test namespaces only.
+Owns: installing the plugin (the thin client) into a test bin dir, one exec of it, the node
+agent's request endpoint it talks to (``NodeAgent``, on a thread of the test process), and
+reading the MESH_ chains of a test namespace. Everything runs on temp dirs and test namespaces.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import os
 import subprocess
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,13 +40,16 @@ def fake_node(root: Path) -> Path:
     return root
 
 
-def install_launcher(bin_dir: Path) -> Path:
-    """The plugin as ``meshctl cni install`` installs it here (unfrozen: a launcher script)."""
+def install_launcher(bin_dir: Path, run_dir: Path | None = None) -> Path:
+    """The plugin as ``meshctl cni install --run-dir RUN_DIR`` installs it here (unfrozen: the
+    thin client as a script); it finds its agent in ``run_dir`` when a config names none."""
     bin_dir.mkdir(parents=True, exist_ok=True)
     path = bin_dir / "meshctl-cni"
     # Imported by name: mypy checks the harness without the installed `meshctl_plugins` package.
     installer = importlib.import_module("meshctl_plugins.cni.installer")
-    path.write_bytes(installer.plugin_binary())
+    path.write_bytes(
+        installer.plugin_binary(str(run_dir)) if run_dir else installer.plugin_binary()
+    )
     path.chmod(0o755)
     return path
 
@@ -120,3 +126,61 @@ def mesh_rules(netns_name: str) -> list[str]:
         )
         lines += [line for line in proc.stdout.splitlines() if "MESH_" in line]
     return lines
+
+
+class NodeAgent:
+    """The node agent's CNI request endpoint (``meshctl cni install`` serves the same), run on a
+    thread of the test process: ``<run_dir>/pluginevent.sock`` answering the thin client."""
+
+    def __init__(self, run_dir: Path, ambient: dict[str, Any] | None = None) -> None:
+        """``ambient``: stand-ins for the ambient agent's ``/cmdadd``/``/cmddel`` handlers
+        (async, event -> (status, text)); None: not in ambient mode."""
+        self.run_dir = run_dir
+        self.ambient = ambient
+        self.socket = run_dir / "pluginevent.sock"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop: asyncio.Event | None = None
+        self._ready = threading.Event()
+
+    def start(self) -> NodeAgent:
+        self._thread = threading.Thread(target=self._run, name="test-node-agent", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("the test node agent did not start")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._thread = None
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        # Imported by name: mypy checks the harness without the installed plugins package.
+        route = importlib.import_module("meshctl_plugins.cni.requestroute")
+        server = importlib.import_module("meshctl_plugins.cni.pluginserver")
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        requests = route.CniRequests(str(self.run_dir), ambient=self.ambient, log_level="debug")
+        requests.start()
+        events = server.PluginServer(
+            str(self.socket), {}, {"/cni": requests.handle}, raw_limit=route.MAX_REQUEST
+        )
+        await events.start()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await events.close()
+            requests.close()
+
+    def __enter__(self) -> NodeAgent:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()

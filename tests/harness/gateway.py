@@ -321,6 +321,22 @@ class Running:
         raise AssertionError(f"{text!r} not in the gateway's log:\n{self.output()}")
 
 
+def metric(running: Running, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels`` (0 when none), from the
+    gateway's Prometheus endpoint."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", 15020 + running.offset, timeout=5)
+    conn.request("GET", "/stats/prometheus")
+    text = conn.getresponse().read().decode()
+    wanted = [f'{k}="{v}"' for k, v in labels.items()]
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(w in line for w in wanted):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def wait_ready(port: int, proc: subprocess.Popen[str], log: Path, timeout: float = 20.0) -> None:
     import http.client
 

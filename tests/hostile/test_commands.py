@@ -12,14 +12,14 @@ never code 199 (our bug).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from meshctl.core.k8s.cni import spec
-from tests.harness.cni import PREV_RESULT, install_launcher
+from tests.harness.cni import PREV_RESULT, NodeAgent, install_launcher
 from tests.harness.measured import MESHCTL, Measured, run_measured
 from tests.hostile.corpus import NAMES, write_corpus
 
@@ -112,7 +112,7 @@ READERS: dict[str, Reader] = {
 
 
 @pytest.fixture(scope="module")
-def place(tmp_path_factory: pytest.TempPathFactory) -> Place:
+def place(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Place]:
     root = tmp_path_factory.mktemp("hostile")
     certs = root / "certs"
     minted = run_measured(
@@ -121,7 +121,9 @@ def place(tmp_path_factory: pytest.TempPathFactory) -> Place:
     assert minted.returncode == 0, minted.describe()
     for name in ("bin", "net.d", "run"):
         (root / name).mkdir()
-    return Place(root, write_corpus(root / "corpus"), certs, install_launcher(root / "cni-bin"))
+    plugin = install_launcher(root / "cni-bin", root / "run")
+    with NodeAgent(root / "run"):  # the CNI plugin's requests are served by its node agent
+        yield Place(root, write_corpus(root / "corpus"), certs, plugin)
 
 
 def assert_refused_cleanly(run: Measured, code: int, may_pass: bool) -> None:

@@ -290,6 +290,47 @@ def test_the_plugin_event_socket_answers_hostile_requests_with_http_errors(tmp_p
     assert not wrong, wrong
 
 
+def test_the_cni_request_route_answers_hostile_bodies_with_400_or_the_spec_error(tmp_path: Path):
+    # The thin client's route: a body not in its form is 400; the corpus as the config of an
+    # ADD (its environment well-formed) is the CNI error JSON with exit code 1.
+    pluginserver = importlib.import_module("meshctl_plugins.cni.pluginserver")
+    route = importlib.import_module("meshctl_plugins.cni.requestroute")
+    env = b"CNI_COMMAND=ADD\0CNI_CONTAINERID=c\0CNI_NETNS=/x\0CNI_IFNAME=eth0\0\0"
+
+    async def scenario() -> dict[str, bytes]:
+        path = tmp_path / "pluginevent.sock"
+        requests = route.CniRequests(str(tmp_path))
+        requests.start()
+        server = pluginserver.PluginServer(
+            str(path), {}, {"/cni": requests.handle}, raw_limit=route.MAX_REQUEST
+        )
+        await server.start()
+        loop = asyncio.get_running_loop()
+        answers = {}
+        try:
+            for item in ITEMS:
+                for name, body in ((f"raw {item}", SMALL[item]), (item, env + SMALL[item])):
+                    post = b"POST /cni HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body)
+                    answers[name] = await loop.run_in_executor(None, _http_over, path, post + body)
+        finally:
+            await server.close()
+            requests.close()
+        return answers
+
+    answers = asyncio.run(scenario())
+    wrong = {}
+    for name, answer in answers.items():
+        head, _, body = answer.partition(b"\r\n\r\n")
+        if head.startswith(b"HTTP/1.1 400"):
+            if not name.startswith("raw "):
+                wrong[name] = answer[:60]
+            continue
+        code, _, out = body.partition(b"\n")
+        if not head.startswith(b"HTTP/1.1 200") or code != b"1" or b'"code": ' not in out:
+            wrong[name] = answer[:80]
+    assert not wrong, wrong
+
+
 def test_the_proxys_http_ports_answer_hostile_requests_with_400(tmp_path: Path):
     from meshctl.proxy import responder
 

@@ -1,27 +1,34 @@
-"""The CNI plugin against a real pod namespace: bad input and a dead API server install nothing."""
+"""The CNI plugin (served by its node agent) against a real pod namespace: bad input and a dead
+API server install nothing."""
 
 from __future__ import annotations
 
-import http.server
 import json
-import socketserver
 import textwrap
-import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from meshctl.core.k8s.cni import spec
-from tests.harness.cni import exec_plugin, install_launcher, mesh_rules, network_config
+from tests.harness.cni import NodeAgent, exec_plugin, install_launcher, mesh_rules, network_config
 from tests.harness.kube import free_port
 
 pytestmark = pytest.mark.netns
 
 
 @pytest.fixture
-def plugin(tmp_path: Path) -> Path:
-    return install_launcher(tmp_path / "bin")
+def agent(tmp_path: Path) -> Iterator[NodeAgent]:
+    """The node agent's request endpoint, serving ``tmp_path/run`` (the configs' run dir)."""
+    with NodeAgent(tmp_path / "run") as running:
+        yield running
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, agent: NodeAgent) -> Path:
+    return install_launcher(tmp_path / "bin", agent.run_dir)
 
 
 @pytest.mark.parametrize(
@@ -146,61 +153,38 @@ def test_an_ambient_pod_from_the_local_inventory_fails_closed_without_the_agent(
         ambient_enabled=True,
         agent_timeout=1,
     )
-    (tmp_path / "run").mkdir()
     run = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
     assert (run.returncode, run.json["code"]) == (1, spec.AGENT_UNAVAILABLE)
     assert "namespace label istio.io/dataplane-mode=ambient" in run.json["msg"]
 
 
-class _Agent(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    """A stand-in for the node agent's plugin-event socket: answers every POST with ``reply``."""
-
-    daemon_threads = True
-
-    def __init__(self, path: Path, reply: str) -> None:
-        self.reply = reply
-        self.paths: list[str] = []
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(handler) -> None:  # noqa: N805 -- http.server calls it with the handler
-                handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
-                self.paths.append(handler.path)
-                body = self.reply.encode()
-                handler.send_response(200)
-                handler.send_header("Content-Length", str(len(body)))
-                handler.end_headers()
-                handler.wfile.write(body)
-
-            def log_message(handler, *_args: object) -> None:  # noqa: N805
-                pass
-
-            def address_string(handler) -> str:  # noqa: N805 -- a unix peer has no host
-                return "agent"
-
-        super().__init__(str(path), Handler)
-
-
-def test_ambient_del_cleans_a_pod_the_agent_did_not_capture(plugin: Path, netns, tmp_path: Path):
-    # A sidecar pod captured by the plugin itself, on an ambient node: the agent knows the pod
-    # from its inventory only (no ADD reported it), so the plugin's own DEL removes its rules.
+def test_ambient_del_cleans_a_pod_the_agent_did_not_capture(tmp_path: Path, netns):
+    # A sidecar pod captured by the plugin's request itself, on an ambient node: the ambient
+    # agent knows the pod from its inventory only (no ADD reported it), so the request's own
+    # DEL removes its rules.
     inventory = tmp_path / "inventory.yaml"
     inventory.write_text(json.dumps({"kind": "List", "items": [INJECTED_POD]}))
     run = tmp_path / "run"
-    run.mkdir()
+    told: list[str] = []
+
+    def stand_in(route: str, text: str) -> Any:
+        async def handler(event: dict[str, Any]) -> tuple[int, str]:
+            told.append(route)
+            return 200, text
+
+        return handler
+
+    ambient = {
+        "/cmdadd": stand_in("/cmdadd", "noted"),
+        "/cmddel": stand_in("/cmddel", "pod shop/cart-1: its sandbox was not reported"),
+    }
     conf = network_config(local_inventory=str(inventory), run_dir=str(run), ambient_enabled=True)
-    added = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
-    assert added.returncode == 0, added.stdout
-    assert mesh_rules(netns.name) != []
-    agent = _Agent(
-        run / spec.PLUGIN_EVENT_SOCKET_NAME,
-        "pod shop/cart-1: its sandbox was not reported to the agent",
-    )
-    threading.Thread(target=agent.serve_forever, daemon=True).start()
-    try:
+    with NodeAgent(run, ambient=ambient):
+        plugin = install_launcher(tmp_path / "bin", run)
+        added = exec_plugin(plugin, "ADD", conf, netns=netns.path, pod=("shop", "cart-1"))
+        assert added.returncode == 0, added.stdout
+        assert mesh_rules(netns.name) != []
         deleted = exec_plugin(plugin, "DEL", conf, netns=netns.path, pod=("shop", "cart-1"))
-    finally:
-        agent.shutdown()
-        agent.server_close()
     assert deleted.returncode == 0, deleted.stdout
-    assert agent.paths == ["/cmddel"]
+    assert told == ["/cmddel"]
     assert mesh_rules(netns.name) == []

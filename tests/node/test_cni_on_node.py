@@ -35,8 +35,13 @@ pytestmark = pytest.mark.node
 SYSTEM_NS = "meshctl-system"
 
 
+# Where this node's containerd pins pod netns (under its state dir): the agent, which serves the
+# plugin's requests, enters them through its mount of this directory.
+NETNS_DIR = nodehost.WORKDIR / "containerd" / "state"
+
+
 def manifest() -> list[dict[str, Any]]:
-    printed = run_meshctl("cni", "manifest", "-o", "json")
+    printed = run_meshctl("cni", "manifest", "--netns-dir", str(NETNS_DIR), "-o", "json")
     assert printed.returncode == 0, printed.stderr
     items: list[dict[str, Any]] = json.loads(printed.stdout)["items"]
     return items

@@ -21,6 +21,7 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from meshctl.core.k8s.cni.spec import PLUGIN_TYPE
+from tests.harness import nodehost
 from tests.harness import workloads as wl
 from tests.harness.mesh_install import (
     OURS,
@@ -58,7 +59,11 @@ def resource_versions(node: TestNode) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def mesh(kube_node: TestNode) -> Iterator[Mesh]:
-    with installed(Mesh(kube_node)) as mesh:
+    # CNI-mode injection: the CNI agent enters the pods' netns where this node pins them.
+    netns_dir = nodehost.WORKDIR / "containerd" / "state"
+    with installed(
+        Mesh(kube_node, extra=["--set", f"components.cni.netnsDir={netns_dir}"])
+    ) as mesh:
         yield mesh
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from meshctl import gateway_wire as wire
 from meshctl.core.gateway.config import BackendKey, Endpoint, GatewayConfig, KeyPair
-from meshctl.core.gateway.matching import Request, match
+from meshctl.core.gateway.matching import Request, match, passthrough
 from meshctl.core.gateway.model import (
     AllowedRoutes,
     Backend,
@@ -311,3 +311,21 @@ def test_the_digest_ignores_the_version_field_and_follows_the_content():
     base = GatewayConfig(name="ns/gw")
     assert wire.digest(base) == wire.digest(GatewayConfig(name="ns/gw", version="7"))
     assert wire.digest(base) != wire.digest(GatewayConfig(name="ns/gw2"))
+
+
+def test_a_tls_passthrough_table_comes_back_and_routes_the_same_sni():
+    tls_route = route("pass", rule("svc:443"), hostnames=["a.example.com"])
+    tls_route["kind"] = "TLSRoute"
+    result = run(
+        gateway_class(),
+        gateway(listener("tls", 443, "TLS", tls={"mode": "Passthrough"})),
+        tls_route,
+        service("svc", "infra", 443),
+    )
+    table = result.gateways["infra", "gw"]
+    assert table.ports[0].protocol is Protocol.TLS
+    back = wire.decode(wire.encode(GatewayConfig(name="infra/gw", table=table)))
+    assert back.table == table
+    for sni in ("a.example.com", "b.example.com", ""):
+        assert passthrough(back.table, 443, sni) == passthrough(table, 443, sni)
+    assert passthrough(back.table, 443, "a.example.com").reason == "TLSRoute infra/pass rules[0]"

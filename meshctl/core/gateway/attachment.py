@@ -1,8 +1,9 @@
-"""HTTPRoutes attached to our Gateways' listeners, and each route's ``status.parents``.
+"""Routes (HTTPRoute, TLSRoute) attached to our Gateways' listeners, and each route's
+``status.parents``.
 
 Owns attachment by the API's rules, per parentRef to a Gateway of ours: the listeners it names
 (``sectionName`` and ``port``, when set; none: ``NoMatchingParent``), of them those whose
-``allowedRoutes`` take an HTTPRoute from the route's namespace (none: ``NotAllowedByListeners``),
+``allowedRoutes`` take the route's kind from its namespace (none: ``NotAllowedByListeners``),
 of them those sharing a hostname with the route (none: ``NoMatchingListenerHostname``); a route
 with an unsupported value attaches nowhere (``UnsupportedValue``). ``ResolvedRefs`` sums the
 route's backendRefs. Invariants: pure; parentRefs to Gateways that are not ours get no entry;
@@ -41,9 +42,13 @@ class ParentResult:
 
 
 def _allows(
-    ls: ListenerState, gateway_namespace: str, route_namespace: str, labels: Mapping[str, str]
+    ls: ListenerState,
+    gateway_namespace: str,
+    route_namespace: str,
+    labels: Mapping[str, str],
+    kind: tuple[str, str],
 ) -> bool:
-    if HTTPROUTE not in ls.supported_kinds:
+    if kind not in ls.supported_kinds:
         return False
     allowed = ls.spec.allowed
     if allowed.namespaces == "All":
@@ -60,8 +65,10 @@ def attach(
     gateways: Mapping[tuple[str, str], GatewayState],
     namespace_labels: Mapping[str, Mapping[str, str]],
     problems: Sequence[Problem],
+    kind: tuple[str, str] = HTTPROUTE,
 ) -> tuple[ParentResult, ...]:
-    """One result per parentRef to a Gateway of ours, in the spec's order."""
+    """One result per parentRef to a Gateway of ours, in the spec's order (``kind``: the
+    route's group and kind, which a listener must take)."""
     out = []
     labels = namespace_labels.get(route.meta.namespace, {})
     for ref in route.parents:
@@ -77,7 +84,7 @@ def attach(
         allowed = [
             ls
             for ls in named
-            if _allows(ls, gateway.facts.meta.namespace, route.meta.namespace, labels)
+            if _allows(ls, gateway.facts.meta.namespace, route.meta.namespace, labels, kind)
         ]
         hosted = [
             ls for ls in allowed if effective_hostnames(ls.listener.hostname, route.hostnames)
@@ -85,13 +92,13 @@ def attach(
         if not named:
             accepted = Condition("Accepted", False, "NoMatchingParent", _no_listener(ref))
         elif not allowed:
-            taking = any(HTTPROUTE in ls.supported_kinds for ls in named)
+            taking = any(kind in ls.supported_kinds for ls in named)
             why = f"from namespace {route.meta.namespace}" if taking else "at all"
             accepted = Condition(
                 "Accepted",
                 False,
                 "NotAllowedByListeners",
-                f"no listener of {ref.namespace}/{ref.name} takes HTTPRoutes {why}",
+                f"no listener of {ref.namespace}/{ref.name} takes {kind[1]}s {why}",
             )
         elif not hosted:
             accepted = Condition(

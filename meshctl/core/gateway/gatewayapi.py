@@ -1,6 +1,6 @@
 """Gateway API objects (``gateway.networking.k8s.io/v1``, as the API serves them) read into the
-facts translation needs: GatewayClasses, Gateways and their listeners, HTTPRoutes and their
-parentRefs, ReferenceGrants; and the label selectors of ``allowedRoutes``.
+facts translation needs: GatewayClasses, Gateways and their listeners, HTTPRoutes, TLSRoutes and
+TCPRoutes and their parentRefs, ReferenceGrants; and the label selectors of ``allowedRoutes``.
 
 Owns the API's defaults (parentRef group/kind/namespace, listener ``allowedRoutes`` ``Same``,
 TLS mode ``Terminate``, certificateRef group ``""``/kind ``Secret``). Invariants: pure; a
@@ -23,6 +23,8 @@ from .model import ALLOW_SAME, AllowedRoutes
 GROUP = "gateway.networking.k8s.io"
 CONTROLLER = "meshctl.io/gateway-controller"
 HTTPROUTE = (GROUP, "HTTPRoute")
+TLSROUTE = (GROUP, "TLSRoute")
+TCPROUTE = (GROUP, "TCPRoute")
 Requirement = tuple[str, str, tuple[str, ...]]
 
 
@@ -245,8 +247,11 @@ def read_parent(obj: Any, namespace: str) -> ParentRef:
     )
 
 
-def read_route(obj: Any) -> RouteFacts:
-    m = meta(obj, "HTTPRoute")
+def read_route(obj: Any, kind: str = "HTTPRoute") -> RouteFacts:
+    """An HTTPRoute, TLSRoute or TCPRoute (``kind``): the parts they share (TLSRoute and
+    TCPRoute rules carry only backendRefs, TCPRoute has no hostnames; the caller reads rules by
+    kind)."""
+    m = meta(obj, kind)
     hosts = []
     for h in objects.items(obj, "spec", "hostnames"):
         if not isinstance(h, str):

@@ -1,14 +1,17 @@
 """Gateways of our classes: which listeners are valid, what they serve, and the status of the
 GatewayClass and the Gateway (per-listener conditions and ``attachedRoutes`` included).
 
-Owns listener validity. A listener is accepted when its protocol is HTTP or HTTPS (TLS mode
-Terminate) and no other listener on its port conflicts: another protocol on the port conflicts
-all of them (``ProtocolConflict``), the same hostname on the same port both (``HostnameConflict``);
-the API forbids picking a winner. References resolve when the certificateRefs are core Secrets,
-allowed (same namespace or a ReferenceGrant: ``RefNotPermitted``) and present and valid by the
-caller's certificate facts (``InvalidCertificateRef``), and the allowed route kinds are ones we
-serve (HTTPRoute; else ``InvalidRouteKinds``). A listener serves when accepted and, for HTTPS,
-at least one certificate is usable. Invariant: pure; status is recomputed whole each time.
+Owns listener validity. A listener is accepted when its protocol is HTTP, HTTPS (TLS mode
+Terminate) or TLS (mode Passthrough) and no other listener on its port conflicts: another
+protocol on the port conflicts all of them (``ProtocolConflict``), the same hostname on the same
+port both (``HostnameConflict``); the API forbids picking a winner. References resolve when the
+certificateRefs are core Secrets, allowed (same namespace or a ReferenceGrant:
+``RefNotPermitted``) and present and valid by the caller's certificate facts
+(``InvalidCertificateRef``), and the allowed route kinds are the protocol's (HTTPRoute for HTTP
+and HTTPS, TLSRoute for TLS, TCPRoute for TCP; else ``InvalidRouteKinds``). A TCP listener's
+hostname is ignored (the API's rule: nothing on the wire names one), so two TCP listeners on a
+port conflict whatever their hostnames. A listener serves when accepted and,
+for HTTPS, at least one certificate is usable. Invariant: pure; status is recomputed whole.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from .conditions import Condition
 from .gatewayapi import (
     GROUP,
     HTTPROUTE,
+    TCPROUTE,
+    TLSROUTE,
     GatewayClassFacts,
     GatewayFacts,
     GrantFacts,
@@ -30,9 +35,19 @@ from .gatewayapi import (
     conditions_of,
     permits,
 )
+from .hostnames import ANY
 from .model import Listener, Protocol, SecretRef
 
 SUPPORTED_PROTOCOLS = {p.value for p in Protocol}
+# The route kind each protocol's listeners take (the API's core kinds per protocol).
+ROUTE_KIND = {
+    Protocol.HTTP: HTTPROUTE,
+    Protocol.HTTPS: HTTPROUTE,
+    Protocol.TLS: TLSROUTE,
+    Protocol.TCP: TCPROUTE,
+}
+# The TLS mode a protocol's listener must have (absent: the API's default, Terminate).
+TLS_MODE = {Protocol.HTTPS: "Terminate", Protocol.TLS: "Passthrough"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,7 +85,7 @@ class ListenerState:
     @property
     def serves(self) -> bool:
         return self.accepted.status and (
-            self.listener.protocol is Protocol.HTTP or bool(self.listener.certificates)
+            self.listener.protocol is not Protocol.HTTPS or bool(self.listener.certificates)
         )
 
 
@@ -108,14 +123,19 @@ def _conflicts(specs: Sequence[ListenerSpec]) -> dict[str, str]:
     protocols: dict[int, set[str]] = {}
     for s in supported:
         protocols.setdefault(s.port, set()).add(s.protocol)
-    same_host = Counter((s.port, s.hostname) for s in supported)
+    same_host = Counter((s.port, _hostname(s)) for s in supported)
     out = {}
     for s in supported:
         if len(protocols[s.port]) > 1:
             out[s.name] = "ProtocolConflict"
-        elif same_host[(s.port, s.hostname)] > 1:
+        elif same_host[(s.port, _hostname(s))] > 1:
             out[s.name] = "HostnameConflict"
     return out
+
+
+def _hostname(spec: ListenerSpec) -> str:
+    """The hostname a listener serves: ANY on TCP, where none is ever seen."""
+    return ANY if spec.protocol == Protocol.TCP else spec.hostname
 
 
 def _certificates(
@@ -166,19 +186,24 @@ def listener_states(
         if not supported:
             kinds: tuple[tuple[str, str], ...] = ()
         elif spec.kinds_given:
-            kinds = tuple(k for k in spec.allowed.kinds if k == HTTPROUTE)
-            wrong = [f"{g}/{k}" for g, k in spec.allowed.kinds if (g, k) != HTTPROUTE]
+            served = ROUTE_KIND[Protocol(spec.protocol)]
+            kinds = tuple(k for k in spec.allowed.kinds if k == served)
+            wrong = [f"{g}/{k}" for g, k in spec.allowed.kinds if (g, k) != served]
             if wrong:
                 problems.append(("InvalidRouteKinds", f"not served: {', '.join(wrong)}"))
         else:
-            kinds = (HTTPROUTE,)
+            kinds = (ROUTE_KIND[Protocol(spec.protocol)],)
+        mode = TLS_MODE.get(Protocol(spec.protocol)) if supported else None
         if not supported:
             accepted = Condition(
                 "Accepted", False, "UnsupportedProtocol", f"protocol {spec.protocol} is not served"
             )
-        elif spec.protocol == Protocol.HTTPS and spec.tls_mode != "Terminate":
+        elif mode is not None and spec.tls_mode != mode:
             accepted = Condition(
-                "Accepted", False, "UnsupportedValue", f"tls.mode {spec.tls_mode} is not served"
+                "Accepted",
+                False,
+                "UnsupportedValue",
+                f"tls.mode {spec.tls_mode} is not served (protocol {spec.protocol} takes {mode})",
             )
         elif spec.name in conflicts:
             accepted = Condition(
@@ -204,7 +229,7 @@ def listener_states(
                     name=spec.name,
                     port=spec.port,
                     protocol=Protocol(spec.protocol) if supported else Protocol.HTTP,
-                    hostname=spec.hostname,
+                    hostname=_hostname(spec),
                     certificates=usable,
                     allowed=spec.allowed,
                 ),
@@ -220,6 +245,8 @@ def listener_states(
 def _conflict_message(spec: ListenerSpec, conflicts: Mapping[str, str]) -> str:
     if conflicts[spec.name] == "ProtocolConflict":
         return f"listeners on port {spec.port} use different protocols"
+    if spec.protocol == Protocol.TCP:
+        return f"another TCP listener on port {spec.port}"
     return f"another listener on port {spec.port} has hostname {spec.hostname}"
 
 

@@ -27,6 +27,12 @@ def request_host(authority: str) -> str:
     return host.rstrip(".")
 
 
+def server_name_host(server_name: str) -> str:
+    """A TLS server name (SNI) as patterns see it: lower-case, without a trailing dot (RFC 6066
+    §3 forbids one; a client that sends it anyway names the same host). "" stays "": no SNI."""
+    return server_name.lower().rstrip(".")
+
+
 def is_wildcard(pattern: str) -> bool:
     return pattern.startswith("*.")
 

@@ -6,8 +6,10 @@ listener than its SNI chose is 421 Misdirected, unless that listener has the sam
 and the table allows coalescing); then that listener's most specific host (no fall-through to a
 wider one); then the first row in precedence order whose match holds. No match: 404, or
 Ingress's default backend. A rule that redirects answers the redirect; one without usable
-backends answers 500. Weighted choice takes the caller's random draw. Invariants: pure; every
-decision carries a one-line ``reason`` for the ``x-meshctl-route`` header and the access log.
+backends answers 500. A TLS passthrough connection (``passthrough``) takes the same listener
+and host steps on its SNI; a TCP connection (``tcp``) the port's oldest route. Weighted choice
+takes the caller's random draw. Invariants: pure; every decision carries a one-line ``reason``
+for the ``x-meshctl-route`` header and the access log.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from .model import (
     PortTable,
     RouteMatch,
     RouteTable,
+    Rule,
     Timeouts,
 )
+from .table import precedence
 
 HEADER = "x-meshctl-route"  # the response header a 404/500/421 carries its reason in
 
@@ -229,20 +233,92 @@ def _take(
             matched_prefix=prefix,
         )
         return replace(base, outcome=Outcome.REDIRECT, status=redirect.status, location=location)
-    candidates = tuple(b for b in rule.backends if b.weight > 0)
-    if not rule.backends:
-        return _reject(Outcome.NO_BACKEND, 500, f"{entry.label}: no backendRefs", base=base)
-    if not candidates:
-        return _reject(Outcome.NO_BACKEND, 500, f"{entry.label}: every weight is 0", base=base)
-    if not any(b.resolved for b in candidates):
-        detail = f"{entry.label}: {unresolved(candidates[0])}"
-        return _reject(Outcome.NO_BACKEND, 500, detail, base=base)
+    refused = _without_backends(entry, base, status=500)
+    if refused is not None:
+        return refused
     upstream_host, upstream_path = filters.rewritten(
         rule.filters.rewrite, host=request.host, path=path, matched_prefix=prefix
     )
     return replace(
-        base, backends=candidates, upstream_host=upstream_host, upstream_path=upstream_path
+        base,
+        backends=_candidates(rule),
+        upstream_host=upstream_host,
+        upstream_path=upstream_path,
     )
+
+
+def _candidates(rule: Rule) -> tuple[Backend, ...]:
+    return tuple(b for b in rule.backends if b.weight > 0)
+
+
+def _without_backends(entry: Entry, base: Decision, *, status: int) -> Decision | None:
+    """NO_BACKEND when ``entry``'s rule has no backend to take its traffic, else None."""
+    candidates = _candidates(entry.rule)
+    if not entry.rule.backends:
+        detail = f"{entry.label}: no backendRefs"
+    elif not candidates:
+        detail = f"{entry.label}: every weight is 0"
+    elif not any(b.resolved for b in candidates):
+        detail = f"{entry.label}: {unresolved(candidates[0])}"
+    else:
+        return None
+    return _reject(Outcome.NO_BACKEND, status, detail, base=base)
+
+
+def passthrough(table: RouteTable, port_number: int, server_name: str) -> Decision:
+    """The decision for a TLS connection routed by its ClientHello's server name and never
+    terminated (TLSRoute on a ``Passthrough`` listener): the port's listener whose hostname
+    names the SNI most specifically, then its most specific host (listener ∩ route hostnames,
+    as for HTTP), then that host's first row (TLSRoute rules have no matches: the oldest route
+    wins). A connection without SNI ("") is taken only where neither the listener nor the route
+    names a hostname. ``status`` is 0 throughout (no HTTP here): NO_ROUTE is the shell's TLS
+    ``unrecognized_name`` alert, NO_BACKEND closes the connection."""
+    host = hostnames.server_name_host(server_name)
+    shown = host or "(none)"
+    port = table.port(port_number)
+    if port is None:
+        return _reject(Outcome.NO_ROUTE, 0, f"no listener on port {port_number}")
+    chosen = _listener_for(port, host, table.one_label_wildcards)
+    if chosen is None:
+        return _reject(Outcome.NO_ROUTE, 0, f"sni {shown}: no listener")
+    vhost = chosen.host(host, one_label=table.one_label_wildcards)
+    if vhost is None or not vhost.entries:
+        return _reject(Outcome.NO_ROUTE, 0, f"sni {shown}: no route", listener=chosen.listener)
+    entry = vhost.entries[0]
+    base = Decision(
+        outcome=Outcome.FORWARD,
+        status=0,
+        reason=entry.label,
+        listener=chosen.listener,
+        hostname=vhost.hostname,
+        entry=entry,
+    )
+    refused = _without_backends(entry, base, status=0)
+    return refused if refused is not None else replace(base, backends=_candidates(entry.rule))
+
+
+def tcp(table: RouteTable, port_number: int) -> Decision:
+    """The decision for a TCP connection (TCPRoute): nothing on the wire to match, so the
+    port's listener (one: TCP listeners on a port conflict) and its oldest route. ``status``
+    is 0 throughout; NO_ROUTE and NO_BACKEND both close the connection."""
+    port = table.port(port_number)
+    if port is None or not port.listeners:
+        return _reject(Outcome.NO_ROUTE, 0, f"no listener on port {port_number}")
+    chosen = port.listeners[0]
+    entries = [e for vh in chosen.hosts for e in vh.entries]
+    if not entries:
+        return _reject(Outcome.NO_ROUTE, 0, "no TCPRoute attached", listener=chosen.listener)
+    entry = min(entries, key=precedence)
+    base = Decision(
+        outcome=Outcome.FORWARD,
+        status=0,
+        reason=entry.label,
+        listener=chosen.listener,
+        hostname=chosen.listener.hostname,
+        entry=entry,
+    )
+    refused = _without_backends(entry, base, status=0)
+    return refused if refused is not None else replace(base, backends=_candidates(entry.rule))
 
 
 def unresolved(backend: Backend) -> str:

@@ -24,6 +24,8 @@ class PathType(enum.StrEnum):
 class Protocol(enum.StrEnum):
     HTTP = "HTTP"
     HTTPS = "HTTPS"
+    TLS = "TLS"  # passthrough: routed by the ClientHello's SNI, never terminated (TLSRoute)
+    TCP = "TCP"  # bytes to a backend, nothing read (TCPRoute)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +146,13 @@ class Rule:
     timeouts: Timeouts = NO_TIMEOUTS
 
 
+# Route kinds that route whole connections: their rules have no matches (one row per rule).
+STREAM_KINDS = frozenset({"TLSRoute", "TCPRoute"})
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class RouteKey:
-    kind: str  # HTTPRoute | Ingress
+    kind: str  # HTTPRoute | TLSRoute | TCPRoute | Ingress
     namespace: str
     name: str
 

@@ -2,9 +2,10 @@
 and ``meshctl gateway explain`` print, and what the goldens hold.
 
 Owns the printed shape. A row is one line per concern: the match (``Exact /a GET
-header[x]=1 query[q]=v``), the route and rule it came from, its backends (``ns/name:port
-weight W``, with the reason when unresolved) and, when set, its filters and timeouts. Invariant:
-pure; the same table prints the same text (everything is already in precedence order).
+header[x]=1 query[q]=v``; none for a TLSRoute's rows, which match no request), the route and
+rule it came from, its backends (``ns/name:port weight W``, with the reason when unresolved)
+and, when set, its filters and timeouts. Invariant: pure; the same table prints the same text
+(everything is already in precedence order).
 """
 
 from __future__ import annotations
@@ -12,7 +13,16 @@ from __future__ import annotations
 from typing import Any
 
 from .matching import Decision
-from .model import Backend, Entry, Filters, HeaderModifier, PathModifier, RouteMatch, RouteTable
+from .model import (
+    STREAM_KINDS,
+    Backend,
+    Entry,
+    Filters,
+    HeaderModifier,
+    PathModifier,
+    RouteMatch,
+    RouteTable,
+)
 
 
 def match_text(match: RouteMatch) -> str:
@@ -69,8 +79,10 @@ def entry_data(entry: Entry) -> dict[str, Any]:
     where = entry.label
     if len(rule.matches) > 1:
         where += f".matches[{entry.match_index}]"
-    out: dict[str, Any] = {
-        "match": match_text(entry.match),
+    out: dict[str, Any] = (
+        {} if entry.route.kind in STREAM_KINDS else {"match": match_text(entry.match)}
+    )
+    out |= {
         "route": where,
         "backends": [backend_text(b) for b in rule.backends],
     }

@@ -89,6 +89,33 @@ def read_rules(
     return tuple(out), tuple(problems)
 
 
+def read_backend_rules(
+    rules: Sequence[Mapping[str, Any]], resolve: Resolver, kind: str
+) -> tuple[tuple[Rule, ...], tuple[Problem, ...]]:
+    """A TLSRoute's or TCPRoute's rules: backendRefs and a name, nothing to match on. The API
+    (v1) allows exactly one rule: with no matches a second could never take a connection, so
+    more than one (v1alpha2 allowed 16) is refused rather than silently ignored."""
+    problems: list[Problem] = []
+    if len(rules) > 1:
+        problems.append((UNSUPPORTED, f"rules: a {kind} takes one rule, not {len(rules)}"))
+    out = []
+    for i, rule in enumerate(rules):
+        refs = objects.items(rule, "backendRefs")
+        for j, ref in enumerate(refs):
+            if objects.items(ref, "filters"):
+                problems.append(
+                    (UNSUPPORTED, f"rules[{i}].backendRefs[{j}].filters: not supported")
+                )
+        out.append(
+            Rule(
+                index=i,
+                name=objects.text(rule, "name"),
+                backends=tuple(resolve(ref) for ref in refs if isinstance(ref, Mapping)),
+            )
+        )
+    return tuple(out), tuple(problems)
+
+
 def _match(obj: Any, where: str, problems: list[Problem]) -> RouteMatch:
     kind = objects.text(obj, "path", "type", default="PathPrefix")
     value = objects.text(obj, "path", "value", default="/")

@@ -12,6 +12,7 @@ line, never an exception; the output does not depend on the order of the input l
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from .attachment import ParentResult, attach, resolved_refs, route_status
 from .backends import route_backend
 from .gatewayapi import (
     CONTROLLER,
+    GROUP,
     GrantFacts,
     RouteFacts,
     read_gateway,
@@ -43,7 +45,7 @@ from .gateways import (
     gateway_status,
 )
 from .model import Route, RouteKey, RouteTable
-from .rules import read_rules
+from .rules import read_backend_rules, read_rules
 
 _T = TypeVar("_T")
 
@@ -55,6 +57,8 @@ class Cluster:
     gateway_classes: Sequence[Any] = ()
     gateways: Sequence[Any] = ()
     http_routes: Sequence[Any] = ()
+    tls_routes: Sequence[Any] = ()  # v1 (or v1alpha2: the same fields)
+    tcp_routes: Sequence[Any] = ()  # v1 (or v1alpha2)
     reference_grants: Sequence[Any] = ()
     services: Sequence[Any] = ()
     namespaces: Sequence[Any] = ()
@@ -75,7 +79,7 @@ class Options:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatusUpdate:
-    kind: str  # GatewayClass | Gateway | HTTPRoute | Ingress
+    kind: str  # GatewayClass | Gateway | HTTPRoute | TLSRoute | TCPRoute | Ingress
     namespace: str  # "" for GatewayClass
     name: str
     status: dict[str, Any]
@@ -189,33 +193,65 @@ def _routes(
     """Per Gateway of ours, per listener name, the routes attached; routes' status appended."""
     labels = _namespace_labels(cluster.namespaces)
     attached: dict[tuple[str, str], dict[str, list[Route]]] = {k: {} for k in gateways}
-    routes = _read_all(cluster.http_routes, read_route, "HTTPRoute", problems)
-    for route in sorted(routes, key=lambda r: r.meta.key):
-        try:
-            results, model = _route(route, gateways, services, grants, labels)
-        except ObjectError as exc:  # a rule of a shape the API's validation would refuse
-            problems.append(f"HTTPRoute {route.meta.name} skipped: {exc}")
-            continue
-        for result in results:
-            if result.ref.gateway is None:
-                continue
-            per_listener = attached[result.ref.gateway]
-            for name in result.listeners:
-                served = per_listener.setdefault(name, [])
-                if model not in served:
-                    served.append(model)
-        if results or _has_ours(route, options.controller):
-            status = route_status(
+    for kind, items in (
+        ("HTTPRoute", cluster.http_routes),
+        ("TLSRoute", cluster.tls_routes),
+        ("TCPRoute", cluster.tcp_routes),
+    ):
+        routes = _read_all(items, functools.partial(read_route, kind=kind), kind, problems)
+        for route in sorted(routes, key=lambda r: r.meta.key):
+            _one_route(
+                kind,
                 route,
-                results,
-                resolved_refs(model.rules),
-                controller=options.controller,
-                now=now,
-            )
-            statuses.append(
-                _update("HTTPRoute", route.meta.namespace, route.meta.name, status, route.status)
+                options,
+                now,
+                gateways,
+                services,
+                grants,
+                labels,
+                attached,
+                statuses,
+                problems,
             )
     return attached
+
+
+def _one_route(
+    kind: str,
+    route: RouteFacts,
+    options: Options,
+    now: str,
+    gateways: Mapping[tuple[str, str], GatewayState],
+    services: Mapping[tuple[str, str], ServiceFacts],
+    grants: list[GrantFacts],
+    labels: Mapping[str, Mapping[str, str]],
+    attached: dict[tuple[str, str], dict[str, list[Route]]],
+    statuses: list[StatusUpdate],
+    problems: list[str],
+) -> None:
+    """One route: attached where it may be (into ``attached``), its status appended."""
+    try:
+        results, model = _route(kind, route, gateways, services, grants, labels)
+    except ObjectError as exc:  # a rule of a shape the API's validation would refuse
+        problems.append(f"{kind} {route.meta.name} skipped: {exc}")
+        return
+    for result in results:
+        if result.ref.gateway is None:
+            continue
+        per_listener = attached[result.ref.gateway]
+        for name in result.listeners:
+            served = per_listener.setdefault(name, [])
+            if model not in served:
+                served.append(model)
+    if results or _has_ours(route, options.controller):
+        status = route_status(
+            route,
+            results,
+            resolved_refs(model.rules),
+            controller=options.controller,
+            now=now,
+        )
+        statuses.append(_update(kind, route.meta.namespace, route.meta.name, status, route.status))
 
 
 def _ingresses(
@@ -271,6 +307,7 @@ def _has_ours(route: RouteFacts, controller: str) -> bool:
 
 
 def _route(
+    kind: str,
     route: RouteFacts,
     gateways: Mapping[tuple[str, str], GatewayState],
     services: Mapping[tuple[str, str], ServiceFacts],
@@ -282,13 +319,16 @@ def _route(
 
     def resolve(ref: Mapping[str, Any]) -> Any:
         return route_backend(
-            ref, route_kind="HTTPRoute", route_namespace=namespace, services=services, grants=grants
+            ref, route_kind=kind, route_namespace=namespace, services=services, grants=grants
         )
 
-    rules, route_problems = read_rules(route.rules, resolve)
-    results = attach(route, gateways, labels, route_problems)
+    if kind == "HTTPRoute":
+        rules, route_problems = read_rules(route.rules, resolve)
+    else:
+        rules, route_problems = read_backend_rules(route.rules, resolve, kind)
+    results = attach(route, gateways, labels, route_problems, (GROUP, kind))
     model = Route(
-        key=RouteKey("HTTPRoute", namespace, route.meta.name),
+        key=RouteKey(kind, namespace, route.meta.name),
         created=route.meta.created,
         hostnames=route.hostnames,
         rules=rules,

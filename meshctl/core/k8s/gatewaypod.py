@@ -123,9 +123,18 @@ def proxy_container(
             "timeoutSeconds": 3,
             "failureThreshold": 3,
         },
+        # The sidecar's defaults (Istio's gateway chart has the same): the injector's settings.
+        "resources": {
+            "requests": {"cpu": settings.proxy_cpu, "memory": settings.proxy_memory},
+            "limits": {"cpu": settings.proxy_cpu_limit, "memory": settings.proxy_memory_limit},
+        },
+        # Low listener ports come from the pod's sysctl, not a capability; what it writes (TLS
+        # pairs handed to ssl, metrics files) goes to the /tmp emptyDir.
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
+            "privileged": False,
+            "readOnlyRootFilesystem": True,
             "runAsUser": settings.proxy_uid,
             "runAsGroup": settings.gid,
             "runAsNonRoot": True,

@@ -256,6 +256,26 @@ class PodsSynced:
     reason: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayUpdate:
+    """Supervisor -> gateway worker: the whole ``GatewayConfig`` (``meshctl.gateway_wire``'s
+    bytes, base64), replacing the last one."""
+
+    TYPE: ClassVar[str] = "gateway_config"
+    version: str
+    config: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayListeners:
+    """Supervisor -> gateway worker, on the descriptor channel: the listening socket of every
+    listener port, one descriptor per entry of ``ports`` in order; replaces the last set (a port
+    left out is closed)."""
+
+    TYPE: ClassVar[str] = "gateway_listeners"
+    ports: tuple[int, ...]
+
+
 Message = (
     Hello
     | ProxyConfig
@@ -274,6 +294,8 @@ Message = (
     | PodAdd
     | PodDelete
     | PodsSynced
+    | GatewayUpdate
+    | GatewayListeners
 )
 _KINDS: dict[str, type[Message]] = {
     k.TYPE: k
@@ -295,6 +317,8 @@ _KINDS: dict[str, type[Message]] = {
         PodAdd,
         PodDelete,
         PodsSynced,
+        GatewayUpdate,
+        GatewayListeners,
     )
 }
 

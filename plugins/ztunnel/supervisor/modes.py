@@ -24,7 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meshctl import logs
+from meshctl import logs, rundir
 from meshctl.core.pki.identity import IdentityError, SpiffeId, is_trust_domain, parse_workload_ref
 from meshctl.core.wire import channel
 from meshctl.errors import UserError
@@ -32,7 +32,6 @@ from meshctl.process import Feed, PodFeed
 from meshctl.proxy.file_sources import LocalConfigSource
 from meshctl.proxy.workload_feed import WorkloadFeed
 
-from .. import rundir
 from ..settings import ZtunnelSettings
 from .handover import DATAPLANE_COMMAND, Handover
 
@@ -203,7 +202,7 @@ def _issuer(settings: ZtunnelSettings) -> Issuer:
 
 def run_dir(settings: ZtunnelSettings) -> Path:
     """``--run-dir``, else ``$TMPDIR/meshctl-ztunnel-<uid>``."""
-    return Path(settings.run_dir) if settings.run_dir else rundir.default_run_dir()
+    return Path(settings.run_dir) if settings.run_dir else rundir.default_run_dir("ztunnel")
 
 
 def node_mark(settings: ZtunnelSettings) -> int:

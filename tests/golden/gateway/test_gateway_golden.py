@@ -7,7 +7,8 @@ Input shape: ``objects`` (a list of objects as the API serves them), ``facts``
 (``certificates``: ``ns/name: valid`` or ``invalid: why``; ``gateways``: ``ns/name: {ready,
 addresses}``, default ready at 10.96.0.10; ``ingressAddresses``; ``misdirectedByListener``),
 ``now``, and ``requests`` (``gateway: ns/name`` or ``ingress: true``, ``port``, ``host``,
-``path``, ``query``, ``method``, ``headers``, ``scheme``, ``sni``).
+``path``, ``query``, ``method``, ``headers``, ``scheme``, ``sni``; or ``passthrough: true``
+with ``port`` and ``sni``: a TLS connection routed by its ClientHello).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import yaml
 from meshctl.core.gateway import render
 from meshctl.core.gateway.gateways import Address, CertificateFacts, GatewayRuntime
 from meshctl.core.gateway.local import CLUSTER_FIELDS
-from meshctl.core.gateway.matching import Request, match
+from meshctl.core.gateway.matching import Request, match, passthrough
 from meshctl.core.gateway.translate import Cluster, Options, Translation, translate
 from meshctl.output import yaml_text
 from tests.harness.golden import assert_golden, orphans
@@ -71,6 +72,8 @@ def _cluster(case: dict[str, Any]) -> Cluster:
 
 
 def _request_line(spec: dict[str, Any]) -> str:
+    if spec.get("passthrough"):
+        return f"TLS sni {spec['sni'] or '(none)'} (port {spec['port']}) via {spec['gateway']}"
     scheme = spec.get("scheme", "http")
     query = f"?{spec['query']}" if spec.get("query") else ""
     line = f"{spec.get('method', 'GET')} {scheme}://{spec['host']}{spec.get('path', '/')}{query}"
@@ -89,6 +92,11 @@ def _decisions(result: Translation, requests: list[dict[str, Any]]) -> list[dict
         table = (
             result.ingress if spec.get("ingress") else result.gateways.get(_key(spec["gateway"]))
         )
+        if spec.get("passthrough"):
+            decided = passthrough(table, spec["port"], spec["sni"]) if table else None
+            decision = render.decision_data(decided) if decided else {"gateway": "none"}
+            out.append({"request": _request_line(spec), "decision": decision})
+            continue
         request = Request(
             port=spec["port"],
             host=spec["host"],

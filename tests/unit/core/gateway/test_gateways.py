@@ -47,13 +47,32 @@ def test_gateways_of_other_classes_get_no_status_and_no_table():
 
 
 def test_unsupported_protocols_leave_the_gateway_accepted_with_listeners_not_valid():
-    result = run(gateway_class(), gateway(listener(), listener("tcp", 9000, "TCP")))
+    result = run(gateway_class(), gateway(listener(), listener("udp", 9000, "UDP")))
     gw = status(result, "Gateway", "gw")
     assert condition(gw["conditions"], "Accepted") == ("True", "ListenersNotValid")
-    tcp = listener_status(result, "tcp")
-    assert condition(tcp["conditions"], "Accepted") == ("False", "UnsupportedProtocol")
-    assert tcp["supportedKinds"] == []
+    udp = listener_status(result, "udp")
+    assert condition(udp["conditions"], "Accepted") == ("False", "UnsupportedProtocol")
+    assert udp["supportedKinds"] == []
     assert [p.port for p in result.gateways[("infra", "gw")].ports] == [80]
+
+
+def test_two_tcp_listeners_on_a_port_conflict_whatever_their_hostnames():
+    result = run(
+        gateway_class(),
+        gateway(
+            listener("a", 9000, "TCP", hostname="a.example.com"),
+            listener("b", 9000, "TCP", hostname="b.example.com"),
+            listener("c", 9001, "TCP", hostname="c.example.com"),
+        ),
+    )
+    for name in ("a", "b"):
+        conditions = listener_status(result, name)["conditions"]
+        assert condition(conditions, "Conflicted") == ("True", "HostnameConflict")
+    c = listener_status(result, "c")
+    assert c["supportedKinds"] == [{"group": "gateway.networking.k8s.io", "kind": "TCPRoute"}]
+    table = result.gateways[("infra", "gw")]
+    assert [(p.port, p.protocol) for p in table.ports] == [(9001, "TCP")]
+    assert table.ports[0].listeners[0].listener.hostname == "*"  # ignored on TCP
 
 
 def test_a_gateway_with_no_valid_listener_is_not_accepted():

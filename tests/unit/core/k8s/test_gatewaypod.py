@@ -80,6 +80,35 @@ def test_the_pod_runs_the_gateway_with_the_proxy_env_and_binds_low_ports():
     assert pod["serviceAccountName"] == "gw-meshctl"
 
 
+def test_the_container_is_unprivileged_read_only_and_bounded_by_the_proxy_resources():
+    settings = dataclasses.replace(
+        SETTINGS,
+        proxy_cpu="250m",
+        proxy_memory="200Mi",
+        proxy_cpu_limit="1",
+        proxy_memory_limit="512Mi",
+    )
+    pod = by_kind(gatewaypod.render_proxy(PROXY, settings))["Deployment"]["spec"]["template"]
+    (container,) = pod["spec"]["containers"]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "runAsUser": settings.proxy_uid,
+        "runAsGroup": settings.gid,
+        "runAsNonRoot": True,
+    }
+    assert container["resources"] == {
+        "requests": {"cpu": "250m", "memory": "200Mi"},
+        "limits": {"cpu": "1", "memory": "512Mi"},
+    }
+    # What it writes (TLS pairs for ssl, metrics files) has a writable place: /tmp, an emptyDir.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes[mounts["/tmp"]] == {"name": mounts["/tmp"], "emptyDir": {}}
+
+
 def test_the_service_exposes_each_listener_port_once_and_the_status_port():
     service = by_kind(gatewaypod.render_proxy(PROXY, SETTINGS))["Service"]
     assert [(p["name"], p["port"]) for p in service["spec"]["ports"]] == [

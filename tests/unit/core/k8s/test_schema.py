@@ -50,6 +50,7 @@ def test_the_processes_that_read_the_views_run_without_them():
     )
     modules = [
         "meshctl_plugins.cni_plugin.main",
+        "meshctl_plugins.cni.cnirequest",
         "meshctl_plugins.cni.daemon",
         "meshctl_plugins.dataplane.runtime",
         "meshctl_plugins.controlplane.plane",

@@ -27,6 +27,8 @@ MESSAGES = [
     ),
     channel.XdsState(state={"connected": True, "types": {"t": {"acked": True}}}),
     channel.Drain(deadline=2.5),
+    channel.GatewayUpdate(version="v1", config="CgJndw=="),
+    channel.GatewayListeners(ports=(80, 443)),
     channel.Status(ready=True, certs_generation=1, workloads_generation=1),
     channel.Drained(remaining=0),
     channel.Gather(request=7),

@@ -9,8 +9,8 @@ import sys
 import time
 
 import pytest
-from meshctl_plugins.ztunnel import rundir
 
+from meshctl import rundir
 from meshctl.errors import UserError
 
 HOLD = """

@@ -1,5 +1,6 @@
-"""The proxy's run directory: files that live as long as one ``ztunnel run`` (the workers'
-multiprocess metrics), kept together so a proxy killed hard leaves nothing elsewhere.
+"""A proxy's run directory: files that live as long as one ``ztunnel run`` or ``gateway run
+--workers N`` (the workers' multiprocess metrics), kept together so a proxy killed hard leaves
+nothing elsewhere.
 
 Each run holds ``metrics-XXXX/`` with an flock on ``metrics-XXXX/.lock`` for its life; the
 kernel drops the lock when the process dies, SIGKILL included. Every start removes the
@@ -27,9 +28,9 @@ LOCK = ".lock"
 _YOUNG_SECONDS = 60.0
 
 
-def default_run_dir() -> Path:
-    """``$TMPDIR/meshctl-ztunnel-<uid>`` (a pod's /tmp is its own emptyDir)."""
-    return Path(tempfile.gettempdir()) / f"meshctl-ztunnel-{os.geteuid()}"
+def default_run_dir(role: str) -> Path:
+    """``$TMPDIR/meshctl-<role>-<uid>`` (a pod's /tmp is its own emptyDir)."""
+    return Path(tempfile.gettempdir()) / f"meshctl-{role}-{os.geteuid()}"
 
 
 def prepare(run_dir: Path) -> Path:
