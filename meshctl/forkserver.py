@@ -39,6 +39,8 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 
+from meshctl.errors import UserError
+
 COMMAND = "fork-server"  # meshctl's hidden command that runs ``serve`` (meshctl/entry.py)
 _MAX_PACKET = 1 << 20  # a request: argv, descriptor numbers and the environment
 _MAX_FDS = 64
@@ -359,9 +361,17 @@ def main(
     """``meshctl fork-server --control-fd N COMMAND``: ``preload(COMMAND)``, then serve forks
     whose workers run ``run(args)``."""
     if len(argv) != 3 or argv[0] != "--control-fd" or not argv[1].isdigit():
-        sys.stderr.write(f"usage: meshctl {COMMAND} --control-fd N COMMAND (a supervisor's)\n")
-        return 2
-    control = socket.socket(fileno=int(argv[1]))
+        raise UserError(
+            f"{COMMAND}: expected --control-fd N COMMAND, got {' '.join(argv) or 'nothing'}",
+            hint="this command is started by a supervisor ('meshctl ztunnel run'), not by hand",
+        )
+    try:
+        control = socket.socket(fileno=int(argv[1]))
+    except OSError as exc:
+        raise UserError(
+            f"{COMMAND}: --control-fd {argv[1]}: {exc.strerror or exc}",
+            hint="this command is started by a supervisor ('meshctl ztunnel run'), not by hand",
+        ) from exc
     # Ctrl-C reaches the whole process group: the supervisor drains its workers, and this
     # server ends when the supervisor closes its socket (workers get the default back).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
