@@ -29,6 +29,7 @@ COMPLETE_VAR = "_MESHCTL_COMPLETE"  # set by the completion scripts: a <TAB> ask
 CNI_BINARY_NAME = "meshctl-cni"
 CNI_PLUGIN_COMMAND = "cni-plugin"
 CNI_PLUGIN_TARGET = "meshctl_plugins.cni_plugin.main:main"  # also the cni-plugin entry point
+FORK_SERVER_COMMAND = "fork-server"  # meshctl.forkserver.COMMAND (not imported at every start)
 
 
 def cni_invocation(argv0: str, args: Sequence[str], env: Mapping[str, str]) -> bool:
@@ -77,6 +78,18 @@ def raw_plugin(argv: Sequence[str]) -> tuple[RawMain, list[str]] | None:
     return target, list(argv[1:])
 
 
+def preload_raw_plugin(command: str) -> None:
+    """Import what raw plugin ``command`` runs, for a fork server: its module, then the module's
+    ``preload()`` when it has one (the imports its ``main`` would do lazily)."""
+    raw = raw_plugin([command])
+    if raw is None:
+        raise MeshctlError(f"{FORK_SERVER_COMMAND}: {command!r} is not a raw plugin")
+    module = sys.modules.get(getattr(raw[0], "__module__", ""))
+    hook = getattr(module, "preload", None)
+    if callable(hook):
+        hook()
+
+
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one return per way in)
     """Run meshctl with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -91,6 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one return
             return int(cni_plugin()(args))
         if args[:1] == [CNI_PLUGIN_COMMAND]:  # the launcher an unfrozen install writes
             return int(cni_plugin()(args[1:]))
+        if args[:1] == [FORK_SERVER_COMMAND]:  # a supervisor's, forking its workers
+            from meshctl import forkserver
+
+            return forkserver.main(args[1:], preload=preload_raw_plugin, run=main)
         raw = raw_plugin(args)
         if raw is not None:
             function, rest = raw

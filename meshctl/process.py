@@ -12,6 +12,9 @@ to the other workers (``Gather`` -> ``ReportRequest`` each -> ``Gathered``) and 
 ``report_timeout`` with whatever arrived, naming the workers that did not answer. In node mode
 each child also gets a pod channel (SOCK_SEQPACKET): every pod the node agent handed over goes to
 every child with its descriptors, and a new child receives all current pods after its config.
+With a fork server (``meshctl.forkserver``, started early by the caller) a worker is forked from
+it instead of re-executed: same argv, descriptors, environment and contract, without a fresh
+interpreter's start and imports; a server found dead is replaced before the next start.
 """
 
 from __future__ import annotations
@@ -19,19 +22,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import logging
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from meshctl import descriptors, logs
 from meshctl.core.backoff import Backoff
 from meshctl.core.wire import channel
+from meshctl.forkserver import COMMAND as FORK_SERVER_COMMAND
+from meshctl.forkserver import ForkedProcess, ForkServer, become_subreaper
 from meshctl.shutdown import StopSignals
 
 if TYPE_CHECKING:
@@ -49,6 +56,31 @@ def self_command(*args: str) -> list[str]:
     if getattr(sys, "frozen", False):
         return [sys.executable, *args]  # the one-file binary is its own interpreter
     return [sys.executable, "-m", "meshctl", *args]
+
+
+def start_fork_server(command: str) -> ForkServer:
+    """A fork server for raw command ``command`` (``self_command(command, ...)`` workers are then
+    forked from it), itself forked from this process when it is single-threaded: it shares what
+    this process has imported and imports the rest while the caller goes on. Start it early."""
+    return ForkServer.fork(self_command(FORK_SERVER_COMMAND, command), _run_meshctl)
+
+
+def _run_meshctl(args: list[str]) -> int:
+    """meshctl's entry point, as ``self_command`` runs it (named, not imported: the entry point
+    sits above every module, this one included)."""
+    entry = importlib.import_module("meshctl.entry")
+    return int(entry.main(args))
+
+
+class _Process(Protocol):
+    """What the supervisor needs of a child: a ``subprocess.Popen`` or a forked worker."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill(self) -> None: ...
 
 
 # A crashed child is restarted at once; one that crashes again waits 0.2 s doubling to 10 s.
@@ -90,7 +122,7 @@ class PodFeed:
 @dataclass(slots=True)
 class _Child:
     index: int
-    proc: subprocess.Popen[bytes]
+    proc: _Process
     started: float
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
@@ -134,6 +166,7 @@ class Supervisor:
         ready_line: tuple[str, str] = ("data plane", ""),
         pods: PodFeed | None = None,
         on_drain: Callable[[], None] | None = None,
+        fork_server: ForkServer | None = None,
     ) -> None:
         if workers < 1:
             raise ValueError("at least one worker")
@@ -164,6 +197,12 @@ class Supervisor:
         self._announced = False
         self._pods = pods
         self._on_drain = on_drain
+        # Retired once every worker runs; another starts for a restart. Workers that outlive
+        # their server become our children (a subreaper), waited for with their status.
+        self._fork_server = fork_server
+        self._fork_server_retired = False
+        if fork_server is not None:
+            become_subreaper()
 
     def stop(self) -> None:
         """Begin the drain (what SIGTERM does)."""
@@ -209,6 +248,8 @@ class Supervisor:
             signals.remove()
             for child in list(self._children.values()):
                 self._kill(child)
+            if self._fork_server is not None:
+                self._fork_server.close()
 
     async def _slot(self, index: int) -> None:
         """Keep worker ``index`` running until the stop: start, watch, restart with backoff."""
@@ -220,6 +261,7 @@ class Supervisor:
                 log.error("data plane %d failed to start: %s", index, exc)  # noqa: TRY400 (expected; no traceback)
                 failures += 1
             else:
+                self._retire_fork_server()
                 outcome = await self._watch(child)
                 if outcome == "quit":
                     self._quit.set()
@@ -254,12 +296,7 @@ class Supervisor:
             pods_ours.settimeout(_POD_SEND_TIMEOUT)
             inherited.append(pods_theirs.fileno())
         try:
-            proc = subprocess.Popen(
-                list(self._argv(theirs.fileno())),
-                pass_fds=tuple(inherited),
-                stdin=subprocess.DEVNULL,
-                env=self._env,
-            )
+            proc = await self._launch(self._argv(theirs.fileno()), inherited)
         except BaseException:
             if pods_ours is not None:
                 pods_ours.close()
@@ -304,6 +341,56 @@ class Supervisor:
         log.debug("data plane %d started (pid %d)", index, proc.pid)
         child.reading = asyncio.ensure_future(self._read(child, decoder, hello[1:]))
         return child
+
+    async def _launch(self, argv: Sequence[str], fds: list[int]) -> _Process:
+        """Fork ``argv`` from the fork server when it runs this binary, else execute it."""
+        prefix = self_command()
+        server = self._fork_server
+        if server is None or list(argv[: len(prefix)]) != prefix:
+            return subprocess.Popen(
+                list(argv), pass_fds=tuple(fds), stdin=subprocess.DEVNULL, env=self._env
+            )
+        if not server.alive():
+            if not self._fork_server_retired:
+                log.error("the fork server (pid %d) exited; starting another", server.pid)
+            server.close()
+            self._fork_server = server = server.restart()
+            self._fork_server_retired = False
+        env = self._env if self._env is not None else dict(os.environ)
+        lock = threading.Lock()
+        held: list[ForkedProcess] = []
+        abandoned = False
+
+        def spawn() -> ForkedProcess:
+            nonlocal abandoned
+            proc = server.spawn(argv[len(prefix) :], fds, env, self._hello_timeout)
+            with lock:
+                if abandoned:
+                    proc.kill()
+                held.append(proc)
+            return proc
+
+        # In a thread: the first answer waits for the server's imports. A start given up
+        # meanwhile (the supervisor stopping) kills the worker forked for it, whenever it comes.
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, spawn)
+        except asyncio.CancelledError:
+            with lock:
+                abandoned = True
+                for proc in held:
+                    proc.kill()
+            raise
+
+    def _retire_fork_server(self) -> None:
+        """Once every worker runs, let the fork server go: idle, it held ~15 MB of pages its
+        workers no longer share (each touched its own copies); they keep sharing the rest."""
+        server = self._fork_server
+        everyone = len(self._children) == self._workers
+        if server is not None and everyone and not self._fork_server_retired:
+            server.retire()
+            self._fork_server_retired = True
+            # Reaped as soon as it has gone (at once, on its socket's end): no zombie child.
+            asyncio.get_running_loop().run_in_executor(None, server.close)
 
     async def _read(
         self, child: _Child, decoder: channel.Decoder, pending: list[channel.Message]

@@ -23,6 +23,17 @@ class _Parser(argparse.ArgumentParser):
         )
 
 
+def preload() -> None:
+    """Import what ``main`` runs, for a fork server (meshctl/forkserver.py): its workers then
+    start with the runtime, the event loop and their libraries already in memory, shared."""
+    import uvloop  # noqa: F401
+
+    from .main import libc_name
+    from .runtime import Runtime  # noqa: F401
+
+    libc_name()
+
+
 def main(argv: list[str]) -> int:
     """Parse ``--channel-fd N`` and run the data plane fed over that inherited socket."""
     parser = _Parser(

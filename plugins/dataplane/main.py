@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
 import socket
@@ -25,9 +26,16 @@ _M_MMAP_THRESHOLD = -3
 _MALLOC_THRESHOLD = 4 * 1024 * 1024  # above the largest buffer the loop or h2 allocates per read
 
 
+@functools.cache
+def libc_name() -> str | None:
+    """The C library's name: ``find_library`` runs ``ldconfig -p`` (a process), so a fork
+    server asks once in its preload and its workers inherit the answer."""
+    return ctypes.util.find_library("c")
+
+
 def tune_malloc() -> bool:
     """Keep 256 KiB-1 MiB buffers on the heap instead of fresh mmaps (trap 1 of the notes)."""
-    name = ctypes.util.find_library("c")
+    name = libc_name()
     if not name:
         return False
     try:

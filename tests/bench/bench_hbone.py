@@ -195,6 +195,14 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _pss_mb(pid: int) -> float:
+    """Proportional set size: each shared page divided among the processes mapping it."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 @contextlib.contextmanager
 def _mesh(tmp: Path, workers: int) -> Iterator[dict]:
     sys.path.insert(0, str(ROOT))
@@ -362,22 +370,29 @@ def bench(
 
 
 def _rss(b: Bench) -> Row:
-    """Resident memory of every proxy process: each sidecar's supervisor and data plane(s)."""
-    parts, total = [], 0.0
+    """Resident memory of every proxy process: each sidecar's supervisor and data plane(s) (and
+    a fork server still running), RSS and PSS (shared pages counted once over the processes)."""
+    parts, total, total_pss = [], 0.0, 0.0
     for side in ("car_a", "car_b"):
         car = b.m[side]
         sup = _rss_mb(car.supervisor_pid())
+        server = car.fork_server_pid()
+        extra = _rss_mb(server) if server else 0.0
         planes = [_rss_mb(pid) for pid in car.dataplane_pids(1)]
-        total += sup + sum(planes)
+        total += sup + extra + sum(planes)
+        pids = [car.supervisor_pid(), *([server] if server else []), *car.dataplane_pids(1)]
+        total_pss += sum(_pss_mb(pid) for pid in pids)
         b.figures[f"rss {side} supervisor MB"] = sup
         b.figures[f"rss {side} data plane MB"] = max(planes)
         shown = "+".join(f"{x:.1f}" for x in planes)
-        parts.append(f"{side[-1].upper()}: supervisor {sup:.1f} + data plane {shown}")
+        forker = f" + fork server {extra:.1f}" if server else ""
+        parts.append(f"{side[-1].upper()}: supervisor {sup:.1f}{forker} + data plane {shown}")
     b.figures["rss total MB"] = total
+    b.figures["pss total MB"] = total_pss
     goal = TARGETS["rss_total_mb"]
     return (
         "RSS after load",
-        f"{total:.1f} MB ({'; '.join(parts)})",
+        f"{total:.1f} MB, PSS {total_pss:.1f} ({'; '.join(parts)})",
         "-",
         f"<= {goal:.0f} MB both proxies",
         total <= goal,

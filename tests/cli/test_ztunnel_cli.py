@@ -18,6 +18,18 @@ def test_ztunnel_help_lists_run_and_certs_and_the_data_plane_is_hidden():
     assert "ztunnel-dataplane" not in meshctl("--help").stdout
 
 
+def test_the_fork_server_by_hand_is_a_usage_error_with_a_hint():
+    for args in ((), ("--control-fd", "x", "ztunnel-dataplane"), ("--control-fd", "999")):
+        result = meshctl("fork-server", *args)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.startswith("Error: fork-server: "), result.stderr
+        assert "Hint: this command is started by a supervisor" in result.stderr
+        assert "Traceback" not in result.stderr
+    closed = meshctl("fork-server", "--control-fd", "999", "ztunnel-dataplane")
+    assert closed.returncode == 2, closed.stderr
+    assert "--control-fd 999" in closed.stderr
+
+
 def test_certs_mints_a_ca_once_and_a_workload_cert_chaining_to_it(tmp_path):
     first = meshctl("ztunnel", "certs", "--out", str(tmp_path / "a"), "--workload", "ns1/a/sa1")
     assert first.returncode == 0, first.stderr

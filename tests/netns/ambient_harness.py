@@ -81,9 +81,14 @@ class NodeProxy(Sidecar):
         return http_get(self.ns, 15020, "/stats/prometheus", timeout=20)[1]
 
     def kill(self) -> None:
-        """SIGKILL the whole proxy: supervisor and data planes (no drain, no cleanup)."""
+        """SIGKILL the whole proxy: supervisor, fork server, data planes (no drain, no cleanup)."""
         assert self.proc is not None
-        pids = [self.supervisor_pid(), *self.dataplane_pids(self._workers())]
+        server = self.fork_server_pid()
+        pids = [
+            self.supervisor_pid(),
+            *([server] if server else []),
+            *self.dataplane_pids(self._workers()),
+        ]
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

@@ -255,15 +255,30 @@ class Sidecar:
         return self.dataplane_pids(1)[0]
 
     def dataplane_pids(self, count: int) -> list[int]:
-        """The supervisor's data-plane children, once there are ``count`` of them."""
+        """The data-plane workers, once there are ``count`` of them: among the supervisor's
+        children and, while it runs, the fork server's (meshctl/forkserver.py; the workers it
+        forked become the supervisor's when it retires)."""
         end = time.monotonic() + 10
         children: list[int] = []
         while time.monotonic() < end:
-            children = _children(self.supervisor_pid())
+            server = self.fork_server_pid()
+            candidates = _children(self.supervisor_pid()) + (_children(server) if server else [])
+            children = sorted(pid for pid in candidates if _is_worker(pid))
             if len(children) >= count:
                 return children
             time.sleep(0.02)
         raise AssertionError(f"{len(children)} data plane children, wanted {count}")
+
+    def fork_server_pid(self) -> int | None:
+        """The supervisor's fork server (the data-plane workers' parent), if it runs one: named
+        so (forked from the supervisor, it has the supervisor's command line), or re-executed
+        as ``fork-server`` (a restart's)."""
+        for pid in _children(self.supervisor_pid()):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                named = Path(f"/proc/{pid}/comm").read_text().strip() == "fork-server"
+                if (named or _command(pid) == "fork-server") and not _is_worker(pid):
+                    return pid
+        return None
 
     def supervisor_pid(self) -> int:
         """The process running ``ztunnel run``.
@@ -299,8 +314,36 @@ class Sidecar:
 
 
 def _children(pid: int) -> list[int]:
+    """``pid``'s live children (not one that has exited and awaits its parent's wait)."""
     path = Path(f"/proc/{pid}/task/{pid}/children")
-    return sorted(int(c) for c in path.read_text().split())
+    return sorted(int(c) for c in path.read_text().split() if not _exited(int(c)))
+
+
+def _command(pid: int) -> str:
+    """The meshctl command ``pid`` runs (the word after the executable, or after ``-m meshctl``)."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    words = argv[3:] if argv[1:3] == [b"-m", b"meshctl"] else argv[1:]
+    return next((w.decode() for w in words if not w.startswith(b"-")), "")
+
+
+def _is_worker(pid: int) -> bool:
+    """A data-plane worker: exec'd as ``ztunnel-dataplane``, or forked by the fork server and
+    named so (a fork keeps the server's command line; its name, /proc/PID/comm, is the
+    command's, cut to 15 bytes)."""
+    try:
+        if Path(f"/proc/{pid}/comm").read_text().strip() == "ztunnel-dataplane"[:15]:
+            return True
+        return _command(pid) == "ztunnel-dataplane"
+    except OSError:
+        return False
+
+
+def _exited(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
 def metric_sum(text: str, name: str, **labels: str) -> float:

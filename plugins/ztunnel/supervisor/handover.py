@@ -17,6 +17,7 @@ from meshctl.core.wire import channel
 from ..settings import ZtunnelSettings
 
 COMMAND = "ztunnel-supervisor"
+DATAPLANE_COMMAND = "ztunnel-dataplane"  # the workers' raw command (its fork server preloads it)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

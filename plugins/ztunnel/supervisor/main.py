@@ -14,13 +14,16 @@ supervisor's exit code.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 
 from meshctl import logs
 from meshctl.config import LOG_FORMATS, LOG_LEVELS
 from meshctl.errors import UserError
 
-from .handover import COMMAND, Handover
+from .handover import COMMAND, DATAPLANE_COMMAND, Handover
+
+log = logging.getLogger(__name__)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,8 +55,19 @@ def main(argv: list[str]) -> int:
 
 def supervise(handover: Handover) -> int:
     """Run the data-plane workers of ``handover``'s mode; the exit code."""
+    from meshctl.forkserver import ForkServer
+    from meshctl.process import start_fork_server
+
+    # First, before this process starts a thread or an event loop: a fork of it that keeps what
+    # it has imported and imports the data plane while this process builds its sources (side by
+    # side on two cores); the workers are then forks of that, not fresh starts.
+    server: ForkServer | None = None
+    try:
+        server = start_fork_server(DATAPLANE_COMMAND)
+    except OSError as exc:
+        log.warning("no fork server (%s): each data-plane worker starts afresh", exc)
     from . import modes
 
     if handover.settings.node_mode:
-        return modes.run_node(handover)
-    return modes.run_sidecar(handover)
+        return modes.run_node(handover, server)
+    return modes.run_sidecar(handover, server)

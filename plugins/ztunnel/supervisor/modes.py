@@ -33,17 +33,16 @@ from meshctl.proxy.file_sources import LocalConfigSource
 from meshctl.proxy.workload_feed import WorkloadFeed
 
 from ..settings import ZtunnelSettings
-from .handover import Handover
+from .handover import DATAPLANE_COMMAND, Handover
 
 if TYPE_CHECKING:
+    from meshctl.forkserver import ForkServer
     from meshctl.process import Supervisor
     from meshctl.proxy.ca_client import CaClient
     from meshctl.proxy.identities import Issuer
     from meshctl.proxy.xds_client import XdsConfig
 
 log = logging.getLogger("meshctl_plugins.ztunnel.cli")  # the messages users know from 'run'
-
-DATAPLANE_COMMAND = "ztunnel-dataplane"
 
 
 def sidecar_identity(settings: ZtunnelSettings) -> tuple[str, SpiffeId]:
@@ -216,18 +215,18 @@ def node_mark(settings: ZtunnelSettings) -> int:
 # -- the exec'd supervisor's side --------------------------------------------------------------
 
 
-def run_sidecar(handover: Handover) -> int:
+def run_sidecar(handover: Handover, fork_server: ForkServer | None = None) -> int:
     """Supervise one workload's data plane until drained; the exit code."""
     settings = handover.settings
     ref, identity = sidecar_identity(settings)
     certs = None if handover.certs is None else (handover.certs, handover.cert_digest)
     feed = sidecar_feed(settings, identity, certs=certs)
-    run = _Run(handover, workload=ref, mark=settings.mark)
+    run = _Run(handover, workload=ref, mark=settings.mark, fork_server=fork_server)
     run.ready_detail = f"serving {ref} as {identity} (supervisor pid {os.getpid()})"
     return run.serve(lambda supervisor: supervisor.run(), feed=feed)
 
 
-def run_node(handover: Handover) -> int:
+def run_node(handover: Handover, fork_server: ForkServer | None = None) -> int:
     """Supervise the node proxy (the node's ambient pods, handed over by ZDS) until drained."""
     from meshctl.proxy.identities import Identities
 
@@ -237,7 +236,7 @@ def run_node(handover: Handover) -> int:
     settings = handover.settings
     sources = node_sources(settings)
     mark = node_mark(settings)
-    run = _Run(handover, workload="", mark=mark)
+    run = _Run(handover, workload="", mark=mark, fork_server=fork_server)
 
     async def serve(supervisor: Supervisor) -> int:
         identities = Identities(sources.issuer, ttl=sources.ttl, publish=supervisor.broadcast)
@@ -272,8 +271,11 @@ def run_node(handover: Handover) -> int:
 class _Run:
     """What both modes share: the data plane's argv and config, metrics dir, the supervisor."""
 
-    def __init__(self, handover: Handover, *, workload: str, mark: int) -> None:
+    def __init__(
+        self, handover: Handover, *, workload: str, mark: int, fork_server: ForkServer | None
+    ) -> None:
         self.handover = handover
+        self.fork_server = fork_server
         self.settings = handover.settings
         self.workload = workload
         self.mark = mark
@@ -364,6 +366,7 @@ class _Run:
                 poll_interval=s.reload_interval,
                 pods=_DeferredPods(self) if node else None,
                 ready_line=("ztunnel", self.ready_detail),
+                fork_server=self.fork_server,
             )
             return await body(supervisor)
 
