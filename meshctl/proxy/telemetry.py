@@ -106,6 +106,29 @@ _installed = False
 os.register_at_fork(after_in_child=_remember_pid)
 
 
+@dataclass(frozen=True, slots=True)
+class TcpCounters:
+    """Istio's ``istio_tcp_*`` counters (prometheus-client appends ``_total``), for every proxy
+    that reports TCP streams: the node proxy and sidecar, the gateway's TLS and TCP listeners."""
+
+    opened: Counter
+    closed: Counter
+    sent: Counter  # server -> client (response)
+    received: Counter  # client -> server (request)
+
+
+def tcp_counters(registry: CollectorRegistry) -> TcpCounters:
+    def counter(name: str, text: str) -> Counter:
+        return Counter(name, text, LABELS, registry=registry)
+
+    return TcpCounters(
+        opened=counter("istio_tcp_connections_opened", "TCP connections opened"),
+        closed=counter("istio_tcp_connections_closed", "TCP connections closed"),
+        sent=counter("istio_tcp_sent_bytes", "Bytes sent server -> client (response)"),
+        received=counter("istio_tcp_received_bytes", "Bytes received client -> server (request)"),
+    )
+
+
 class Telemetry:
     """The counters of one data plane, in its own registry."""
 
@@ -114,23 +137,15 @@ class Telemetry:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         # prometheus-client appends "_total" to counter names.
-        self.opened = Counter(
-            "istio_tcp_connections_opened", "TCP connections opened", LABELS, registry=r
-        )
-        self.closed = Counter(
-            "istio_tcp_connections_closed", "TCP connections closed", LABELS, registry=r
+        tcp = tcp_counters(r)
+        self.opened, self.closed, self.sent, self.received = (
+            tcp.opened,
+            tcp.closed,
+            tcp.sent,
+            tcp.received,
         )
         self.failed = Counter(
             "istio_tcp_connections_failed", "TCP connections that failed", LABELS, registry=r
-        )
-        self.sent = Counter(
-            "istio_tcp_sent_bytes", "Bytes sent server -> client (response)", LABELS, registry=r
-        )
-        self.received = Counter(
-            "istio_tcp_received_bytes",
-            "Bytes received client -> server (request)",
-            LABELS,
-            registry=r,
         )
         self.active = 0  # flows open now (the drain waits for zero)
         self.flows: set[Flow] = set()  # the open ones, for /config_dump

@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from meshctl.proxy.telemetry import LABELS, UNKNOWN
+from meshctl.proxy.telemetry import LABELS, UNKNOWN, tcp_counters
 
 REQUEST_LABELS = (*LABELS, "response_code")
 # Istio's default buckets for request durations (milliseconds).
@@ -72,18 +72,7 @@ class RequestMetrics:
         self.response_bytes = Counter(
             "istio_response_bytes", "Response body bytes", REQUEST_LABELS, registry=r
         )
-        self.tcp_opened = Counter(
-            "istio_tcp_connections_opened", "TCP connections opened", LABELS, registry=r
-        )
-        self.tcp_closed = Counter(
-            "istio_tcp_connections_closed", "TCP connections closed", LABELS, registry=r
-        )
-        self.tcp_received = Counter(
-            "istio_tcp_received_bytes", "Bytes received client -> server", LABELS, registry=r
-        )
-        self.tcp_sent = Counter(
-            "istio_tcp_sent_bytes", "Bytes sent server -> client", LABELS, registry=r
-        )
+        self.tcp = tcp_counters(r)
         self._children: dict[tuple[object, ...], tuple[Any, Any, Any, Any]] = {}
         # One series however many workers set it (multiprocess mode; ignored in one process).
         build = Gauge(
@@ -128,14 +117,14 @@ class RequestMetrics:
         response_bytes.inc(sample.response_bytes)
 
     def connection_opened(self, sample: Sample) -> None:
-        self.tcp_opened.labels(**self._tcp_labels(sample)).inc()
+        self.tcp.opened.labels(**self._tcp_labels(sample)).inc()
 
     def connection_closed(self, sample: Sample, *, received: int, sent: int) -> None:
         """``received``: bytes from the client; ``sent``: bytes to it (Istio's directions)."""
         labels = self._tcp_labels(sample)
-        self.tcp_closed.labels(**labels).inc()
-        self.tcp_received.labels(**labels).inc(received)
-        self.tcp_sent.labels(**labels).inc(sent)
+        self.tcp.closed.labels(**labels).inc()
+        self.tcp.received.labels(**labels).inc(received)
+        self.tcp.sent.labels(**labels).inc(sent)
 
     def _tcp_labels(self, s: Sample) -> dict[str, str]:
         labels = self._labels(s)
