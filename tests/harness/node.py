@@ -845,7 +845,12 @@ class TestNode:
 
     def stop(self) -> None:
         """Stops every component and restores the host (checked: anything left of the run's
-        rules, tables, links or files fails the stop); releases the machine lock."""
+        rules, tables, links or files fails the stop); releases the machine lock. Without the
+        lock (never started, or stopped already: the session's finalizer after the last node
+        test stopped it) it does nothing: the state on the host is then another session's node,
+        which cleaning up would tear down under it."""
+        if self._lock is None:
+            return
         try:
             if self._start is not None:
                 self._start.stop()
