@@ -262,12 +262,13 @@ def _gateway_rules() -> list[Object]:
     read = ["get", "list", "watch"]
     status = ["get", "update", "patch"]
     write = [*read, "create", "update", "patch", "delete"]
-    gateway_api = ["gatewayclasses", "gateways", "httproutes", "referencegrants"]
+    routes = ["httproutes", "tlsroutes", "tcproutes"]
+    gateway_api = ["gatewayclasses", "gateways", *routes, "referencegrants"]
     return [
         {"apiGroups": ["gateway.networking.k8s.io"], "resources": gateway_api, "verbs": read},
         {
             "apiGroups": ["gateway.networking.k8s.io"],
-            "resources": ["gatewayclasses/status", "gateways/status", "httproutes/status"],
+            "resources": [f"{r}/status" for r in ("gatewayclasses", "gateways", *routes)],
             "verbs": status,
         },
         {

@@ -331,8 +331,6 @@ def _explain_stream(
         data["connection"] = f"refused: nothing listens on port {port}"
     elif served.protocol is not wanted:
         data["connection"] = f"port {port} is a {served.protocol} listener, not {wanted}"
-    elif decision.outcome is Outcome.NO_ROUTE and scheme == "tls":
-        data["connection"] = "TLS alert unrecognized_name, then closed"
     elif decision.outcome is not Outcome.FORWARD:
         data["connection"] = "closed"
     return data

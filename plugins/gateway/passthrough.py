@@ -6,11 +6,12 @@ and spliced to an endpoint of the chosen backend with the bytes read replayed) o
 Owns these traffic paths and their outcomes (docs/gateway.md, "TLS passthrough"): a hello not
 complete within the header timeout is dropped (slowloris); a refused hello closes the
 connection, after a fatal alert when the client spoke TLS records (``meshctl.core.tls.alerts``);
-no route for the name: the ``unrecognized_name`` alert; no route on TCP, no backend, no ready
-endpoint or none answering: the connection closes. Invariants: the bytes the client sent are
-forwarded unchanged and in order, the hello's first; each direction's end is passed on as a
-half-close (the other keeps flowing); a connection quiet both ways for the idle timeout is
-closed; one access-log line per connection.
+no route for the name, no route on TCP, no backend, no ready endpoint or none answering: the
+connection closes without an alert (as Envoy does for a name no filter chain takes, and as the
+Gateway API conformance suite requires: a FIN or a reset, not a TLS alert). Invariants: the
+bytes the client sent are forwarded unchanged and in order, the hello's first; each direction's
+end is passed on as a half-close (the other keeps flowing); a connection quiet both ways for the
+idle timeout is closed; one access-log line per connection.
 """
 
 from __future__ import annotations
@@ -143,8 +144,7 @@ class Passthrough:
         entry.route = decision.entry.label if decision.entry is not None else "-"
         entry.reason = decision.reason
         if decision.outcome is Outcome.NO_ROUTE:
-            entry.flags = "NR"
-            await _alert(writer, reader, alerts.Description.UNRECOGNIZED_NAME, data)
+            entry.flags = "NR"  # closed, no alert: the conformance suite wants a FIN or a reset
             return
         await self._forward(config, decision, reader, writer, bytes(data), entry)
 

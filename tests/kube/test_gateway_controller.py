@@ -524,3 +524,159 @@ def test_an_ambient_endpoint_is_sent_as_hbone_with_its_identity_and_a_plain_one_
     finally:
         assert plane.stop() == 0, plane.log_tail()
         custom(kube_api).delete_namespaced_custom_object(GROUP, VERSION, ns, "gateways", "gw")
+
+
+def l4_gateway(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "Gateway",
+        "metadata": {"name": name},
+        "spec": {
+            "gatewayClassName": "meshctl",
+            "listeners": [
+                {"name": "http", "port": 80, "protocol": "HTTP"},
+                {"name": "tls", "port": 443, "protocol": "TLS", "tls": {"mode": "Passthrough"}},
+                {"name": "tcp", "port": 31400, "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def l4_route(
+    kind: str, name: str, section: str, backend: str, hostnames: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "parentRefs": [{"name": "gw-l4", "sectionName": section}],
+        "rules": [{"backendRefs": [{"name": backend, "port": 80}]}],
+    }
+    if hostnames:
+        spec["hostnames"] = list(hostnames)
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": kind,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+def parent_conditions(api: k8s.ApiClient, ns: str, plural: str, name: str) -> list[Any] | None:
+    """The route's status.parents[] as (sectionName, {type: (status, reason, generation)})."""
+    parents = get(api, ns, plural, name).get("status", {}).get("parents", [])
+    return [
+        (
+            p["parentRef"].get("sectionName"),
+            {
+                c["type"]: (c["status"], c["reason"], c["observedGeneration"])
+                for c in p["conditions"]
+            },
+        )
+        for p in parents
+    ] or None
+
+
+def test_tls_and_tcp_routes_attach_get_their_status_and_reach_the_proxys_config(
+    gateway_crds: None,
+    kube_cluster: KubeCluster,
+    kube_api: k8s.ApiClient,
+    kube_namespace: str,
+    home: str,
+    tmp_path: Path,
+) -> None:
+    ns = kube_namespace
+    pair = CertificateAuthority("gw-test").issue("example.com", dns_sans=["example.com"])
+    gateway_class(kube_api)
+    fixtures(kube_api, ns, pair.cert_pem, pair.key_pem)
+    create(kube_api, ns, "gateways", l4_gateway("gw-l4"))
+    create(kube_api, ns, "tlsroutes", l4_route("TLSRoute", "tls", "tls", "web", ("tls.example",)))
+    create(
+        kube_api,
+        ns,
+        "tlsroutes",
+        l4_route("TLSRoute", "tls-missing", "tls", "missing", ("missing.example",)),
+    )
+    create(kube_api, ns, "tcproutes", l4_route("TCPRoute", "tcp", "tcp", "web"))
+    create(kube_api, ns, "tcproutes", l4_route("TCPRoute", "tcp-on-http", "http", "web"))
+    plane = cp.start(kube_cluster, home, tmp_path)
+    try:
+
+        def attached() -> dict[str, int] | None:
+            status = get(kube_api, ns, "gateways", "gw-l4").get("status", {})
+            counts = {i["name"]: i["attachedRoutes"] for i in status.get("listeners", [])}
+            return counts if counts.get("tls") == 2 and counts.get("tcp") == 1 else None
+
+        assert wait_for("the TLS and TCP routes attached", attached) == {
+            "http": 0,
+            "tls": 2,
+            "tcp": 1,
+        }
+        ok = ("True", "Accepted", 1)
+        assert wait_for(
+            "TLSRoute status", lambda: parent_conditions(kube_api, ns, "tlsroutes", "tls")
+        ) == [("tls", {"Accepted": ok, "ResolvedRefs": ("True", "ResolvedRefs", 1)})]
+        assert wait_for(
+            "TLSRoute status",
+            lambda: parent_conditions(kube_api, ns, "tlsroutes", "tls-missing"),
+        ) == [("tls", {"Accepted": ok, "ResolvedRefs": ("False", "BackendNotFound", 1)})]
+        assert wait_for(
+            "TCPRoute status", lambda: parent_conditions(kube_api, ns, "tcproutes", "tcp")
+        ) == [("tcp", {"Accepted": ok, "ResolvedRefs": ("True", "ResolvedRefs", 1)})]
+        (on_http,) = wait_for(
+            "TCPRoute status", lambda: parent_conditions(kube_api, ns, "tcproutes", "tcp-on-http")
+        )
+        assert on_http[0] == "http"
+        assert on_http[1]["Accepted"] == ("False", "NotAllowedByListeners", 1)
+
+        # The provisioned Service exposes the TLS and TCP listeners' ports like the HTTP one.
+        service = wait_for(
+            "the proxy's Service",
+            lambda: k8s.CoreV1Api(kube_api).read_namespaced_service("gw-l4-meshctl", ns),
+        )
+        assert sorted((p.name, p.port) for p in service.spec.ports) == [
+            ("http-80", 80),
+            ("status-port", 15021),
+            ("tcp-31400", 31400),
+            ("tls-443", 443),
+        ]
+
+        # The proxy's config: the TLS listener's hosts by SNI, the TCP listener's one route,
+        # the backend's ready endpoint.
+        token = request_token(kube_cluster, ns, "gw-l4-meshctl", "istio-ca")
+        root = cp.root_pem(kube_api, home)
+        (config,) = asyncio.run(receive(plane, root, token, f"{ns}/gw-l4"))
+        tables = {p.port: p for p in config.table.ports}
+        assert {n: str(t.protocol) for n, t in tables.items()} == {
+            80: "HTTP",
+            443: "TLS",
+            31400: "TCP",
+        }
+        (tls,) = tables[443].listeners
+        assert [(vh.hostname, [str(e.route) for e in vh.entries]) for vh in tls.hosts] == [
+            ("missing.example", [f"TLSRoute {ns}/tls-missing"]),
+            ("tls.example", [f"TLSRoute {ns}/tls"]),
+        ]
+        (tcp,) = tables[31400].listeners
+        assert [str(e.route) for vh in tcp.hosts for e in vh.entries] == [f"TCPRoute {ns}/tcp"]
+        (endpoint,) = config.endpoints[BackendKey(ns, "web", 80)]
+        assert (endpoint.address, endpoint.port) == ("10.9.0.1", 8080)
+        assert BackendKey(ns, "missing", 80) not in config.endpoints
+
+        # Moved to the TCP listener: the stale http parent entry goes, the new one is Accepted
+        # at the route's new generation.
+        custom(kube_api).patch_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            ns,
+            "tcproutes",
+            "tcp-on-http",
+            {"spec": {"parentRefs": [{"name": "gw-l4", "sectionName": "tcp"}]}},
+        )
+
+        def moved() -> list[Any] | None:
+            parents = parent_conditions(kube_api, ns, "tcproutes", "tcp-on-http") or []
+            return parents if [p[0] for p in parents] == ["tcp"] else None
+
+        ((_, conditions),) = wait_for("the stale parent removed", moved)
+        assert conditions["Accepted"] == ("True", "Accepted", 2)
+    finally:
+        assert plane.stop() == 0, plane.log_tail()
+        custom(kube_api).delete_namespaced_custom_object(GROUP, VERSION, ns, "gateways", "gw-l4")

@@ -183,7 +183,10 @@ def listener_states(
         usable: tuple[SecretRef, ...] = ()
         if supported and spec.protocol == Protocol.HTTPS and spec.tls_mode == "Terminate":
             usable, problems = _certificates(spec, gw.meta.namespace, certificates, grants)
-        if not supported:
+        mode = TLS_MODE.get(Protocol(spec.protocol)) if supported else None
+        if not supported or (mode is not None and spec.tls_mode != mode):
+            # A listener we refuse takes no kind (the conformance suite's
+            # TLSRouteListenerTerminateNotSupported wants supportedKinds empty).
             kinds: tuple[tuple[str, str], ...] = ()
         elif spec.kinds_given:
             served = ROUTE_KIND[Protocol(spec.protocol)]
@@ -193,7 +196,6 @@ def listener_states(
                 problems.append(("InvalidRouteKinds", f"not served: {', '.join(wrong)}"))
         else:
             kinds = (ROUTE_KIND[Protocol(spec.protocol)],)
-        mode = TLS_MODE.get(Protocol(spec.protocol)) if supported else None
         if not supported:
             accepted = Condition(
                 "Accepted", False, "UnsupportedProtocol", f"protocol {spec.protocol} is not served"

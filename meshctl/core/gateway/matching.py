@@ -271,8 +271,8 @@ def passthrough(table: RouteTable, port_number: int, server_name: str) -> Decisi
     names the SNI most specifically, then its most specific host (listener ∩ route hostnames,
     as for HTTP), then that host's first row (TLSRoute rules have no matches: the oldest route
     wins). A connection without SNI ("") is taken only where neither the listener nor the route
-    names a hostname. ``status`` is 0 throughout (no HTTP here): NO_ROUTE is the shell's TLS
-    ``unrecognized_name`` alert, NO_BACKEND closes the connection."""
+    names a hostname. ``status`` is 0 throughout (no HTTP here): NO_ROUTE and NO_BACKEND
+    close the connection (no TLS alert)."""
     host = hostnames.server_name_host(server_name)
     shown = host or "(none)"
     port = table.port(port_number)

@@ -244,3 +244,10 @@ def test_a_passthrough_listener_is_unsupported_without_certificate_complaints():
     conditions = listener_status(run(gateway_class(), gateway(passthrough)), "tls")["conditions"]
     assert condition(conditions, "Accepted") == ("False", "UnsupportedValue")
     assert condition(conditions, "ResolvedRefs") == ("True", "ResolvedRefs")
+
+
+def test_a_listener_refused_for_its_tls_mode_takes_no_route_kind():
+    terminate = listener("tls", 8443, "TLS", tls={"mode": "Terminate"})
+    entry = listener_status(run(gateway_class(), gateway(terminate)), "tls")
+    assert condition(entry["conditions"], "Accepted") == ("False", "UnsupportedValue")
+    assert (entry["supportedKinds"], entry["attachedRoutes"]) == ([], 0)
