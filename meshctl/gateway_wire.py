@@ -175,6 +175,7 @@ def _listener_to_proto(listener: Listener) -> pb.Listener:
             ],
             kinds=[pb.GroupKind(group=g, kind=k) for g, k in allowed.kinds],
         ),
+        auto_passthrough=listener.auto_passthrough,
     )
 
 
@@ -346,6 +347,7 @@ def _listener_from_proto(w: pb.Listener) -> Listener:
             selector=tuple((s.key, s.operator, tuple(s.values)) for s in w.allowed.selector),
             kinds=tuple((k.group, k.kind) for k in w.allowed.kinds),
         ),
+        auto_passthrough=w.auto_passthrough,
     )
 
 

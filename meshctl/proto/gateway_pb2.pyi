@@ -333,11 +333,14 @@ class Listener(_message.Message):
     HOSTNAME_FIELD_NUMBER: _builtins.int
     CERTIFICATES_FIELD_NUMBER: _builtins.int
     ALLOWED_FIELD_NUMBER: _builtins.int
+    AUTO_PASSTHROUGH_FIELD_NUMBER: _builtins.int
     owner: _builtins.str
     name: _builtins.str
     port: _builtins.int
     protocol: Global___Protocol.ValueType
     hostname: _builtins.str
+    auto_passthrough: _builtins.bool
+    """Istio's east-west listener: the SNI names the Service"""
     @_builtins.property
     def certificates(self) -> _containers.RepeatedCompositeFieldContainer[Global___SecretRef]: ...
     @_builtins.property
@@ -352,10 +355,11 @@ class Listener(_message.Message):
         hostname: _builtins.str = ...,
         certificates: _abc.Iterable[Global___SecretRef] | None = ...,
         allowed: Global___AllowedRoutes | None = ...,
+        auto_passthrough: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "certificates", b"certificates", "hostname", b"hostname", "name", b"name", "owner", b"owner", "port", b"port", "protocol", b"protocol"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allowed", b"allowed", "auto_passthrough", b"auto_passthrough", "certificates", b"certificates", "hostname", b"hostname", "name", b"name", "owner", b"owner", "port", b"port", "protocol", b"protocol"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

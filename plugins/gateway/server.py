@@ -21,7 +21,7 @@ import socket
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from meshctl.core.gateway import render
+from meshctl.core.gateway import eastwest, render
 from meshctl.core.gateway.config import Endpoint, GatewayConfig
 from meshctl.core.gateway.model import Protocol
 from meshctl.errors import MeshctlError
@@ -30,6 +30,7 @@ from meshctl.proxy import responder
 
 from . import http1
 from .certificates import SniContexts, sni_of
+from .eastwest import EastWest
 from .forward import Forwarder
 from .hbone import HboneDialer
 from .http2 import PREFACE, Http2Connection
@@ -110,6 +111,13 @@ class Gateway:
             metrics=self.metrics,
             name=name,
         )
+        self.eastwest = EastWest(
+            lambda: holder.current,
+            limits=self.passthrough.limits,
+            dialer_for=self._dialer_for,
+            metrics=self.metrics,
+            name=name,
+        )
         self.limits = http1.Limits(
             header_timeout=settings.header_timeout,
             idle_timeout=settings.idle_timeout,
@@ -163,9 +171,10 @@ class Gateway:
             self.failed_ports.pop(port, None)
             https = protocol is Protocol.HTTPS
             if protocol in (Protocol.TLS, Protocol.TCP):  # streams: TLS is the client's own
-                handler = functools.partial(
-                    self.passthrough, port=port, tls=protocol is Protocol.TLS
-                )
+                streams = self.passthrough
+                if eastwest.auto_passthrough_port(config.table, port):
+                    streams = self.eastwest  # the SNI names the Service (Istio's 15443)
+                handler = functools.partial(streams, port=port, tls=protocol is Protocol.TLS)
                 self.servers[port] = await asyncio.start_server(handler, sock=sock, limit=64 * 1024)
                 log.info("listening on %s:%d (%s)", self.settings.bind_address, actual, protocol)
                 continue
@@ -354,13 +363,15 @@ class Gateway:
             conn.drain()
         loop = asyncio.get_running_loop()
         end = loop.time() + deadline
-        while (self.forwarder.in_flight or self.passthrough.open) and loop.time() < end:
+        streams = (self.passthrough, self.eastwest)
+        while (self.forwarder.in_flight or any(s.open for s in streams)) and loop.time() < end:
             await asyncio.sleep(0.05)
         if self.forwarder.in_flight:
             log.warning("drain deadline: %d request(s) cut off", self.forwarder.in_flight)
-        if self.passthrough.open:
-            log.warning("drain deadline: %d connection(s) cut off", len(self.passthrough.open))
-            self.passthrough.drain()
+        for stream in streams:
+            if stream.open:
+                log.warning("drain deadline: %d connection(s) cut off", len(stream.open))
+                stream.drain()
         for conn in list(self.connections):
             conn.writer.transport.abort()
         self.pool.close()

@@ -29,6 +29,7 @@ from meshctl.core.k8s.cluster import objects
 from meshctl.core.k8s.cluster.objects import ObjectError
 from meshctl.core.k8s.cluster.services import SliceFacts, read_endpoint_slice, read_service
 
+from . import eastwest
 from .config import BackendKey, Endpoint, GatewayConfig, KeyPair
 from .gateways import Address, CertificateFacts, GatewayRuntime
 from .model import Entry, RouteTable, SecretRef
@@ -203,12 +204,31 @@ def gateway_config(
         pair = pairs.get((ref.namespace, ref.name))
         if isinstance(pair, KeyPair):
             certificates[ref] = pair
+    wanted = backends(table)
+    found = endpoints(wanted, services, slices, mesh)
+    if eastwest.has_auto_passthrough(table):
+        # An east-west port reaches every Service port by SNI: each is listed, ready
+        # endpoints or none (an empty entry says the Service and port exist).
+        every = eastwest.service_ports(_service_ports(services)) - wanted
+        found.update(endpoints(every, services, slices, mesh))
+        for key in every - found.keys():
+            found[key] = ()
     return GatewayConfig(
         name=name,
         table=table,
         certificates=certificates,
-        endpoints=endpoints(backends(table), services, slices, mesh),
+        endpoints={k: found[k] for k in sorted(found, key=lambda k: (k.namespace, k.name, k.port))},
     )
+
+
+def _service_ports(services: Sequence[Any]) -> Iterator[tuple[str, str, list[int]]]:
+    for obj in services:
+        try:
+            svc = read_service(obj)
+        except ObjectError:
+            continue
+        if not svc.external_name:
+            yield svc.namespace, svc.name, [p.port for p in svc.ports]
 
 
 # -- the proxy's runtime -------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 from meshctl.core.k8s.cluster import objects
 from meshctl.core.k8s.cluster.objects import ObjectError
 
+from . import eastwest
 from .hostnames import ANY
 from .model import ALLOW_SAME, AllowedRoutes
 
@@ -90,6 +91,7 @@ class ListenerSpec:
     certificate_refs: tuple[ObjectRef, ...] = ()
     allowed: AllowedRoutes = ALLOW_SAME
     kinds_given: bool = False  # allowedRoutes.kinds set (else: by protocol)
+    auto_passthrough: bool = False  # Istio's east-west listener (``eastwest``)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,7 +187,7 @@ def selector_holds(requirements: tuple[Requirement, ...], labels: Mapping[str, s
     return True
 
 
-def _listener(obj: Any, namespace: str) -> ListenerSpec:
+def _listener(obj: Any, namespace: str, labels: Mapping[str, str]) -> ListenerSpec:
     name = objects.text(obj, "name")
     if not name:
         raise ObjectError("spec.listeners[] without a name")
@@ -207,24 +209,35 @@ def _listener(obj: Any, namespace: str) -> ListenerSpec:
     namespaces = objects.text(obj, "allowedRoutes", "namespaces", "from", default="Same")
     if namespaces == "Selector":
         selector = read_selector(obj, "allowedRoutes", "namespaces", "selector")
+    port = number(obj, "port")
+    auto = eastwest.is_auto_passthrough(
+        labels,
+        port,
+        has_tls=isinstance(objects.field(obj, "tls"), Mapping),
+        tls_options=objects.string_map(obj, "tls", "options"),
+    )
     return ListenerSpec(
         name=name,
-        port=number(obj, "port"),
+        port=port,
         protocol=objects.text(obj, "protocol"),
         hostname=objects.text(obj, "hostname", default=ANY).lower() or ANY,
         tls_mode=objects.text(obj, "tls", "mode", default="Terminate"),
         certificate_refs=tuple(refs),
         allowed=AllowedRoutes(namespaces=namespaces, selector=selector, kinds=kinds),
         kinds_given=bool(kinds),
+        auto_passthrough=auto,
     )
 
 
 def read_gateway(obj: Any) -> GatewayFacts:
     m = meta(obj, "Gateway")
+    labels = objects.string_map(obj, "metadata", "labels")
     return GatewayFacts(
         meta=m,
         class_name=objects.text(obj, "spec", "gatewayClassName"),
-        listeners=tuple(_listener(x, m.namespace) for x in objects.items(obj, "spec", "listeners")),
+        listeners=tuple(
+            _listener(x, m.namespace, labels) for x in objects.items(obj, "spec", "listeners")
+        ),
         requested_addresses=len(objects.items(obj, "spec", "addresses")),
         infrastructure_parameters=(
             objects.field(obj, "spec", "infrastructure", "parametersRef") is not None

@@ -234,6 +234,9 @@ def listener_states(
                     hostname=_hostname(spec),
                     certificates=usable,
                     allowed=spec.allowed,
+                    auto_passthrough=spec.auto_passthrough
+                    and spec.protocol == Protocol.TLS
+                    and spec.tls_mode == "Passthrough",
                 ),
                 supported_kinds=kinds,
                 accepted=accepted,

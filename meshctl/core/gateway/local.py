@@ -29,6 +29,7 @@ from meshctl.core.k8s.cluster.services import (
     read_service,
 )
 
+from . import eastwest
 from .config import BackendKey, Endpoint, GatewayConfig, KeyPair
 from .gateways import CertificateFacts
 from .model import RouteTable, SecretRef
@@ -237,6 +238,7 @@ def gateway_config(
             table, services, slices, _mesh(trust_domain, pods, by_kind["namespaces"]), problems
         ),
     )
+
     return Local(config=config, problems=tuple(problems), ignored=tuple(sorted(ignored)))
 
 
@@ -301,6 +303,33 @@ def _endpoints(
                 continue
             if found:
                 out[key] = found
+    if eastwest.has_auto_passthrough(table):
+        return _every_service_port(out, services, slices, mesh, problems)
+    return out
+
+
+def _every_service_port(
+    found: Mapping[BackendKey, tuple[Endpoint, ...]],
+    services: Mapping[tuple[str, str], ServiceFacts],
+    slices: Sequence[Mapping[str, Any]],
+    mesh: Mesh,
+    problems: list[str],
+) -> dict[BackendKey, tuple[Endpoint, ...]]:
+    """An east-west port's view: every Service port, with its ready endpoints or none (an empty
+    entry: the Service and port exist, nothing is ready), beside the routes' backends."""
+    out = dict(found)
+    for service in services.values():
+        if service.external_name:
+            continue  # no endpoints of its own to pass through to
+        for port in service.ports:
+            key = BackendKey(service.namespace, service.name, port.port)
+            if key in out:
+                continue
+            try:
+                out[key] = ready_endpoints(service, port.port, slices, mesh)
+            except ObjectError as exc:
+                problems.append(f"EndpointSlice of {key} skipped: {exc}")
+                out[key] = ()
     return out
 
 

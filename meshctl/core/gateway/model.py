@@ -199,6 +199,8 @@ class Listener:
     hostname: str = ANY
     certificates: tuple[SecretRef, ...] = ()  # HTTPS: the usable ones, in the spec's order
     allowed: AllowedRoutes = ALLOW_SAME
+    # Istio's east-west listener (TLS, Passthrough): the SNI names the Service (``eastwest``)
+    auto_passthrough: bool = False
 
     @property
     def label(self) -> str:
