@@ -528,11 +528,15 @@ class _HboneServer:
 
 
 @contextlib.contextmanager
-def hbone_peer(cert_dir: Path, target: int) -> Iterator[HbonePeer]:
+def hbone_peer(
+    cert_dir: Path, target: int, *, netns: str | None = None, address: str = ""
+) -> Iterator[HbonePeer]:
+    """The peer on ``address`` (a random loopback one by default); with ``netns`` its thread
+    runs inside that namespace, so it listens and relays to ``target`` there."""
     import asyncio
     import ssl
 
-    address = f"127.0.{random.randrange(1, 250)}.{random.randrange(2, 250)}"  # noqa: S311
+    address = address or f"127.0.{random.randrange(1, 250)}.{random.randrange(2, 250)}"  # noqa: S311
     peer = HbonePeer(address)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
@@ -553,6 +557,11 @@ def hbone_peer(cert_dir: Path, target: int) -> Iterator[HbonePeer]:
     task = loop.create_task(serve())
 
     def run() -> None:
+        if netns is not None:
+            from pyroute2 import netns as namespaces
+
+            # setns(2) moves this thread only (no pushns: its saved stack is process-wide)
+            namespaces.setns(netns, flags=0)
         with contextlib.suppress(asyncio.CancelledError):
             loop.run_until_complete(task)
 
