@@ -318,11 +318,17 @@ def _explain_stream(
     gateway_config: GatewayConfig, scheme: str, sni: str, port: int
 ) -> dict[str, Any]:
     """``explain`` of a TLS passthrough (by SNI) or TCP connection, and what the wire shows."""
-    from meshctl.core.gateway import render
+    from meshctl.core.gateway import eastwest, render
     from meshctl.core.gateway.matching import Outcome, passthrough, tcp
     from meshctl.core.gateway.model import Protocol
 
     table = gateway_config.table
+    if scheme == "tls" and eastwest.auto_passthrough_port(table, port):  # Istio's 15443
+        found = eastwest.destination(gateway_config, sni, "cluster.local")
+        east_west = {"gateway": gateway_config.name, **eastwest.destination_data(found)}
+        if found.outcome is not eastwest.Outcome.FORWARD:
+            east_west["connection"] = "closed"
+        return east_west
     decision = passthrough(table, port, sni) if scheme == "tls" else tcp(table, port)
     data: dict[str, Any] = {"gateway": gateway_config.name, **render.decision_data(decision)}
     served = table.port(port)

@@ -171,10 +171,7 @@ class Gateway:
             self.failed_ports.pop(port, None)
             https = protocol is Protocol.HTTPS
             if protocol in (Protocol.TLS, Protocol.TCP):  # streams: TLS is the client's own
-                streams = self.passthrough
-                if eastwest.auto_passthrough_port(config.table, port):
-                    streams = self.eastwest  # the SNI names the Service (Istio's 15443)
-                handler = functools.partial(streams, port=port, tls=protocol is Protocol.TLS)
+                handler = functools.partial(self._stream, port=port, tls=protocol is Protocol.TLS)
                 self.servers[port] = await asyncio.start_server(handler, sock=sock, limit=64 * 1024)
                 log.info("listening on %s:%d (%s)", self.settings.bind_address, actual, protocol)
                 continue
@@ -186,6 +183,18 @@ class Gateway:
                 limit=64 * 1024,
             )
             log.info("listening on %s:%d (%s)", self.settings.bind_address, actual, protocol)
+
+    async def _stream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, port: int, tls: bool
+    ) -> None:
+        """A TLS or TCP listener's connection; an east-west port's (Istio's 15443: the SNI names
+        the Service) by the config current now, so a reload that turns one on or off needs no
+        new socket."""
+        config = self.holder.current
+        if tls and config is not None and eastwest.auto_passthrough_port(config.table, port):
+            await self.eastwest(reader, writer, port=port)
+        else:
+            await self.passthrough(reader, writer, port=port, tls=tls)
 
     def _socket(self, port: int, actual: int) -> socket.socket:
         if self.offered is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from meshctl.core.tls.sni import AutoPassthroughName, ServerNameError, parse_auto_passthrough
 
@@ -148,3 +149,16 @@ def _service_port(
             name=name,
         )
     return BackendKey(namespace, service, name.port)
+
+
+def destination_data(found: Destination) -> dict[str, Any]:
+    """``found`` as ``meshctl gateway explain`` prints it."""
+    out: dict[str, Any] = {"outcome": str(found.outcome), "reason": found.reason}
+    if found.service is not None:
+        out["service"] = str(found.service)
+    if found.endpoints:
+        out["endpoints"] = [
+            f"{e.address}:{e.port}" + (f" (HBONE, {e.identity})" if e.hbone else "")
+            for e in found.endpoints
+        ]
+    return out

@@ -112,6 +112,8 @@ def table_data(table: RouteTable) -> dict[str, Any]:
             }
             if lr.listener.certificates:
                 listener["certificates"] = [str(c) for c in lr.listener.certificates]
+            if lr.listener.auto_passthrough:  # the SNI names the Service: no routes read
+                listener["tlsMode"] = "AUTO_PASSTHROUGH"
             listener["hosts"] = [
                 {"hostname": vh.hostname, "routes": [entry_data(e) for e in vh.entries]}
                 for vh in lr.hosts
