@@ -30,7 +30,15 @@ import yaml
 from meshctl.core.pki.identity import SpiffeId
 from tests.harness import gateway as gw
 from tests.harness.netns import Netns, NetnsFactory, random_subnet, veth_pair
-from tests.netns.ztunnel_harness import TD, Ca
+from tests.netns.ztunnel_harness import (
+    TD,
+    Ca,
+    Sidecar,
+    http_get,
+    metric_sum,
+    workload,
+    write_local_config,
+)
 
 pytestmark = pytest.mark.netns
 
@@ -136,8 +144,10 @@ class _App:
             tls.handshake()
             peer = _uri_sans(tls.obj.getpeercert() or {})
             line = tls.line()
-            tls.send(f"peer={','.join(peer)}\n".encode())
+            # Recorded before answering: once the client has the answer, the test reads this
+            # (the client sends nothing after its line, so nothing is missed).
             self.served.append(_Served(peer=peer, line=line, raw_in=bytes(tls.raw_in)))
+            tls.send(f"peer={','.join(peer)}\n".encode())
 
 
 @contextlib.contextmanager
@@ -326,14 +336,14 @@ def test_a_client_in_network_a_reaches_a_server_in_b_with_mtls_end_to_end(
         tls, answer = _call(networks, certs["client"], f"outbound_.{APP_PORT}_._.web.b.svc.{TD}")
         assert answer == f"peer={CLIENT}\n".encode()  # the server saw the client, not the gateway
         assert _uri_sans(tls.obj.getpeercert() or {}) == [str(SERVER)]
-        deadline = time.monotonic() + 5
-        while not app.served and time.monotonic() < deadline:
-            time.sleep(0.02)
         (served,) = app.served
         # What reached the server is what the client sent, byte for byte: TLS records only.
         assert served.raw_in == bytes(tls.raw_out)
-        assert set(_records(served.raw_in)) <= {20, 21, 22, 23}
+        types = _records(served.raw_in)
+        assert types[0] == 22  # the ClientHello first ...
+        assert 23 in types  # ... and the session's application data, encrypted
         assert MARKER not in served.raw_in
+        assert served.line == b"hello " + MARKER + b"\n"  # the server's mTLS decrypted it
         status, metrics = _get(networks.gw, "/stats/prometheus")
     assert status == 200
     opened = [
@@ -360,14 +370,12 @@ def test_a_meshed_server_gets_the_clients_tls_inside_hbone_with_the_gateways_ide
         assert answer == f"peer={CLIENT}\n".encode()
         assert _uri_sans(tls.obj.getpeercert() or {}) == [str(SERVER)]
         log = running.wait_log("auto-passthrough b/mesh:8443")
-        deadline = time.monotonic() + 5
-        while not app.served and time.monotonic() < deadline:
-            time.sleep(0.02)
     # The outer HBONE layer is the gateway's; the inner session is the client's, untouched.
     assert peer.seen == [{"authority": f"{networks.b_ip}:{APP_PORT}", "san": [str(GATEWAY)]}]
     (served,) = app.served
     assert served.raw_in == bytes(tls.raw_out)
     assert MARKER not in served.raw_in
+    assert served.line == b"hello " + MARKER + b"\n"
     assert f"identity={SERVER}" in log
 
 
@@ -393,3 +401,52 @@ def test_a_name_that_routes_nowhere_is_closed_with_the_reason_logged(
     line = next(line for line in log.splitlines() if reason in line)
     assert f"sni={sni}" in line
     assert "flags=NR" in line
+
+
+def test_meshctls_own_node_proxy_in_b_takes_the_gateways_hbone_and_passes_the_client_session_on(
+    networks, certs, tmp_path
+):
+    """The destination is meshctl's node proxy (``ztunnel run``) for the meshed pod in B, not a
+    test peer: its inbound sees the gateway's identity; the app behind it the client's."""
+    config = write_local_config(
+        tmp_path / "local.yaml",
+        workloads=[workload("mesh-0", "b", networks.b_ip, sa=SERVER.service_account)],
+        services=[],
+        policies=[],
+    )
+    node_proxy = Sidecar(
+        networks.b,
+        f"b/mesh-0/{SERVER.service_account}",
+        certs["server"],
+        config,
+        log_path=tmp_path / "node-proxy.log",
+        group=None,  # no capture rules in B: the gateway dials its 15008 directly
+    )
+    with (
+        _app(networks.b, certs["server"]) as app,
+        _gateway(networks, tmp_path, certs["gateway"]),
+    ):
+        node_proxy.start()
+        try:
+            sni = f"outbound_.{APP_PORT}_._.mesh.b.svc.{TD}"
+            tls, answer = _call(networks, certs["client"], sni)
+            _, metrics = http_get(networks.b, 15020, "/stats/prometheus")
+        finally:
+            node_proxy.stop()
+    assert answer == f"peer={CLIENT}\n".encode()
+    assert _uri_sans(tls.obj.getpeercert() or {}) == [str(SERVER)]
+    (served,) = app.served
+    assert served.raw_in == bytes(tls.raw_out)
+    assert MARKER not in served.raw_in
+    assert served.line == b"hello " + MARKER + b"\n"
+    opened = metric_sum(
+        metrics,
+        "istio_tcp_connections_opened_total",
+        reporter="destination",
+        source_principal=str(GATEWAY),
+        destination_principal=str(SERVER),
+    )
+    assert opened == 1
+    log = node_proxy.log_text(tail=None)
+    assert f"src.identity={GATEWAY}" in log
+    assert f"dst.hbone_addr={networks.b_ip}:{APP_PORT}" in log
