@@ -98,13 +98,13 @@ def _tls_backend(tmp: Path) -> Iterator[tuple[int, bytes]]:
         listener.close()
 
 
-def _call(port: int) -> tuple[bytes, bytes]:
+def _call(port: int, sni: str = SNI) -> tuple[bytes, bytes]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE  # the test compares the certificate itself
     with (
         socket.create_connection(("127.0.0.1", port), timeout=10) as sock,
-        context.wrap_socket(sock, server_hostname=SNI) as tls,
+        context.wrap_socket(sock, server_hostname=sni) as tls,
     ):
         tls.sendall(b"hello\n")
         return tls.recv(1024), tls.getpeercert(binary_form=True) or b""
@@ -129,3 +129,32 @@ def test_a_reload_that_makes_the_port_east_west_forwards_by_the_sni_without_a_re
     assert answer == b"ok hello\n"
     assert der == backend_der  # the backend's own certificate: the gateway never terminated
     assert f"sni={SNI}" in log
+
+
+def test_a_port_with_nothing_ready_or_nothing_answering_is_closed_and_counted(tmp_path):
+    idle = gw.endpoint_slice("idle", [("127.0.0.1", False)], 9, service_port=8080)
+    with socket.socket() as probe:  # a port nothing listens on: the connect is refused
+        probe.bind(("127.0.0.1", 0))
+        closed_port = probe.getsockname()[1]
+    gone = gw.endpoint_slice("gone", [("127.0.0.1", True)], closed_port, service_port=8080)
+    objects = [
+        *_objects(9),
+        gw.service("idle", ports=(8080,)),
+        gw.service("gone", ports=(8080,)),
+        idle,
+        gone,
+    ]
+    with gw.run_gateway(tmp_path, objects, listener_ports=(15443,)) as running:
+        for service in ("idle", "gone"):
+            with pytest.raises((ssl.SSLError, OSError)):
+                _call(running.port(15443), f"outbound_.8080_._.{service}.app.svc.cluster.local")
+        log = running.wait_log("no-healthy-upstream")
+        failed = gw.metric(
+            running, "istio_tcp_connections_closed_total", destination_service_name="gone"
+        )
+    idle_line = next(line for line in log.splitlines() if "sni=outbound_.8080_._.idle." in line)
+    assert "flags=UH" in idle_line
+    assert 'reason="no-endpoint (app/idle:8080 has no ready endpoint)"' in idle_line
+    gone_line = next(line for line in log.splitlines() if "sni=outbound_.8080_._.gone." in line)
+    assert "flags=UF" in gone_line
+    assert failed == 1
