@@ -11,19 +11,16 @@ server; bodies echoed into messages are truncated; tokens and keys never appear 
 from __future__ import annotations
 
 import base64
-import contextlib
 import http.client
 import json
-import os
 import ssl
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, cast
 from urllib.parse import quote, urlsplit
 
-from meshctl import inputs
+from meshctl import inputs, keypair
 from meshctl.errors import ConfigError, KubeError
 from meshctl.structured import InputError, load_json
 
@@ -85,12 +82,24 @@ def load(path: str) -> RestConfig:
             raise ConfigError(f"kubeconfig {path} cannot be parsed: {exc.problem}") from exc
     try:
         # Read as the view says; what is missing or mistyped fails a lookup, caught here.
-        return _current(cast("Kubeconfig", data), path)
+        config = _current(cast("Kubeconfig", data), path)
     except (KeyError, TypeError, ValueError, StopIteration, OSError) as exc:
         raise ConfigError(
             f"kubeconfig {path} is incomplete: {type(exc).__name__}",
             hint="it needs a current-context naming a cluster with a server",
         ) from exc
+    if config.client_cert_pem and config.client_key_pem:
+        # Checked here, so a bad pair is named as the kubeconfig's fault, not as "unreachable".
+        try:
+            _load_client_cert(ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), config)
+        except ssl.SSLError as exc:
+            raise ConfigError(
+                f"kubeconfig {path}: the client certificate and key do not load "
+                f"({exc.reason or exc})",
+                hint="client-certificate(-data) and client-key(-data) must be a PEM "
+                "certificate and its own private key, unencrypted",
+            ) from exc
+    return config
 
 
 def _named(items: Sequence[_Named], name: str) -> _Named:
@@ -191,17 +200,9 @@ def _connection(
         cadata = config.ca_pem.decode() if config.ca_pem else None
         context = ssl.create_default_context(cadata=cadata)
     if config.client_cert_pem and config.client_key_pem:
-        _load_client_cert(context, config.client_cert_pem, config.client_key_pem)
+        _load_client_cert(context, config)
     return http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
 
 
-def _load_client_cert(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
-    # ssl loads a key pair from files only; a private 0600 temp file lives for the call.
-    fd, name = tempfile.mkstemp(prefix="meshctl-cni-", suffix=".pem")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(cert + b"\n" + key)
-        context.load_cert_chain(name)
-    finally:
-        with contextlib.suppress(OSError):
-            Path(name).unlink()
+def _load_client_cert(context: ssl.SSLContext, config: RestConfig) -> None:
+    keypair.load_key_pair(context, config.client_cert_pem or b"", config.client_key_pem or b"")
