@@ -357,8 +357,8 @@ def tls_download(port: int, cafile: Path, size: int, repeat: int, proxy: int | N
     """curl fetching the file ``repeat`` times over one TLS connection with SNI BULK."""
     url = f"https://{BULK}:{port}/blob"
     argv = ["curl", "-sS", "--fail", "--cacert", str(cafile), "--tlsv1.3"]
-    argv += ["--resolve", f"{BULK}:{port}:127.0.0.1", "-o", "/dev/null"]
-    argv += ["-w", "%{size_download}\\n", *[url] * repeat]
+    argv += ["--resolve", f"{BULK}:{port}:127.0.0.1", "-w", "%{size_download}\\n"]
+    argv += ["-o", "/dev/null", url] * repeat  # an -o per URL, or the rest go to stdout
     before = cpu_seconds(proxy) if proxy else 0.0
     began = time.monotonic()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
