@@ -404,12 +404,13 @@ def iperf3(port: int, seconds: float, proxy: int | None) -> Flow:
 
 @contextlib.contextmanager
 def profiled(pid: int, target: Path | None) -> Iterator[None]:
-    """py-spy recording ``pid`` (the gateway's serving process) while the block runs."""
+    """py-spy recording ``pid`` (the gateway's serving process) while the block runs; native
+    frames included, so time in uvloop's C code and in system calls is seen for what it is."""
     if target is None:
         yield
         return
     argv = ["py-spy", "record", "-p", str(pid), "-o", str(target), "-f", "raw", "-r", "200"]
-    spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    spy = subprocess.Popen([*argv, "--native"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     time.sleep(0.5)
     try:
         yield
@@ -420,23 +421,40 @@ def profiled(pid: int, target: Path | None) -> Iterator[None]:
         except subprocess.TimeoutExpired:
             spy.kill()
             spy.wait()
-        print(f"  py-spy: {target}")
-        for frame, share in top_frames(target):
+        leaves, ours = top_frames(target)
+        print(f"  py-spy: {target} (busy samples only: the loop's epoll wait left out)")
+        for frame, share in leaves:
+            print(f"    {share:5.1f}%  {frame}")
+        print("  including callees, meshctl's own functions:")
+        for frame, share in ours:
             print(f"    {share:5.1f}%  {frame}")
 
 
-def top_frames(path: Path, n: int = 12) -> list[tuple[str, float]]:
-    """The leaf frames with the most samples in a py-spy ``raw`` (collapsed stacks) file."""
-    counts: Counter[str] = Counter()
+def top_frames(path: Path, n: int = 10) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """From a py-spy ``raw`` file (collapsed stacks), busy samples only (a stack whose leaf is
+    the event loop's epoll wait is idle): the leaf frames with the most samples, and the
+    functions of meshctl and its plugins with the most samples including their callees."""
+    leaves: Counter[str] = Counter()
+    ours: Counter[str] = Counter()
     total = 0
     with contextlib.suppress(OSError):
         for line in path.read_text().splitlines():
             stack, _, samples = line.rpartition(" ")
-            if not samples.isdigit():
+            frames = stack.split(";")
+            if not samples.isdigit() or frames[-1].startswith("epoll"):
                 continue
-            counts[stack.rsplit(";", 1)[-1]] += int(samples)
+            leaves[frames[-1]] += int(samples)
+            for frame in set(frames):
+                if "plugins/" in frame or ("meshctl/" in frame and "entry.py" not in frame):
+                    ours[frame] += int(samples)
             total += int(samples)
-    return [(frame, 100 * c / total) for frame, c in counts.most_common(n)] if total else []
+    if not total:
+        return [], []
+
+    def shares(counts: Counter[str]) -> list[tuple[str, float]]:
+        return [(frame, 100 * c / total) for frame, c in counts.most_common(n)]
+
+    return shares(leaves), shares(ours)
 
 
 def worker_pid(supervisor: int) -> int:
