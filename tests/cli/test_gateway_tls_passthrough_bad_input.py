@@ -163,9 +163,11 @@ def test_a_hello_sent_one_byte_at_a_time_is_routed_and_the_handshake_completes(r
             with contextlib.suppress(ssl.SSLWantReadError):
                 tls.do_handshake()
             hello = outgoing.read()
+            paced_until = time.monotonic() + HEADER_TIMEOUT / 2  # well inside the timeout
             for i in range(len(hello)):
-                sock.send(hello[i : i + 1])
-                time.sleep(0.0005)  # its own segment, as often as not
+                sock.send(hello[i : i + 1])  # its own segment (no Nagle), as often as not
+                if time.monotonic() < paced_until:
+                    time.sleep(0.0005)
             while True:  # the rest of the handshake, driven through the memory BIOs
                 incoming.write(sock.recv(65536))
                 try:
