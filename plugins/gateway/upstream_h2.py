@@ -64,6 +64,7 @@ class _Connection:
         self.error: UpstreamError | None = None
         self.goaway = False
         self.task: asyncio.Task[None] | None = None
+        self.used = asyncio.get_running_loop().time()  # when its last call started
 
     @property
     def usable(self) -> bool:
@@ -204,10 +205,17 @@ class H2Pool:
         self.opened = 0
 
     async def _acquire(self, key: tuple[str, int], dial: Dialer) -> _Connection:
-        conns = [c for c in self._conns.get(key, []) if c.error is None]
+        now = asyncio.get_running_loop().time()
+        conns = []
+        for conn in self._conns.get(key, []):
+            if conn.error is None and (conn.calls or now - conn.used < self.idle_timeout):
+                conns.append(conn)
+            else:
+                conn.close()  # failed, or idle past the timeout (its endpoint may be gone)
         self._conns[key] = conns
         for conn in conns:
             if conn.usable:
+                conn.used = now
                 return conn
         try:
             reader, writer = await asyncio.wait_for(dial(*key), self.connect_timeout)
