@@ -3,20 +3,24 @@ over h2c and over a TLS-terminated HTTPS listener, to grpcio servers behind it: 
 header matches pick the backend, RequestHeaderModifier reaches it, the backend's status, message
 and trailing metadata come back whole (after streamed messages and trailers-only), and what the
 gateway answers itself is a gRPC status: no route UNIMPLEMENTED, no endpoint or an endpoint that
-refuses UNAVAILABLE; the access log and metrics name the call as gRPC."""
+refuses UNAVAILABLE; the access log and metrics name the call as gRPC; a meshed endpoint is
+called through an HBONE stream."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import subprocess
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
 from tests.harness import gateway as gw
+from tests.harness.cli import MESHCTL
 
 HTTP, HTTPS = 80, 443
 SERVICE = "test.Echo"
@@ -195,3 +199,56 @@ def test_calls_are_counted_as_grpc_in_the_metrics(channel, running):
     before = gw.metric(running, "istio_requests_total", request_protocol="grpc")
     _unary(channel, f"/{SERVICE}/Echo")(b"m", timeout=10)
     assert gw.metric(running, "istio_requests_total", request_protocol="grpc") == before + 1
+
+
+def _certs(tmp: Path, workload: str, name: str) -> Path:
+    out = tmp / name
+    argv = ["ztunnel", "certs", "--out", str(out), "--workload", workload]
+    subprocess.run(
+        [*MESHCTL, *argv, "--ca-dir", str(tmp / "ca")],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    return out
+
+
+def test_a_meshed_grpc_endpoint_is_called_through_hbone(tmp_path):
+    gateway_certs = _certs(tmp_path, "infra/gw/gw-sa", "gateway")
+    peer_certs = _certs(tmp_path, "app/rpc-0/rpc", "rpc")
+    with grpc_backend("meshed") as port, gw.hbone_peer(peer_certs, port) as peer:
+        slice_ = gw.endpoint_slice("rpc", [(peer.address, True)], 8080, service_port=9000)
+        slice_["endpoints"][0]["targetRef"] = {"kind": "Pod", "name": "rpc-0", "namespace": "app"}
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": "rpc-0",
+                "namespace": "app",
+                "labels": {"istio.io/dataplane-mode": "ambient"},
+            },
+            "spec": {"serviceAccountName": "rpc"},
+        }
+        objects = [
+            gw.gateway_class(),
+            gw.gateway(gw.http_listener("http", HTTP)),
+            grpc_route("rpc", [grpc_rule("rpc", method={"service": SERVICE})]),
+            gw.service("rpc", ports=(9000,)),
+            slice_,
+            pod,
+        ]
+        env = {
+            "POD_NAMESPACE": "infra",
+            "SERVICE_ACCOUNT": "gw-sa",
+            "MESHCTL_CERT_DIR": str(gateway_certs),
+        }
+        with (
+            gw.run_gateway(tmp_path, objects, listener_ports=(HTTP,), env=env) as proc,
+            grpc.insecure_channel(f"127.0.0.1:{proc.port(HTTP)}") as ch,
+        ):
+            echo = _unary(ch, f"/{SERVICE}/Echo")
+            reply, call = echo.with_call(b"over hbone", timeout=10)
+            assert reply == b"meshed x-added=- over hbone"
+            assert ("x-backend", "meshed") in call.trailing_metadata()
+            proc.wait_log("identity=spiffe://cluster.local/ns/app/sa/rpc")
+    assert peer.seen[0]["san"] == ["spiffe://cluster.local/ns/infra/sa/gw-sa"]
