@@ -252,3 +252,15 @@ def test_a_meshed_grpc_endpoint_is_called_through_hbone(tmp_path):
             assert ("x-backend", "meshed") in call.trailing_metadata()
             proc.wait_log("identity=spiffe://cluster.local/ns/app/sa/rpc")
     assert peer.seen[0]["san"] == ["spiffe://cluster.local/ns/infra/sa/gw-sa"]
+
+
+def test_request_messages_the_gateway_never_reads_do_not_shrink_the_connections_window(channel):
+    # Each unrouted call's message arrives before its answer and is never forwarded: its bytes
+    # must still be given back to the client's flow-control window, or the connection stalls
+    # once they add up to the window (64 KiB).
+    call = _unary(channel, "/other.Service/Upload")
+    for _ in range(40):
+        with pytest.raises(grpc.RpcError) as caught:
+            call(b"x" * 16384, timeout=5)
+        error: Any = caught.value
+        assert error.code() is grpc.StatusCode.UNIMPLEMENTED
