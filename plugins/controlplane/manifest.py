@@ -167,7 +167,7 @@ def objects(
             "runAsUser": PROXY_UID,
             "runAsGroup": PROXY_UID,
         },
-        # TLS pairs are loaded through a private temp file (ssl reads only files).
+        # The one writable place under the read-only root (key pairs load from memory instead).
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],  # noqa: S108 -- an emptyDir
     }
     deployment: Object = {

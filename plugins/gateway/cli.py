@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from meshctl import config, options, values
+from meshctl import config, options, rundir, values
 from meshctl.errors import UserError
 from meshctl.output import OutputFormat
 
@@ -97,8 +97,7 @@ def run(
         str | None,
         _setting(
             "run_dir",
-            "This run's files, e.g. the workers' metrics; what a killed run left there is "
-            "removed at start ($TMPDIR/meshctl-gateway-UID).",
+            rundir.option_help("gateway"),
             metavar="DIR",
         ),
     ] = None,

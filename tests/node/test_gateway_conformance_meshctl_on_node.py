@@ -2,10 +2,10 @@
 
 ``meshctl install`` (the default profile: the control plane with its gateway controller, the
 Gateway API CRDs and the ``meshctl`` GatewayClass) from the node's meshctl image; then the suite's
-own binary (v1.6.3, tests/kube/build.sh) runs profiles GATEWAY-HTTP, GATEWAY-TLS and GATEWAY-GRPC
-(one run each) against class ``meshctl``: its base Gateways are provisioned by the controller (a
-Deployment + Service each, running ``meshctl gateway run``), its requests go from this machine to
-the Gateways' addresses. The measure is the suite's ConformanceReport (written under
+own binary (v1.6.3, tests/kube/build.sh) runs profiles GATEWAY-HTTP, GATEWAY-TLS, GATEWAY-TCP and
+GATEWAY-GRPC (one run each) against class ``meshctl``: its base Gateways are provisioned by the
+controller (a Deployment + Service each, running ``meshctl gateway run``), its requests go from
+this machine to the Gateways' addresses. The measure is the suite's ConformanceReport (written under
 dist/gateway-conformance, its summary printed): every core test passes, and so does every
 extended feature we declare.
 """
@@ -55,6 +55,9 @@ CORE_TESTS = 36  # GATEWAY-HTTP's core tests at v1.6.3 (../shared/notes/gateway.
 # Gateway extended features are the HTTP run's (their tests need HTTPRoute).
 TLS_FEATURES = ("Gateway", "ReferenceGrant", "TLSRoute")
 TLS_CORE_TESTS = 19  # 10 Gateway tests and 9 TLSRoute tests at v1.6.3
+# GATEWAY-TCP: its core features (its extended set at v1.6.3 is TCPRoute itself, already core).
+TCP_FEATURES = ("Gateway", "ReferenceGrant", "TCPRoute")
+TCP_CORE_TESTS = 18  # 10 Gateway tests and 8 TCPRoute tests at v1.6.3
 # GATEWAY-GRPC: its core features and the one extended GRPCRoute feature there is (named rules;
 # the profile's report counts only the Gateway extended features, so its test is read from the
 # log).
@@ -113,6 +116,11 @@ def test_gateway_http_core_conformance_passes(kube_node: TestNode, mesh: Mesh):
 def test_gateway_tls_core_conformance_passes(kube_node: TestNode, mesh: Mesh):
     run = run_profile(kube_node, "GATEWAY-TLS", TLS_FEATURES)
     assert_core_passes(run, "GATEWAY-TLS", TLS_CORE_TESTS)
+
+
+def test_gateway_tcp_core_conformance_passes(kube_node: TestNode, mesh: Mesh):
+    run = run_profile(kube_node, "GATEWAY-TCP", TCP_FEATURES)
+    assert_core_passes(run, "GATEWAY-TCP", TCP_CORE_TESTS)
 
 
 def test_gateway_grpc_core_conformance_passes(kube_node: TestNode, mesh: Mesh):
