@@ -262,7 +262,7 @@ def _gateway_rules() -> list[Object]:
     read = ["get", "list", "watch"]
     status = ["get", "update", "patch"]
     write = [*read, "create", "update", "patch", "delete"]
-    routes = ["httproutes", "tlsroutes", "tcproutes"]
+    routes = ["httproutes", "grpcroutes", "tlsroutes", "tcproutes"]
     gateway_api = ["gatewayclasses", "gateways", *routes, "referencegrants"]
     return [
         {"apiGroups": ["gateway.networking.k8s.io"], "resources": gateway_api, "verbs": read},
