@@ -1,8 +1,9 @@
 """The I/O shell around a sans-IO ``HboneConnection``: one asyncio protocol per TLS connection.
 
 Owns the socket side of an HBONE connection: bytes from the TLS transport go into the core, and
-after *every* call into the core a write of its pending output is scheduled (WINDOW_UPDATEs
-produced outside the receive path are otherwise left queued and the tunnel stalls). Small
+after *every* call into the core a write of its pending output is scheduled, when it has any
+(WINDOW_UPDATEs produced outside the receive path are otherwise left queued and the tunnel
+stalls; a read that only delivered DATA schedules nothing). Small
 frames are written once per event-loop iteration, after every callback of that iteration has
 run: what the streams of one connection produce together (HEADERS, small DATA, END_STREAM)
 leaves as one TLS record and one send instead of one of each; bulk DATA, WINDOW_UPDATEs and
