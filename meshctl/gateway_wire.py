@@ -39,6 +39,7 @@ from meshctl.core.gateway.model import (
     RouteKey,
     RouteMatch,
     RouteTable,
+    RpcMatch,
     Rule,
     SecretRef,
     Timeouts,
@@ -197,6 +198,11 @@ def _match_to_proto(match: RouteMatch) -> pb.RouteMatch:
         method=match.method,
         headers=[pb.HeaderMatch(name=h.name, value=h.value) for h in match.headers],
         query=[pb.QueryMatch(name=q.name, value=q.value) for q in match.query],
+        rpc=(
+            pb.RpcMatch(service=match.rpc.service, method=match.rpc.method)
+            if match.rpc is not None
+            else None
+        ),
     )
 
 
@@ -370,6 +376,7 @@ def _match_from_proto(w: pb.RouteMatch) -> RouteMatch:
         method=w.method,
         headers=tuple(HeaderMatch(h.name, h.value) for h in w.headers),
         query=tuple(QueryMatch(q.name, q.value) for q in w.query),
+        rpc=RpcMatch(service=w.rpc.service, method=w.rpc.method) if w.HasField("rpc") else None,
     )
 
 

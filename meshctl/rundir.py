@@ -33,6 +33,14 @@ def default_run_dir(role: str) -> Path:
     return Path(tempfile.gettempdir()) / f"meshctl-{role}-{os.geteuid()}"
 
 
+def option_help(role: str) -> str:
+    """The ``--run-dir`` help every role that keeps a run directory shows."""
+    return (
+        "This run's files, e.g. the workers' metrics; what a killed run left there is removed "
+        f"at start ($TMPDIR/meshctl-{role}-UID)."
+    )
+
+
 def prepare(run_dir: Path) -> Path:
     """The run directory, created if missing; a ``UserError`` when it is not safely ours."""
     try:

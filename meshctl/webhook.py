@@ -21,13 +21,10 @@ second after that at the latest (idle keep-alive connections included); a pair l
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
-import os
 import socket
 import ssl
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +34,7 @@ from hypercorn.asyncio import serve as hypercorn_serve
 from hypercorn.config import Config
 from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, Scope
 
+from meshctl import keypair
 from meshctl.core.k8s.inject.admission import MAX_BODY_BYTES, Answer, Request, handle
 from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.errors import MeshctlError, UserError, listen_failed
@@ -181,20 +179,13 @@ class TlsConfig(BoundConfig):
 
 
 def load_into(context: ssl.SSLContext, pair: Pair) -> None:
-    # ssl loads a key pair from files only; a private 0600 temp file lives for the call.
-    fd, name = tempfile.mkstemp(prefix="meshctl-tls-", suffix=".pem")
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(pair.cert_chain_pem + b"\n" + pair.key_pem)
-        context.load_cert_chain(name)
+        keypair.load_key_pair(context, pair.cert_chain_pem, pair.key_pem)
     except ssl.SSLError as exc:
         raise MeshctlError(
             f"the serving certificate does not load: {exc}",
             hint="the key must belong to the first certificate of the chain",
         ) from exc
-    finally:
-        with contextlib.suppress(OSError):
-            Path(name).unlink()
 
 
 def plain_config(address: str, port: int, *, graceful_seconds: float = 1.0) -> BoundConfig:

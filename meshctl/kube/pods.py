@@ -43,13 +43,14 @@ def get_pod(
             )
             return cast("Pod", found)
         except ApiStatusError as exc:
-            if exc.status not in _RETRIED_STATUS or time.monotonic() + delay > give_up:
+            if exc.status not in _RETRIED_STATUS or time.monotonic() >= give_up:
                 raise
             log.info("pod %s/%s: attempt %d: %s; retrying", namespace, name, attempt, exc.message)
         except ApiUnreachableError as exc:
-            if time.monotonic() + delay > give_up:
+            if time.monotonic() >= give_up:
                 raise
             log.info("pod %s/%s: attempt %d: %s; retrying", namespace, name, attempt, exc.message)
-        time.sleep(delay)
+        # The last attempt lands on the deadline itself: a pod the API shows late still counts.
+        time.sleep(max(0.0, min(delay, give_up - time.monotonic())))
         delay = min(delay * 2, 1.0)
         attempt += 1

@@ -572,6 +572,7 @@ class RouteMatch(_message.Message):
     METHOD_FIELD_NUMBER: _builtins.int
     HEADERS_FIELD_NUMBER: _builtins.int
     QUERY_FIELD_NUMBER: _builtins.int
+    RPC_FIELD_NUMBER: _builtins.int
     method: _builtins.str
     @_builtins.property
     def path(self) -> Global___PathMatch: ...
@@ -579,6 +580,10 @@ class RouteMatch(_message.Message):
     def headers(self) -> _containers.RepeatedCompositeFieldContainer[Global___HeaderMatch]: ...
     @_builtins.property
     def query(self) -> _containers.RepeatedCompositeFieldContainer[Global___QueryMatch]: ...
+    @_builtins.property
+    def rpc(self) -> Global___RpcMatch:
+        """GRPCRoute's method match; absent: any method (and any HTTPRoute's)"""
+
     def __init__(
         self,
         *,
@@ -586,14 +591,39 @@ class RouteMatch(_message.Message):
         method: _builtins.str = ...,
         headers: _abc.Iterable[Global___HeaderMatch] | None = ...,
         query: _abc.Iterable[Global___QueryMatch] | None = ...,
+        rpc: Global___RpcMatch | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["path", b"path"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["path", b"path", "rpc", b"rpc"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["headers", b"headers", "method", b"method", "path", b"path", "query", b"query"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["headers", b"headers", "method", b"method", "path", b"path", "query", b"query", "rpc", b"rpc"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RouteMatch: _TypeAlias = RouteMatch  # noqa: Y015
+
+@_typing.final
+class RpcMatch(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SERVICE_FIELD_NUMBER: _builtins.int
+    METHOD_FIELD_NUMBER: _builtins.int
+    service: _builtins.str
+    """"": any"""
+    method: _builtins.str
+    """"": any"""
+    def __init__(
+        self,
+        *,
+        service: _builtins.str = ...,
+        method: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["method", b"method", "service", b"service"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RpcMatch: _TypeAlias = RpcMatch  # noqa: Y015
 
 @_typing.final
 class PathMatch(_message.Message):

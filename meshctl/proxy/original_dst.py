@@ -27,6 +27,8 @@ def original_dst(sock: socket.socket) -> tuple[str, int] | None:
             return (str(mapped) if mapped else str(addr), port)
         raw = sock.getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
         port = struct.unpack_from("!H", raw, 2)[0]
-        return (str(ipaddress.IPv4Address(raw[4:8])), port)
+        # inet_ntoa: the dotted quad ipaddress would print, without building and printing an
+        # IPv4Address per connection (part of the 6% that address text cost, profiled).
+        return (socket.inet_ntoa(raw[4:8]), port)
     except OSError:
         return None

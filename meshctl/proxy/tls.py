@@ -4,20 +4,17 @@ Owns Istio's HBONE TLS profile: TLS 1.3 only, ALPN ``h2``, no session resumption
 clients never offer a session), our workload certificate on both sides, peers verified against
 our roots, and no SNI (the client passes ``server_hostname=""``). Invariants: contexts are built
 once per certificate generation and never mutated, so a rotation affects only new handshakes;
-PEM material touches disk only inside a private 0700 directory that is removed at once (OpenSSL
-loads keys from files only).
+PEM material never touches a filesystem (``meshctl.keypair``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import ssl
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+from meshctl import keypair
 from meshctl.core.wire.channel import Certs
 
 ALPN_H2 = "h2"
@@ -34,24 +31,17 @@ class TlsContexts:
 
 def build(certs: Certs) -> TlsContexts:
     """Contexts for ``certs``; raises ``ssl.SSLError``/``ValueError`` when the PEMs are unusable."""
-    with tempfile.TemporaryDirectory(prefix="meshctl-tls-") as tmp:
-        Path(tmp).chmod(0o700)
-        chain = Path(tmp) / "chain.pem"
-        key = Path(tmp) / "key.pem"
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(certs.key)
-        chain.write_text(certs.cert_chain)
-        server = _context(ssl.PROTOCOL_TLS_SERVER, chain, key, certs.roots)
-        client = _context(ssl.PROTOCOL_TLS_CLIENT, chain, key, certs.roots)
+    chain, key = certs.cert_chain.encode(), certs.key.encode()
+    server = _context(ssl.PROTOCOL_TLS_SERVER, chain, key, certs.roots)
+    client = _context(ssl.PROTOCOL_TLS_CLIENT, chain, key, certs.roots)
     return TlsContexts(server=server, client=client, generation=certs.generation)
 
 
-def _context(protocol: int, chain: Path, key: Path, roots: str) -> ssl.SSLContext:
+def _context(protocol: int, chain: bytes, key: bytes, roots: str) -> ssl.SSLContext:
     ctx = ssl.SSLContext(protocol)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.maximum_version = ssl.TLSVersion.TLSv1_3
-    ctx.load_cert_chain(chain, key)
+    keypair.load_key_pair(ctx, chain, key)
     ctx.load_verify_locations(cadata=roots)
     ctx.verify_mode = ssl.CERT_REQUIRED  # servers require a client certificate too
     ctx.check_hostname = False  # identity is the SPIFFE URI SAN, checked after the handshake

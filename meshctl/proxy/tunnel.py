@@ -1,8 +1,9 @@
 """The I/O shell around a sans-IO ``HboneConnection``: one asyncio protocol per TLS connection.
 
 Owns the socket side of an HBONE connection: bytes from the TLS transport go into the core, and
-after *every* call into the core a write of its pending output is scheduled (WINDOW_UPDATEs
-produced outside the receive path are otherwise left queued and the tunnel stalls). Small
+after *every* call into the core a write of its pending output is scheduled, when it has any
+(WINDOW_UPDATEs produced outside the receive path are otherwise left queued and the tunnel
+stalls; a read that only delivered DATA schedules nothing). Small
 frames are written once per event-loop iteration, after every callback of that iteration has
 run: what the streams of one connection produce together (HEADERS, small DATA, END_STREAM)
 leaves as one TLS record and one send instead of one of each; bulk DATA, WINDOW_UPDATEs and
@@ -126,11 +127,10 @@ class TunnelProtocol(asyncio.BufferedProtocol):
 
     def data_received(self, data: bytes | memoryview) -> None:
         try:
-            events = self.core.receive(data, self._loop.time())
+            for ev in self.core.receive(data, self._loop.time()):
+                self._dispatch(ev)
         finally:
-            self._flush()
-        for ev in events:
-            self._dispatch(ev)
+            self._flush()  # what the read and the events' handlers queued, together
 
     def eof_received(self) -> bool:
         return False  # TLS close_notify / TCP FIN on the tunnel: the connection is over
@@ -257,10 +257,12 @@ class TunnelProtocol(asyncio.BufferedProtocol):
         kept streaming; small frames (HEADERS, small DATA, END_STREAM) are what coalescing is
         for (-20% proxy CPU per connection in the bench).
         """
-        if self.core.bulk_output:
+        core = self.core
+        if core.bulk_output:
             self._flush_now()
-            return
-        if not self._flush_scheduled:
+        elif not self._flush_scheduled and core.has_output:
+            # Nothing queued (a read that only delivered DATA to its streams): no callback at
+            # all; it was two of the eight per 1 KiB round trip, each a loop handle and a call.
             self._flush_scheduled = True
             self._loop.call_soon(self._flush_now)
 

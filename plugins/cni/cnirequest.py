@@ -38,10 +38,12 @@ from meshctl.structured import InputError, Limits, too_large
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from meshctl.core.capture.plan import CapturePlan
     from meshctl.core.capture.settings import CaptureSettings
     from meshctl.core.k8s.cni.messages import PluginEvent
     from meshctl.core.k8s.cni.pod import Decision
     from meshctl.core.k8s.schema import Namespace, Pod
+    from meshctl.net.netns import NetnsRef
 
     NamespaceReader = Callable[[], Namespace | None]
 
@@ -342,28 +344,39 @@ def _settings(request: Request, args: tuple[str, ...]) -> CaptureSettings:
         raise CniError(spec.BAD_ANNOTATIONS, f"pod {request.pod}: {exc.message}") from exc
 
 
-def _apply(request: Request, context: Context, args: tuple[str, ...]) -> None:
+def _in_pod_netns(
+    request: Request,
+    context: Context,
+    args: tuple[str, ...],
+    run: Callable[[CapturePlan, NetnsRef], T],
+    failure: str,
+) -> tuple[CaptureSettings, T]:
+    """Plan the pod's rules and run ``run`` on them in its netns; kernel refusals are CNI errors."""
     from meshctl.core.capture.plan import plan
-    from meshctl.net import capture as kernel
     from meshctl.net.netns import NetnsRef
 
     settings = _settings(request, args)
     _enter(request, context)
     try:
-        outcome = context.kernel(
-            lambda: kernel.apply(
-                plan(settings),
-                target=NetnsRef(request.netns, request.netns),
-                backend=request.plugin.iptables_backend,
-            )
+        return settings, context.kernel(
+            lambda: run(plan(settings), NetnsRef(request.netns, request.netns))
         )
     except MeshctlError as exc:
-        raise CniError(
-            spec.CAPTURE_FAILED,
-            f"installing capture rules for pod {request.pod} in {request.netns} failed: "
-            f"{exc.message}",
-            exc.hint or "",
-        ) from exc
+        raise CniError(spec.CAPTURE_FAILED, f"{failure}: {exc.message}", exc.hint or "") from exc
+
+
+def _apply(request: Request, context: Context, args: tuple[str, ...]) -> None:
+    from meshctl.net import capture as kernel
+
+    settings, outcome = _in_pod_netns(
+        request,
+        context,
+        args,
+        lambda rules, target: kernel.apply(
+            rules, target=target, backend=request.plugin.iptables_backend
+        ),
+        f"installing capture rules for pod {request.pod} in {request.netns} failed",
+    )
     log.info(
         "ADD %s: captured (%s, backend %s, %s)",
         request.pod,
@@ -374,24 +387,16 @@ def _apply(request: Request, context: Context, args: tuple[str, ...]) -> None:
 
 
 def _check(request: Request, context: Context, args: tuple[str, ...]) -> None:
-    from meshctl.core.capture.plan import plan
     from meshctl.net import capture as kernel
-    from meshctl.net.netns import NetnsRef
 
-    settings = _settings(request, args)
-    _enter(request, context)
-    try:
-        drift = context.kernel(
-            lambda: kernel.check(
-                plan(settings),
-                target=NetnsRef(request.netns, request.netns),
-                backend="auto",  # read whichever tables hold the rules, as the user's check does
-            )
-        )
-    except MeshctlError as exc:
-        raise CniError(
-            spec.CAPTURE_FAILED, f"reading rules of {request.pod}: {exc.message}"
-        ) from exc
+    _, drift = _in_pod_netns(
+        request,
+        context,
+        args,
+        # Read whichever tables hold the rules, as the user's check does.
+        lambda rules, target: kernel.check(rules, target=target, backend="auto"),
+        f"reading rules of {request.pod}",
+    )
     if not drift.in_sync:
         diff = "".join(drift.diffs.values()) + "\n".join(drift.routing)
         raise CniError(

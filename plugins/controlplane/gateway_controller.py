@@ -1,8 +1,8 @@
 """The gateway controller: Gateway API and Ingress objects in, gateway configs, status and
 provisioned proxies out.
 
-Owns, in every replica: informers on GatewayClasses, Gateways, HTTPRoutes, TLSRoutes, TCPRoutes
-(v1, as the pinned v1.6.3 standard channel serves them) and ReferenceGrants
+Owns, in every replica: informers on GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes,
+TLSRoutes, TCPRoutes (v1, as the pinned v1.6.3 standard channel serves them) and ReferenceGrants
 (``gateway.networking.k8s.io``), IngressClasses and Ingresses, Services, EndpointSlices,
 Namespaces and ``kubernetes.io/tls`` Secrets (shared with discovery where it watches the same),
 and the Deployments it provisioned; every change queues one reconcile (the work queue coalesces
@@ -56,6 +56,7 @@ GATEWAY_CLASSES: _R[dict[str, object]] = _R(
 )
 GATEWAYS: _R[dict[str, object]] = _R(GROUP, "v1", "gateways", "Gateway")
 HTTP_ROUTES: _R[dict[str, object]] = _R(GROUP, "v1", "httproutes", "HTTPRoute")
+GRPC_ROUTES: _R[dict[str, object]] = _R(GROUP, "v1", "grpcroutes", "GRPCRoute")
 TLS_ROUTES: _R[dict[str, object]] = _R(GROUP, "v1", "tlsroutes", "TLSRoute")
 TCP_ROUTES: _R[dict[str, object]] = _R(GROUP, "v1", "tcproutes", "TCPRoute")
 REFERENCE_GRANTS: _R[dict[str, object]] = _R(GROUP, "v1beta1", "referencegrants", "ReferenceGrant")
@@ -67,6 +68,7 @@ STATUS_RESOURCES = {
     "GatewayClass": GATEWAY_CLASSES,
     "Gateway": GATEWAYS,
     "HTTPRoute": HTTP_ROUTES,
+    "GRPCRoute": GRPC_ROUTES,
     "TLSRoute": TLS_ROUTES,
     "TCPRoute": TCP_ROUTES,
     "Ingress": INGRESSES,
@@ -126,6 +128,7 @@ class GatewayController:
             "gatewayclasses": inf.informer(GATEWAY_CLASSES),
             "gateways": inf.informer(GATEWAYS),
             "httproutes": inf.informer(HTTP_ROUTES),
+            "grpcroutes": inf.informer(GRPC_ROUTES),
             "tlsroutes": inf.informer(TLS_ROUTES),
             "tcproutes": inf.informer(TCP_ROUTES),
             "referencegrants": inf.informer(REFERENCE_GRANTS),
@@ -206,6 +209,7 @@ class GatewayController:
             gateway_classes=self._objects("gatewayclasses"),
             gateways=gateways,
             http_routes=self._objects("httproutes"),
+            grpc_routes=self._objects("grpcroutes"),
             tls_routes=self._objects("tlsroutes"),
             tcp_routes=self._objects("tcproutes"),
             reference_grants=self._objects("referencegrants"),

@@ -167,7 +167,7 @@ def objects(
             "runAsUser": PROXY_UID,
             "runAsGroup": PROXY_UID,
         },
-        # TLS pairs are loaded through a private temp file (ssl reads only files).
+        # The one writable place under the read-only root (key pairs load from memory instead).
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],  # noqa: S108 -- an emptyDir
     }
     deployment: Object = {
@@ -262,7 +262,7 @@ def _gateway_rules() -> list[Object]:
     read = ["get", "list", "watch"]
     status = ["get", "update", "patch"]
     write = [*read, "create", "update", "patch", "delete"]
-    routes = ["httproutes", "tlsroutes", "tcproutes"]
+    routes = ["httproutes", "grpcroutes", "tlsroutes", "tcproutes"]
     gateway_api = ["gatewayclasses", "gateways", *routes, "referencegrants"]
     return [
         {"apiGroups": ["gateway.networking.k8s.io"], "resources": gateway_api, "verbs": read},

@@ -17,10 +17,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import ssl
-import tempfile
-from pathlib import Path
 from typing import Any
 
+from meshctl import keypair
 from meshctl.core.gateway import hostnames
 from meshctl.core.gateway.config import GatewayConfig, KeyPair
 from meshctl.core.gateway.model import Protocol
@@ -33,12 +32,7 @@ _SNI_ATTRIBUTE = "meshctl_sni"
 def _context(pair: KeyPair, alpn: tuple[str, ...]) -> ssl.SSLContext:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    with tempfile.TemporaryDirectory() as folder:
-        chain, key = Path(folder) / "chain.pem", Path(folder) / "key.pem"
-        chain.write_bytes(pair.chain_pem)
-        key.touch(mode=0o600)
-        key.write_bytes(pair.key_pem)
-        ctx.load_cert_chain(chain, key)
+    keypair.load_key_pair(ctx, pair.chain_pem, pair.key_pem)
     ctx.set_alpn_protocols(list(alpn))
     return ctx
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from meshctl import config, options, values
+from meshctl import config, options, rundir, values
 from meshctl.errors import UserError
 from meshctl.output import OutputFormat
 
@@ -97,8 +97,7 @@ def run(
         str | None,
         _setting(
             "run_dir",
-            "This run's files, e.g. the workers' metrics; what a killed run left there is "
-            "removed at start ($TMPDIR/meshctl-gateway-UID).",
+            rundir.option_help("gateway"),
             metavar="DIR",
         ),
     ] = None,
@@ -234,8 +233,9 @@ def explain(
         str,
         typer.Argument(
             metavar="URL",
-            help="e.g. https://example.com/api?x=1; tls://NAME:PORT for a TLS passthrough "
-            "connection with that SNI (tls://:PORT: none), tcp://:PORT for a TCP listener.",
+            help="e.g. https://example.com/api?x=1; grpc://HOST/pkg.Service/Method (grpcs:// "
+            "over TLS) for a gRPC call; tls://NAME:PORT for a TLS passthrough connection with "
+            "that SNI (tls://:PORT: none), tcp://:PORT for a TCP listener.",
         ),
     ],
     filename: options.FilenameOption = None,
@@ -257,7 +257,7 @@ def explain(
     from urllib.parse import urlsplit
 
     from meshctl import output as out
-    from meshctl.core.gateway import render
+    from meshctl.core.gateway import grpc, render
     from meshctl.core.gateway.matching import Request, match
 
     from .sources import load
@@ -266,7 +266,7 @@ def explain(
         raise UserError("explain needs the configuration", hint="pass -f FILE (the objects)")
     try:
         parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme in ("https", "tls") else 80)
+        port = parts.port or (443 if parts.scheme in ("https", "tls", "grpcs") else 80)
     except ValueError as exc:  # "http://[::1", a port out of range
         raise UserError(
             f"{url!r} is not a URL: {exc}", hint="e.g. http://example.com/path"
@@ -279,39 +279,51 @@ def explain(
         data = _explain_stream(local.config, parts.scheme, parts.hostname or "", port)
         options.write_output(out.render({"request": url, **data}, output), output_file)
         return
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    if parts.scheme not in ("http", "https", *_GRPC_SCHEMES) or not parts.hostname:
         raise UserError(
             f"{url!r} is not an http(s) URL",
-            hint="e.g. http://example.com/path, tls://example.com:443 or tcp://:31400",
+            hint="e.g. http://example.com/path, grpc://example.com/pkg.Service/Method, "
+            "tls://example.com:443 or tcp://:31400",
         )
+    call = parts.scheme in _GRPC_SCHEMES
+    scheme = _GRPC_SCHEMES.get(parts.scheme, parts.scheme)
     headers = []
     for item in header or ():
         hname, colon, value = item.partition(":")
         if not colon:
             raise UserError(f"-H {item!r}: write NAME:VALUE")
         headers.append((hname.strip().lower(), value.strip()))
+    if call:  # what a gRPC client sends: POST over HTTP/2 with gRPC's content-type
+        headers.append(("content-type", grpc.CONTENT_TYPE))
     local = load(tuple(options.source_names(filename)), gateway)
     request = Request(
         port=port,
         host=parts.netloc.rpartition("@")[2],
         path=parts.path or "/",
         query=parts.query,
-        method=method.upper(),
+        method="POST" if call else method.upper(),
         headers=tuple(headers),
-        scheme=parts.scheme,
-        sni=parts.hostname if parts.scheme == "https" else "",
+        scheme=scheme,
+        sni=parts.hostname if scheme == "https" else "",
+        grpc=call,
     )
     decision = match(local.config.table, request)
     data = {"gateway": local.config.name, "request": url, **render.decision_data(decision)}
+    if call and decision.status:  # answered by the gateway: a trailers-only gRPC status
+        code = grpc.code_for(decision.status)
+        data["grpcStatus"] = f"{int(code)} {code.name} (HTTP 200, trailers-only)"
     # What the wire shows before any HTTP answer: the proxy binds only the table's ports, and
     # its TLS callback refuses a name no HTTPS listener covers (certificates.py).
     if local.config.table.port(port) is None:
         data["connection"] = f"refused: nothing listens on port {port}"
-    elif parts.scheme == "https" and decision.listener is None:
+    elif scheme == "https" and decision.listener is None:
         data["connection"] = (
             f"TLS handshake refused: no HTTPS listener on port {port} covers {parts.hostname}"
         )
     options.write_output(out.render(data, output), output_file)
+
+
+_GRPC_SCHEMES = {"grpc": "http", "grpcs": "https"}  # explain's gRPC URLs: h2c, or over TLS
 
 
 def _explain_stream(

@@ -121,12 +121,17 @@ class ResponseSink(Protocol):
     @property
     def started(self) -> bool: ...
 
-    async def start(self, status: int, headers: Headers, length: int | None) -> None:
-        """Send the head; ``length`` None: the body's length is not known (chunked/streamed)."""
+    async def start(
+        self, status: int, headers: Headers, length: int | None, *, end_stream: bool = False
+    ) -> None:
+        """Send the head; ``length`` None: the body's length is not known (chunked/streamed).
+        ``end_stream``: the head is the whole response (HTTP/2: a trailers-only gRPC answer)."""
 
     async def write(self, data: bytes) -> None: ...
 
-    async def end(self) -> None: ...
+    async def end(self, trailers: Headers | None = None) -> None:
+        """The response is complete; ``trailers`` go after the body where the protocol has
+        them (HTTP/2; HTTP/1.1 drops them: no client of ours asks for chunked trailers)."""
 
     def abort(self) -> None:
         """The response cannot be completed (the upstream broke off): reset it."""

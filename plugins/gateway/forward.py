@@ -7,8 +7,11 @@ changes a request in flight); filters apply in the API's order (request headers,
 the response header modifier on the way back; ``X-Forwarded-For`` gets the client appended,
 ``X-Forwarded-Proto`` says the client's scheme, ``x-request-id`` is kept or generated; Host is
 the client's unless rewritten. Endpoints are tried in a random rotation: one that refuses or does
-not answer the connect is skipped; all of them: 503. Invariant: every request gets exactly one
-response (or a reset when its response was already under way).
+not answer the connect is skipped; all of them: 503. A gRPC call (``core.gateway.grpc``) goes to
+its backend over HTTP/2 (``upstream_h2``) with its trailers relayed, and what the gateway answers
+itself is a trailers-only gRPC status instead (404 UNIMPLEMENTED, the 5xx UNAVAILABLE).
+Invariant: every request gets exactly one response (or a reset when its response was already
+under way).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from meshctl.core.gateway import filters as core_filters
+from meshctl.core.gateway import grpc
 from meshctl.core.gateway.config import Endpoint, GatewayConfig
 from meshctl.core.gateway.matching import (
     HEADER,
@@ -39,6 +43,7 @@ from meshctl.proxy.telemetry import access_log
 from .exchange import BodyError, Headers, Inbound, ResponseSink
 from .metrics import RequestMetrics, Sample
 from .upstream import ConnectError, Dialer, Pool, Response, UpstreamError, tcp_dialer
+from .upstream_h2 import H2Pool
 
 log = logging.getLogger(__name__)
 DEFAULT_HEAD_TIMEOUT = 30.0  # seconds for a backend's response head without a route timeout
@@ -55,6 +60,8 @@ class _Log:
     flags: str = "-"
     sent: int = 0
     upstream_ms: float = -1.0
+    grpc: bool = False  # a gRPC call: answered in gRPC's terms
+    grpc_status: str = "-"  # its grpc-status (the backend's, or the gateway's own)
 
 
 # (endpoint) -> the dialer for it and the identity it must present ("" when plaintext)
@@ -76,10 +83,12 @@ class Forwarder:
         dialer_for: DialerFor = plain,
         domain: str = "cluster.local",
         name: str = "gateway",
+        h2_pool: H2Pool | None = None,
     ) -> None:
         self.current = current
         self.name = name  # the access log's first field ("gateway worker=N pid=P" in a worker)
         self.pool = pool
+        self.h2_pool = h2_pool if h2_pool is not None else H2Pool(idle_timeout=pool.idle_timeout)
         self.metrics = metrics
         self.dialer_for = dialer_for
         self.domain = domain
@@ -87,7 +96,7 @@ class Forwarder:
 
     async def __call__(self, inbound: Inbound, sink: ResponseSink) -> None:
         self.in_flight += 1
-        entry = _Log()
+        entry = _Log(grpc=grpc.is_grpc(inbound.protocol, inbound.headers))
         sample: dict[str, object] = {}
         try:
             await self._handle(inbound, sink, entry, sample)
@@ -116,6 +125,7 @@ class Forwarder:
             headers=tuple(inbound.headers),
             scheme=inbound.scheme,
             sni=inbound.sni,
+            grpc=entry.grpc,
         )
         decision = match(config.table, request)
         entry.route = decision.entry.label if decision.entry is not None else "-"
@@ -175,8 +185,9 @@ class Forwarder:
             entry.endpoint = f"{endpoint.address}:{endpoint.port}"
             entry.identity = identity or "-"
             sample.update(workload=endpoint.workload, principal=identity, mtls=bool(identity))
+            pool = self.h2_pool if entry.grpc else self.pool
             try:
-                response = await self.pool.request(
+                response = await pool.request(
                     (endpoint.address, endpoint.port),
                     method=inbound.method,
                     target=target,
@@ -215,11 +226,16 @@ class Forwarder:
             out = list(core_filters.modify_headers(out, decision.filters.response_headers))
         entry.status = response.status
         try:
+            if response.ended:  # trailers-only (a gRPC status without a message)
+                entry.grpc_status = _grpc_status(out)
+                await sink.start(response.status, out, response.length, end_stream=True)
+                return
             await sink.start(response.status, out, response.length)
             async for chunk in response.body:
                 entry.sent += len(chunk)
                 await sink.write(chunk)
-            await sink.end()
+            entry.grpc_status = _grpc_status(response.trailers or ())
+            await sink.end(response.trailers)
         except UpstreamError as exc:
             entry.reason, entry.flags = f"upstream ({exc})", "UPE"
             sink.abort()
@@ -255,6 +271,12 @@ class Forwarder:
     ) -> None:
         entry.reason, entry.flags = reason, flags
         header = [(HEADER, reason)] if status in (404, 421, 500, 503) else []
+        if entry.grpc:
+            code = grpc.code_for(status)
+            entry.grpc_status = str(int(code))
+            head = [*grpc.trailers_only(code, reason), *header]
+            await self._respond(inbound, sink, entry, None, 200, head, b"", end_stream=True)
+            return
         await self._respond(inbound, sink, entry, None, status, header, f"{reason}\n".encode())
 
     async def _respond(
@@ -266,6 +288,8 @@ class Forwarder:
         status: int,
         headers: Headers,
         body: bytes,
+        *,
+        end_stream: bool = False,
     ) -> None:
         entry.status = status
         if sink.started:
@@ -279,6 +303,9 @@ class Forwarder:
         out = [("content-type", "text/plain"), *headers] if body else list(headers)
         if decision is not None and decision.filters.response_headers is not None:
             out = list(core_filters.modify_headers(out, decision.filters.response_headers))
+        if end_stream:
+            await sink.start(status, out, 0, end_stream=True)
+            return
         await sink.start(status, out, len(body))
         await sink.write(body)
         await sink.end()
@@ -290,7 +317,7 @@ class Forwarder:
         access_log.info(
             '[%s] "%s %s %s" %d %s route="%s" backend=%s endpoint=%s identity=%s '
             'reason="%s" received=%d sent=%d duration=%.1fms upstream=%s client=%s '
-            'authority="%s" request_id=%s',
+            'authority="%s" request_id=%s grpc_status=%s',
             self.name,
             inbound.method,
             inbound.target,
@@ -309,11 +336,12 @@ class Forwarder:
             inbound.client[0],
             inbound.authority,
             inbound.extra.get("request_id", "-"),
+            entry.grpc_status,
         )
         self.metrics.record(
             Sample(
                 status=entry.status,
-                protocol="http",
+                protocol="grpc" if entry.grpc else "http",
                 flags=entry.flags,
                 duration_ms=duration,
                 request_bytes=inbound.body.received,
@@ -321,6 +349,10 @@ class Forwarder:
                 **sample,  # type: ignore[arg-type]
             )
         )
+
+
+def _grpc_status(headers: Headers | tuple[()]) -> str:
+    return next((v for n, v in headers if n == "grpc-status"), "-")
 
 
 def _split(target: str) -> tuple[str, str]:

@@ -156,8 +156,12 @@ class _Sink:
     def started(self) -> bool:
         return self._started
 
-    async def start(self, status: int, headers: Headers, length: int | None) -> None:
+    async def start(
+        self, status: int, headers: Headers, length: int | None, *, end_stream: bool = False
+    ) -> None:
         self._started = True
+        if end_stream:
+            length = 0
         out = [(n, v) for n, v in headers if n not in ("content-length", "transfer-encoding")]
         no_body = status in (204, 304) or 100 <= status < 200
         if length is not None:
@@ -184,7 +188,7 @@ class _Sink:
             self.conn.writer.write(data)
         await self.conn.writer.drain()
 
-    async def end(self) -> None:
+    async def end(self, trailers: Headers | None = None) -> None:
         if self.chunked and not self.head_only:
             self.conn.writer.write(b"0\r\n\r\n")
             await self.conn.writer.drain()

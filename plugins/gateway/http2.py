@@ -71,14 +71,17 @@ class _Stream:
     def started(self) -> bool:
         return self._started
 
-    async def start(self, status: int, headers: Headers, length: int | None) -> None:
+    async def start(
+        self, status: int, headers: Headers, length: int | None, *, end_stream: bool = False
+    ) -> None:
         self._started = True
         out = [(":status", str(status))]
         out.extend((n, v) for n, v in headers if n not in ("content-length",))
-        if length is not None and status not in (204, 304):
+        if length is not None and status not in (204, 304) and not end_stream:
             out.append(("content-length", str(length)))
-        self.conn.h2.send_headers(self.id, out, end_stream=self.head_only)
-        if self.head_only:
+        ended = self.head_only or end_stream
+        self.conn.h2.send_headers(self.id, out, end_stream=ended)
+        if ended:
             self.closed = True
         await self.conn.flush()
 
@@ -101,11 +104,14 @@ class _Stream:
         if self.closed and view:
             raise ConnectionResetError("stream reset by the client")
 
-    async def end(self) -> None:
+    async def end(self, trailers: Headers | None = None) -> None:
         if not self.closed:
             self.closed = True
             with contextlib.suppress(h2.exceptions.StreamClosedError):
-                self.conn.h2.end_stream(self.id)
+                if trailers:  # RFC 9113 8.1: a HEADERS frame ending the stream
+                    self.conn.h2.send_headers(self.id, trailers, end_stream=True)
+                else:
+                    self.conn.h2.end_stream(self.id)
             await self.conn.flush()
 
     def abort(self) -> None:

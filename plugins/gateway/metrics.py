@@ -53,6 +53,20 @@ class Sample:
     response_bytes: int = 0
 
 
+def _series(sample: Sample) -> tuple[object, ...]:
+    """What tells a sample's series apart, but for the response code."""
+    return (
+        sample.protocol,
+        sample.service_host,
+        sample.service_name,
+        sample.service_namespace,
+        sample.workload,
+        sample.principal,
+        sample.mtls,
+        sample.flags,
+    )
+
+
 class RequestMetrics:
     def __init__(self, source: Source) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -74,6 +88,7 @@ class RequestMetrics:
         )
         self.tcp = tcp_counters(r)
         self._children: dict[tuple[object, ...], tuple[Any, Any, Any, Any]] = {}
+        self._tcp_children: dict[tuple[object, ...], tuple[Any, Any, Any, Any]] = {}
         # One series however many workers set it (multiprocess mode; ignored in one process).
         build = Gauge(
             "istio_build",
@@ -87,17 +102,7 @@ class RequestMetrics:
         build.labels("gateway", __version__).set(1)
 
     def record(self, sample: Sample) -> None:
-        key = (
-            sample.status,
-            sample.protocol,
-            sample.service_host,
-            sample.service_name,
-            sample.service_namespace,
-            sample.workload,
-            sample.principal,
-            sample.mtls,
-            sample.flags,
-        )
+        key = (sample.status, *_series(sample))
         children = self._children.get(key)
         if children is None:
             # Resolving 24 labels costs more than the request's own routing: once per series.
@@ -117,19 +122,33 @@ class RequestMetrics:
         response_bytes.inc(sample.response_bytes)
 
     def connection_opened(self, sample: Sample) -> None:
-        self.tcp.opened.labels(**self._tcp_labels(sample)).inc()
+        self._tcp_series(sample)[0].inc()
 
     def connection_closed(self, sample: Sample, *, received: int, sent: int) -> None:
         """``received``: bytes from the client; ``sent``: bytes to it (Istio's directions)."""
-        labels = self._tcp_labels(sample)
-        self.tcp.closed.labels(**labels).inc()
-        self.tcp.received.labels(**labels).inc(received)
-        self.tcp.sent.labels(**labels).inc(sent)
+        _, closed, from_client, to_client = self._tcp_series(sample)
+        closed.inc()
+        from_client.inc(received)
+        to_client.inc(sent)
 
-    def _tcp_labels(self, s: Sample) -> dict[str, str]:
-        labels = self._labels(s)
-        del labels["response_code"]
-        return labels
+    def _tcp_series(self, sample: Sample) -> tuple[Any, Any, Any, Any]:
+        """The four ``istio_tcp_*`` children of the sample's series, resolved once per series
+        (building 23 labels cost ~40 us, a tenth of a passthrough connection's CPU)."""
+        key = _series(sample)
+        children = self._tcp_children.get(key)
+        if children is None:
+            labels = self._labels(sample)
+            del labels["response_code"]
+            tcp = self.tcp
+            children = (
+                tcp.opened.labels(**labels),
+                tcp.closed.labels(**labels),
+                tcp.received.labels(**labels),
+                tcp.sent.labels(**labels),
+            )
+            if len(self._tcp_children) < MAX_CACHED_SERIES:
+                self._tcp_children[key] = children
+        return children
 
     def _labels(self, s: Sample) -> dict[str, str]:
         src = self.source

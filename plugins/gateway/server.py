@@ -384,6 +384,7 @@ class Gateway:
         for conn in list(self.connections):
             conn.writer.transport.abort()
         self.pool.close()
+        self.forwarder.h2_pool.close()
 
 
 def config_dump(settings: GatewaySettings, config: GatewayConfig | None) -> dict[str, Any]:

@@ -14,13 +14,12 @@ import asyncio
 import hashlib
 import logging
 import ssl
-import tempfile
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from meshctl import inputs
+from meshctl import inputs, keypair
 from meshctl.core.gateway.config import GatewayConfig, KeyPair
 from meshctl.core.gateway.local import ConfigProblemError, Local, gateway_config
 from meshctl.errors import UserError
@@ -51,15 +50,11 @@ class ConfigHolder:
 
 def usable_key_pair(pair: KeyPair) -> str:
     """ "" when the chain and key load into a TLS context together, else why not."""
-    with tempfile.TemporaryDirectory() as folder:
-        chain, key = Path(folder) / "chain.pem", Path(folder) / "key.pem"
-        chain.write_bytes(pair.chain_pem)
-        key.write_bytes(pair.key_pem)
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        try:
-            context.load_cert_chain(chain, key)
-        except ssl.SSLError as exc:
-            return f"certificate and key do not load ({exc.reason or exc})"
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        keypair.load_key_pair(context, pair.chain_pem, pair.key_pem)
+    except ssl.SSLError as exc:
+        return f"certificate and key do not load ({exc.reason or exc})"
     return ""
 
 

@@ -148,6 +148,10 @@ class Response:
     body: AsyncIterator[bytes]
     received: int = 0
     chunked: bool = False
+    # HTTP/2 upstreams: the head ended the stream (a trailers-only response: no body, nothing
+    # after it), and the trailers once the body has ended (None: HTTP/1.1, none kept)
+    ended: bool = False
+    trailers: Headers | None = None
     _closer: Callable[[], None] = field(default=lambda: None)
 
     def close(self) -> None:

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from meshctl import config, options, values
+from meshctl import config, options, rundir, values
 from meshctl.core.k8s import layout, proxyconfig
 from meshctl.core.pki import certs as certs_mod
 from meshctl.core.pki.identity import IdentityError, parse_workload_ref
@@ -127,8 +127,7 @@ def run(
         str | None,
         _setting(
             "run_dir",
-            "This run's files, e.g. the workers' metrics; what a killed run left there is "
-            "removed at start ($TMPDIR/meshctl-ztunnel-UID).",
+            rundir.option_help("ztunnel"),
             metavar="DIR",
         ),
     ] = None,
@@ -136,7 +135,6 @@ def run(
     """Run the HBONE proxy: supervise the data plane, feed it certificates and workloads."""
     flags = {k: v for k, v in locals().items() if k != "ctx"}  # first: only the options
     level = options.daemon_logging(ctx)  # info unless a level was given: listening, ready
-    from meshctl import rundir
 
     from .listeners import bind_all
     from .supervisor import modes

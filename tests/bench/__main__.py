@@ -19,7 +19,7 @@ from tests.bench.smoke import MARKER
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = (
     "bench_help", "bench_cli_help", "bench_inject", "bench_inject_stream", "bench_capture",
-    "bench_hbone", "bench_hbone_core", "bench_probe", "bench_cni",
+    "bench_hbone", "bench_hbone_core", "bench_hbone_relay", "bench_probe", "bench_cni",
 )  # fmt: skip
 
 

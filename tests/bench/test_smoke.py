@@ -18,6 +18,7 @@ CASES = [
     pytest.param("bench_capture", id="capture", marks=pytest.mark.netns),
     pytest.param("bench_hbone", id="hbone", marks=pytest.mark.netns),
     pytest.param("bench_hbone_core", id="hbone-core"),
+    pytest.param("bench_hbone_relay", id="hbone-relay"),
     pytest.param("bench_probe", id="probe", marks=pytest.mark.netns),
     pytest.param("bench_cni", id="cni", marks=pytest.mark.kube),
 ]

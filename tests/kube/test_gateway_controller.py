@@ -574,7 +574,7 @@ def parent_conditions(api: k8s.ApiClient, ns: str, plural: str, name: str) -> li
     ] or None
 
 
-def test_tls_and_tcp_routes_attach_get_their_status_and_reach_the_proxys_config(
+def test_tls_tcp_and_grpc_routes_attach_get_their_status_and_reach_the_proxys_config(
     gateway_crds: None,
     kube_cluster: KubeCluster,
     kube_api: k8s.ApiClient,
@@ -596,16 +596,18 @@ def test_tls_and_tcp_routes_attach_get_their_status_and_reach_the_proxys_config(
     )
     create(kube_api, ns, "tcproutes", l4_route("TCPRoute", "tcp", "tcp", "web"))
     create(kube_api, ns, "tcproutes", l4_route("TCPRoute", "tcp-on-http", "http", "web"))
+    create(kube_api, ns, "grpcroutes", l4_route("GRPCRoute", "grpc", "http", "web"))
     plane = cp.start(kube_cluster, home, tmp_path)
     try:
 
         def attached() -> dict[str, int] | None:
             status = get(kube_api, ns, "gateways", "gw-l4").get("status", {})
             counts = {i["name"]: i["attachedRoutes"] for i in status.get("listeners", [])}
-            return counts if counts.get("tls") == 2 and counts.get("tcp") == 1 else None
+            wanted = (counts.get("tls"), counts.get("tcp"), counts.get("http")) == (2, 1, 1)
+            return counts if wanted else None
 
-        assert wait_for("the TLS and TCP routes attached", attached) == {
-            "http": 0,
+        assert wait_for("the TLS, TCP and gRPC routes attached", attached) == {
+            "http": 1,
             "tls": 2,
             "tcp": 1,
         }
@@ -625,6 +627,9 @@ def test_tls_and_tcp_routes_attach_get_their_status_and_reach_the_proxys_config(
         )
         assert on_http[0] == "http"
         assert on_http[1]["Accepted"] == ("False", "NotAllowedByListeners", 1)
+        assert wait_for(
+            "GRPCRoute status", lambda: parent_conditions(kube_api, ns, "grpcroutes", "grpc")
+        ) == [("http", {"Accepted": ok, "ResolvedRefs": ("True", "ResolvedRefs", 1)})]
 
         # The provisioned Service exposes the TLS and TCP listeners' ports like the HTTP one.
         service = wait_for(
@@ -654,6 +659,8 @@ def test_tls_and_tcp_routes_attach_get_their_status_and_reach_the_proxys_config(
             ("missing.example", [f"TLSRoute {ns}/tls-missing"]),
             ("tls.example", [f"TLSRoute {ns}/tls"]),
         ]
+        (http,) = tables[80].listeners
+        assert [str(e.route) for vh in http.hosts for e in vh.entries] == [f"GRPCRoute {ns}/grpc"]
         (tcp,) = tables[31400].listeners
         assert [str(e.route) for vh in tcp.hosts for e in vh.entries] == [f"TCPRoute {ns}/tcp"]
         (endpoint,) = config.endpoints[BackendKey(ns, "web", 80)]

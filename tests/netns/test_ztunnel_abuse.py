@@ -20,6 +20,7 @@ import pytest
 from h2.errors import ErrorCodes
 from hyperframe.frame import SettingsFrame
 
+from tests.harness.wait import eventually
 from tests.netns.ztunnel_harness import client_context, echo_roundtrip, metric_sum
 from tests.netns.ztunnel_topology import APP_PORT, two_pod_mesh
 
@@ -171,4 +172,8 @@ def test_a_tls_handshake_that_does_not_finish_is_dropped_after_the_timeout(tmp_p
             m.car_b.metrics(), "istio_tcp_connections_failed_total", response_flags="TLS"
         )
         assert failed == 2
-        assert "handshake timed out" in m.car_b.log_path.read_text()
+        # The data plane's log reaches the file through its supervisor: a moment later under load.
+        eventually(
+            "the handshake timeout in B's log",
+            lambda: "handshake timed out" in m.car_b.log_path.read_text(),
+        )

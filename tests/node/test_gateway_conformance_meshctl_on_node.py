@@ -2,12 +2,12 @@
 
 ``meshctl install`` (the default profile: the control plane with its gateway controller, the
 Gateway API CRDs and the ``meshctl`` GatewayClass) from the node's meshctl image; then the suite's
-own binary (v1.6.3, tests/kube/build.sh) runs profiles GATEWAY-HTTP and GATEWAY-TLS (one run each)
-against class ``meshctl``: its
-base Gateways are provisioned by the controller (a Deployment + Service each, running
-``meshctl gateway run``), its requests go from this machine to the Gateways' addresses. The
-measure is the suite's ConformanceReport (written under dist/gateway-conformance, its summary
-printed): every core test passes, and so does every extended feature we declare.
+own binary (v1.6.3, tests/kube/build.sh) runs profiles GATEWAY-HTTP, GATEWAY-TLS, GATEWAY-TCP and
+GATEWAY-GRPC (one run each) against class ``meshctl``: its base Gateways are provisioned by the
+controller (a Deployment + Service each, running ``meshctl gateway run``), its requests go from
+this machine to the Gateways' addresses. The measure is the suite's ConformanceReport (written under
+dist/gateway-conformance, its summary printed): every core test passes, and so does every
+extended feature we declare.
 """
 
 from __future__ import annotations
@@ -55,6 +55,14 @@ CORE_TESTS = 36  # GATEWAY-HTTP's core tests at v1.6.3 (../shared/notes/gateway.
 # Gateway extended features are the HTTP run's (their tests need HTTPRoute).
 TLS_FEATURES = ("Gateway", "ReferenceGrant", "TLSRoute")
 TLS_CORE_TESTS = 19  # 10 Gateway tests and 9 TLSRoute tests at v1.6.3
+# GATEWAY-TCP: its core features (its extended set at v1.6.3 is TCPRoute itself, already core).
+TCP_FEATURES = ("Gateway", "ReferenceGrant", "TCPRoute")
+TCP_CORE_TESTS = 18  # 10 Gateway tests and 8 TCPRoute tests at v1.6.3
+# GATEWAY-GRPC: its core features and the one extended GRPCRoute feature there is (named rules;
+# the profile's report counts only the Gateway extended features, so its test is read from the
+# log).
+GRPC_FEATURES = ("Gateway", "ReferenceGrant", "GRPCRoute", "GRPCRouteNamedRouteRule")
+GRPC_CORE_TESTS = 14  # 10 Gateway tests and 4 GRPCRoute tests at v1.6.3
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +116,15 @@ def test_gateway_http_core_conformance_passes(kube_node: TestNode, mesh: Mesh):
 def test_gateway_tls_core_conformance_passes(kube_node: TestNode, mesh: Mesh):
     run = run_profile(kube_node, "GATEWAY-TLS", TLS_FEATURES)
     assert_core_passes(run, "GATEWAY-TLS", TLS_CORE_TESTS)
+
+
+def test_gateway_tcp_core_conformance_passes(kube_node: TestNode, mesh: Mesh):
+    run = run_profile(kube_node, "GATEWAY-TCP", TCP_FEATURES)
+    assert_core_passes(run, "GATEWAY-TCP", TCP_CORE_TESTS)
+
+
+def test_gateway_grpc_core_conformance_passes(kube_node: TestNode, mesh: Mesh):
+    run = run_profile(kube_node, "GATEWAY-GRPC", GRPC_FEATURES)
+    assert_core_passes(run, "GATEWAY-GRPC", GRPC_CORE_TESTS)
+    if not os.environ.get("MESHCTL_CONFORMANCE_TEST"):
+        assert "--- PASS: TestConformance/GRPCRouteNamedRule " in run.log_path.read_text()

@@ -32,6 +32,7 @@ from meshctl.core.gateway.model import (
     RouteKey,
     RouteMatch,
     RouteTable,
+    RpcMatch,
     Rule,
     SecretRef,
     Timeouts,
@@ -73,6 +74,7 @@ MATCHES = st.builds(
     method=TEXT,
     headers=st.lists(st.builds(HeaderMatch, TEXT, TEXT), max_size=2).map(tuple),
     query=st.lists(st.builds(QueryMatch, TEXT, TEXT), max_size=2).map(tuple),
+    rpc=st.none() | st.builds(RpcMatch, service=TEXT, method=TEXT),
 )
 BACKENDS = st.builds(
     Backend, namespace=TEXT, name=TEXT, port=INT, weight=INT, problem=TEXT, detail=TEXT

@@ -1,6 +1,7 @@
 """Gateway API objects (``gateway.networking.k8s.io/v1``, as the API serves them) read into the
-facts translation needs: GatewayClasses, Gateways and their listeners, HTTPRoutes, TLSRoutes and
-TCPRoutes and their parentRefs, ReferenceGrants; and the label selectors of ``allowedRoutes``.
+facts translation needs: GatewayClasses, Gateways and their listeners, HTTPRoutes, GRPCRoutes,
+TLSRoutes and TCPRoutes and their parentRefs, ReferenceGrants; and the label selectors of
+``allowedRoutes``.
 
 Owns the API's defaults (parentRef group/kind/namespace, listener ``allowedRoutes`` ``Same``,
 TLS mode ``Terminate``, certificateRef group ``""``/kind ``Secret``). Invariants: pure; a
@@ -24,6 +25,7 @@ from .model import ALLOW_SAME, AllowedRoutes
 GROUP = "gateway.networking.k8s.io"
 CONTROLLER = "meshctl.io/gateway-controller"
 HTTPROUTE = (GROUP, "HTTPRoute")
+GRPCROUTE = (GROUP, "GRPCRoute")
 TLSROUTE = (GROUP, "TLSRoute")
 TCPROUTE = (GROUP, "TCPRoute")
 Requirement = tuple[str, str, tuple[str, ...]]
@@ -261,7 +263,7 @@ def read_parent(obj: Any, namespace: str) -> ParentRef:
 
 
 def read_route(obj: Any, kind: str = "HTTPRoute") -> RouteFacts:
-    """An HTTPRoute, TLSRoute or TCPRoute (``kind``): the parts they share (TLSRoute and
+    """An HTTPRoute, GRPCRoute, TLSRoute or TCPRoute (``kind``): the parts they share (TLSRoute and
     TCPRoute rules carry only backendRefs, TCPRoute has no hostnames; the caller reads rules by
     kind)."""
     m = meta(obj, kind)

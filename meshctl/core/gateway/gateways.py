@@ -7,10 +7,10 @@ protocol on the port conflicts all of them (``ProtocolConflict``), the same host
 port both (``HostnameConflict``); the API forbids picking a winner. References resolve when the
 certificateRefs are core Secrets, allowed (same namespace or a ReferenceGrant:
 ``RefNotPermitted``) and present and valid by the caller's certificate facts
-(``InvalidCertificateRef``), and the allowed route kinds are the protocol's (HTTPRoute for HTTP
-and HTTPS, TLSRoute for TLS, TCPRoute for TCP; else ``InvalidRouteKinds``). A TCP listener's
-hostname is ignored (the API's rule: nothing on the wire names one), so two TCP listeners on a
-port conflict whatever their hostnames. A listener serves when accepted and,
+(``InvalidCertificateRef``), and the allowed route kinds are the protocol's (HTTPRoute and
+GRPCRoute for HTTP and HTTPS, TLSRoute for TLS, TCPRoute for TCP; else ``InvalidRouteKinds``).
+A TCP listener's hostname is ignored (the API's rule: nothing on the wire names one), so two
+TCP listeners on a port conflict whatever their hostnames. A listener serves when accepted and,
 for HTTPS, at least one certificate is usable. Invariant: pure; status is recomputed whole.
 """
 
@@ -25,6 +25,7 @@ from . import conditions
 from .conditions import Condition
 from .gatewayapi import (
     GROUP,
+    GRPCROUTE,
     HTTPROUTE,
     TCPROUTE,
     TLSROUTE,
@@ -39,12 +40,13 @@ from .hostnames import ANY
 from .model import Listener, Protocol, SecretRef
 
 SUPPORTED_PROTOCOLS = {p.value for p in Protocol}
-# The route kind each protocol's listeners take (the API's core kinds per protocol).
-ROUTE_KIND = {
-    Protocol.HTTP: HTTPROUTE,
-    Protocol.HTTPS: HTTPROUTE,
-    Protocol.TLS: TLSROUTE,
-    Protocol.TCP: TCPROUTE,
+# The route kinds each protocol's listeners take (the API's kinds per protocol), in the order
+# supportedKinds lists them.
+ROUTE_KINDS: dict[Protocol, tuple[tuple[str, str], ...]] = {
+    Protocol.HTTP: (HTTPROUTE, GRPCROUTE),
+    Protocol.HTTPS: (HTTPROUTE, GRPCROUTE),
+    Protocol.TLS: (TLSROUTE,),
+    Protocol.TCP: (TCPROUTE,),
 }
 # The TLS mode a protocol's listener must have (absent: the API's default, Terminate).
 TLS_MODE = {Protocol.HTTPS: "Terminate", Protocol.TLS: "Passthrough"}
@@ -189,13 +191,13 @@ def listener_states(
             # TLSRouteListenerTerminateNotSupported wants supportedKinds empty).
             kinds: tuple[tuple[str, str], ...] = ()
         elif spec.kinds_given:
-            served = ROUTE_KIND[Protocol(spec.protocol)]
-            kinds = tuple(k for k in spec.allowed.kinds if k == served)
-            wrong = [f"{g}/{k}" for g, k in spec.allowed.kinds if (g, k) != served]
+            served = ROUTE_KINDS[Protocol(spec.protocol)]
+            kinds = tuple(dict.fromkeys(k for k in spec.allowed.kinds if k in served))
+            wrong = [f"{g}/{k}" for g, k in spec.allowed.kinds if (g, k) not in served]
             if wrong:
                 problems.append(("InvalidRouteKinds", f"not served: {', '.join(wrong)}"))
         else:
-            kinds = (ROUTE_KIND[Protocol(spec.protocol)],)
+            kinds = ROUTE_KINDS[Protocol(spec.protocol)]
         if not supported:
             accepted = Condition(
                 "Accepted", False, "UnsupportedProtocol", f"protocol {spec.protocol} is not served"

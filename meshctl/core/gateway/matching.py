@@ -4,7 +4,8 @@ Owns the request -> ``Decision`` step of the proxy. Order: the port's listener w
 names the request's host most specifically (an HTTPS request whose host belongs to another
 listener than its SNI chose is 421 Misdirected, unless that listener has the same certificates
 and the table allows coalescing); then that listener's most specific host (no fall-through to a
-wider one); then the first row in precedence order whose match holds. No match: 404, or
+wider one); then the first row in precedence order whose match holds (a gRPC call: among the
+host's GRPCRoute rows when it has any). No match: 404, or
 Ingress's default backend. A rule that redirects answers the redirect; one without usable
 backends answers 500. A TLS passthrough connection (``passthrough``) takes the same listener
 and host steps on its SNI; a TCP connection (``tcp``) the port's oldest route. Weighted choice
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from urllib.parse import parse_qsl
 
-from . import filters, hostnames, paths
+from . import filters, grpc, hostnames, paths
 from .model import (
     NO_FILTERS,
     NO_TIMEOUTS,
@@ -54,6 +55,7 @@ class Request:
     headers: tuple[tuple[str, str], ...] = ()
     scheme: str = "http"
     sni: str = ""
+    grpc: bool = False  # a gRPC call (grpc.is_grpc): GRPCRoute rows take it
 
 
 class Outcome(enum.StrEnum):
@@ -123,7 +125,9 @@ def _first_params(query: str) -> dict[str, str]:
     return params
 
 
-def holds(match: RouteMatch, request: Request, path: str, params: dict[str, str] | None) -> bool:
+def holds(  # noqa: PLR0911 (one return per part of the match)
+    match: RouteMatch, request: Request, path: str, params: dict[str, str] | None
+) -> bool:
     """Every part of ``match`` holds for ``request`` (``path`` normalised, ``params`` parsed
     lazily: None until a query match needs them)."""
     if match.path.type is PathType.EXACT:
@@ -132,6 +136,8 @@ def holds(match: RouteMatch, request: Request, path: str, params: dict[str, str]
     elif not paths.prefix_matches(match.path.value, path):
         return False
     if match.method and match.method != request.method:
+        return False
+    if match.rpc is not None and not grpc.method_holds(match.rpc, path):
         return False
     for header in match.headers:
         if _header_value(request.headers, header.name) != header.value:
@@ -170,7 +176,10 @@ def match(table: RouteTable, request: Request) -> Decision:
     if vhost is None:
         return _fallback(port, request, host, path, f"host {host}", chosen.listener)
     params: dict[str, str] | None = None
-    for entry in vhost.entries:
+    # A gRPC call takes the host's GRPCRoute rows when it has any (else HTTPRoute rows, which
+    # carried gRPC before GRPCRoute); any other request never takes a GRPCRoute row.
+    rows = vhost.grpc if request.grpc and vhost.grpc else vhost.http
+    for entry in rows:
         if entry.match.query and params is None:
             params = _first_params(request.query)
         if holds(entry.match, request, path, params):

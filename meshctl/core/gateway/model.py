@@ -50,14 +50,25 @@ class QueryMatch:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RpcMatch:
+    """A GRPCRoute method match (Exact): the gRPC service and/or method a request's path
+    ``/<service>/<method>`` names; "" = any."""
+
+    service: str = ""
+    method: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RouteMatch:
     """One match of a rule: every part must hold. Headers and query params are deduplicated by
-    name (the first entry wins), so their counts are the precedence counts."""
+    name (the first entry wins), so their counts are the precedence counts. A GRPCRoute's
+    match has ``rpc`` (or matches any method) and the root path."""
 
     path: PathMatch = ROOT
     method: str = ""  # "" = any
     headers: tuple[HeaderMatch, ...] = ()
     query: tuple[QueryMatch, ...] = ()
+    rpc: RpcMatch | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,11 +159,12 @@ class Rule:
 
 # Route kinds that route whole connections: their rules have no matches (one row per rule).
 STREAM_KINDS = frozenset({"TLSRoute", "TCPRoute"})
+GRPC_KIND = "GRPCRoute"  # its rows take gRPC requests only (matching.match)
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class RouteKey:
-    kind: str  # HTTPRoute | TLSRoute | TCPRoute | Ingress
+    kind: str  # HTTPRoute | GRPCRoute | TLSRoute | TCPRoute | Ingress
     namespace: str
     name: str
 
@@ -227,6 +239,15 @@ class Entry:
 class VirtualHost:
     hostname: str  # a pattern; ANY for routes without hostnames on a listener without one
     entries: tuple[Entry, ...]  # in precedence order
+    # the rows gRPC requests take first (GRPCRoute's), and those every other request takes
+    grpc: tuple[Entry, ...] = field(init=False, repr=False, compare=False)
+    http: tuple[Entry, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        grpc = tuple(e for e in self.entries if e.route.kind == GRPC_KIND)
+        object.__setattr__(self, "grpc", grpc)
+        http = tuple(e for e in self.entries if e.route.kind != GRPC_KIND)
+        object.__setattr__(self, "http", http)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,7 +2,8 @@
 and ``meshctl gateway explain`` print, and what the goldens hold.
 
 Owns the printed shape. A row is one line per concern: the match (``Exact /a GET
-header[x]=1 query[q]=v``; none for a TLSRoute's rows, which match no request), the route and
+header[x]=1 query[q]=v``; a GRPCRoute's ``grpc svc/Method header[x]=1``, ``*`` for any service
+or method; none for a TLSRoute's rows, which match no request), the route and
 rule it came from, its backends (``ns/name:port weight W``, with the reason when unresolved)
 and, when set, its filters and timeouts. Invariant: pure; the same table prints the same text
 (everything is already in precedence order).
@@ -14,6 +15,7 @@ from typing import Any
 
 from .matching import Decision
 from .model import (
+    GRPC_KIND,
     STREAM_KINDS,
     Backend,
     Entry,
@@ -25,8 +27,13 @@ from .model import (
 )
 
 
-def match_text(match: RouteMatch) -> str:
-    parts = [f"{match.path.type} {match.path.value}"]
+def match_text(match: RouteMatch, *, grpc: bool = False) -> str:
+    if grpc:
+        rpc = match.rpc
+        service, method = (rpc.service, rpc.method) if rpc is not None else ("", "")
+        parts = [f"grpc {service or '*'}/{method or '*'}"]
+    else:
+        parts = [f"{match.path.type} {match.path.value}"]
     if match.method:
         parts.append(match.method)
     parts.extend(f"header[{h.name}]={h.value}" for h in match.headers)
@@ -80,7 +87,9 @@ def entry_data(entry: Entry) -> dict[str, Any]:
     if len(rule.matches) > 1:
         where += f".matches[{entry.match_index}]"
     out: dict[str, Any] = (
-        {} if entry.route.kind in STREAM_KINDS else {"match": match_text(entry.match)}
+        {}
+        if entry.route.kind in STREAM_KINDS
+        else {"match": match_text(entry.match, grpc=entry.route.kind == GRPC_KIND)}
     )
     out |= {
         "route": where,

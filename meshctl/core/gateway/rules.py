@@ -152,7 +152,7 @@ def _match(obj: Any, where: str, problems: list[Problem]) -> RouteMatch:
     )
 
 
-def _header_modifier(obj: Any) -> HeaderModifier:
+def header_modifier(obj: Any) -> HeaderModifier:
     return HeaderModifier(
         set=tuple(
             (objects.text(h, "name"), objects.text(h, "value")) for h in objects.items(obj, "set")
@@ -199,9 +199,9 @@ def _filters(
         kind = objects.text(f, "type")
         at = f"{where}.filters[{i}]"
         if kind == "RequestHeaderModifier":
-            request = _header_modifier(objects.field(f, "requestHeaderModifier"))
+            request = header_modifier(objects.field(f, "requestHeaderModifier"))
         elif kind == "ResponseHeaderModifier":
-            response = _header_modifier(objects.field(f, "responseHeaderModifier"))
+            response = header_modifier(objects.field(f, "responseHeaderModifier"))
         elif kind == "RequestRedirect":
             spec = objects.field(f, "requestRedirect")
             scheme = objects.text(spec, "scheme")

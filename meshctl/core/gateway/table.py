@@ -4,6 +4,9 @@ Owns the API's ordering. Within a host, rows (one per match of a rule) sort by: 
 before any prefix, the longer prefix (in characters) first, a method match, more header
 matches, more query matches; then across routes the oldest ``creationTimestamp``, then
 ``namespace/name`` alphabetically; within a route the first rule (and the first match).
+GRPCRoute rows (after every other row: the API merges no GRPCRoute with an HTTPRoute) sort by
+GRPCRoute's own criteria: the longer matched service, then the longer method (in characters),
+more header matches; then the same route and rule tie-breaks.
 Hosts of a listener sort most specific first (exact, longer wildcards, then any host), as do
 the listeners of a port. Invariants: pure; the order is total, so the table does not depend on
 the order routes arrive in; a route appears under a listener only for the hostnames it shares
@@ -16,6 +19,7 @@ from collections.abc import Iterable, Sequence
 
 from . import hostnames
 from .model import (
+    GRPC_KIND,
     Entry,
     Listener,
     ListenerRoutes,
@@ -45,16 +49,30 @@ def effective_hostnames(
     return tuple(out)
 
 
-def precedence(entry: Entry) -> tuple[int, int, int, int, int, str, str, int, int]:
+def precedence(entry: Entry) -> tuple[int, int, int, int, int, int, str, str, int, int]:
     """Sort key of a row within a host: the earlier key wins a request both rows match."""
     match = entry.match
-    exact = match.path.type is PathType.EXACT
+    if entry.route.kind == GRPC_KIND:
+        rpc = match.rpc
+        specific: tuple[int, int, int, int, int, int] = (
+            1,
+            -len(rpc.service) if rpc is not None else 0,
+            -len(rpc.method) if rpc is not None else 0,
+            -len(match.headers),
+            0,
+            0,
+        )
+    else:
+        specific = (
+            0,
+            0 if match.path.type is PathType.EXACT else 1,
+            -len(match.path.value),
+            0 if match.method else 1,
+            -len(match.headers),
+            -len(match.query),
+        )
     return (
-        0 if exact else 1,
-        -len(match.path.value),
-        0 if match.method else 1,
-        -len(match.headers),
-        -len(match.query),
+        *specific,
         entry.created or _UNDATED,
         f"{entry.route.namespace}/{entry.route.name}",
         entry.rule.index,

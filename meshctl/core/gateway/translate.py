@@ -44,6 +44,7 @@ from .gateways import (
     gateway_state,
     gateway_status,
 )
+from .grpcroute import read_grpc_rules
 from .model import Route, RouteKey, RouteTable
 from .rules import read_backend_rules, read_rules
 
@@ -57,6 +58,7 @@ class Cluster:
     gateway_classes: Sequence[Any] = ()
     gateways: Sequence[Any] = ()
     http_routes: Sequence[Any] = ()
+    grpc_routes: Sequence[Any] = ()  # v1
     tls_routes: Sequence[Any] = ()  # v1 (or v1alpha2: the same fields)
     tcp_routes: Sequence[Any] = ()  # v1 (or v1alpha2)
     reference_grants: Sequence[Any] = ()
@@ -79,7 +81,7 @@ class Options:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StatusUpdate:
-    kind: str  # GatewayClass | Gateway | HTTPRoute | TLSRoute | TCPRoute | Ingress
+    kind: str  # GatewayClass | Gateway | HTTPRoute | GRPCRoute | TLSRoute | TCPRoute | Ingress
     namespace: str  # "" for GatewayClass
     name: str
     status: dict[str, Any]
@@ -195,6 +197,7 @@ def _routes(
     attached: dict[tuple[str, str], dict[str, list[Route]]] = {k: {} for k in gateways}
     for kind, items in (
         ("HTTPRoute", cluster.http_routes),
+        ("GRPCRoute", cluster.grpc_routes),
         ("TLSRoute", cluster.tls_routes),
         ("TCPRoute", cluster.tcp_routes),
     ):
@@ -324,6 +327,8 @@ def _route(
 
     if kind == "HTTPRoute":
         rules, route_problems = read_rules(route.rules, resolve)
+    elif kind == "GRPCRoute":
+        rules, route_problems = read_grpc_rules(route.rules, resolve)
     else:
         rules, route_problems = read_backend_rules(route.rules, resolve, kind)
     results = attach(route, gateways, labels, route_problems, (GROUP, kind))

@@ -232,6 +232,11 @@ class HboneConnection:
         """Whether large DATA payloads (>= 16 KiB, kept by reference) wait in the output."""
         return bool(self._out)
 
+    @property
+    def has_output(self) -> bool:
+        """Whether anything waits to be written (``buffers_to_send`` would return bytes)."""
+        return bool(self._small or self._out)
+
     def held_bytes(self, stream_id: int) -> int:
         stream = self._streams.get(stream_id)
         return stream.held_len if stream else 0

@@ -1,6 +1,6 @@
 """The control plane's ClusterRole lets the gateway controller do what it does: read every
-Gateway API kind it watches (TLSRoute and TCPRoute with HTTPRoute) and patch each status it
-writes. A kind missing here is a 403 in a cluster and a route that never attaches."""
+Gateway API kind it watches (GRPCRoute, TLSRoute and TCPRoute with HTTPRoute) and patch each
+status it writes. A kind missing here is a 403 in a cluster and a route that never attaches."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_every_status_the_controller_writes_is_readable_watchable_and_patchable(
     verbs = granted()
     group = gateway_controller.GROUP
     watched = [r for r in gateway_controller.STATUS_RESOURCES.values() if r.group == group]
-    assert {r.kind for r in watched} >= {"HTTPRoute", "TLSRoute", "TCPRoute"}
+    assert {r.kind for r in watched} >= {"HTTPRoute", "GRPCRoute", "TLSRoute", "TCPRoute"}
     for resource in watched:
         assert {"get", "list", "watch"} <= verbs.get(resource.plural, set()), resource.plural
         assert "patch" in verbs.get(f"{resource.plural}/status", set()), resource.plural

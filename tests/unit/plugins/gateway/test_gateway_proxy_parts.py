@@ -184,3 +184,38 @@ def test_request_metrics_carry_istios_labels_and_count_per_series():
     assert line.endswith(" 2.0")
     assert 'response_flags="NR"' in text
     assert 'destination_service="unknown"' in text
+
+
+def test_tcp_metrics_count_per_series_across_connections():
+    metrics = RequestMetrics(Source(workload="gw", namespace="infra", principal="spiffe://x"))
+    to_db = Sample(
+        status=0,
+        protocol="tcp",
+        service_host="db.app.svc.cluster.local",
+        service_name="db",
+        service_namespace="app",
+        workload="app/db-0",
+    )
+    refused = Sample(status=0, protocol="tcp", flags="UF")
+    for received, sent in ((10, 100), (5, 7)):
+        metrics.connection_opened(to_db)
+        metrics.connection_closed(to_db, received=received, sent=sent)
+    metrics.connection_opened(refused)
+    metrics.connection_closed(refused, received=3, sent=0)
+
+    def value(name: str, flags: str) -> str:
+        return next(
+            x.rsplit(" ", 1)[1]
+            for x in metrics.render().decode().splitlines()
+            if x.startswith(name + "{") and f'response_flags="{flags}"' in x
+        )
+
+    assert value("istio_tcp_connections_opened_total", "-") == "2.0"
+    assert value("istio_tcp_connections_closed_total", "-") == "2.0"
+    assert value("istio_tcp_received_bytes_total", "-") == "15.0"
+    assert value("istio_tcp_sent_bytes_total", "-") == "107.0"
+    assert value("istio_tcp_connections_closed_total", "UF") == "1.0"
+    assert value("istio_tcp_received_bytes_total", "UF") == "3.0"
+    assert "response_code" not in next(
+        x for x in metrics.render().decode().splitlines() if x.startswith("istio_tcp_sent")
+    )
