@@ -24,11 +24,11 @@ from typing import Any
 from meshctl.core.gateway import eastwest, render
 from meshctl.core.gateway.config import Endpoint, GatewayConfig
 from meshctl.core.gateway.model import Protocol
-from meshctl.errors import MeshctlError
 from meshctl.net.sockets import listener
 from meshctl.proxy import responder
 
 from . import http1
+from .binding import bind_port
 from .certificates import SniContexts, sni_of
 from .eastwest import EastWest
 from .forward import Forwarder
@@ -161,14 +161,11 @@ class Gateway:
                 # Its socket is on the way (the two channels are read independently).
                 self.failed_ports[port] = "waiting for the supervisor's socket"
                 continue
-            try:
-                sock = self._socket(port, actual)
-            except MeshctlError as exc:
-                if self.failed_ports.get(port) != str(exc):
-                    log.error("cannot listen on %d: %s", actual, exc)  # noqa: TRY400 (expected; no traceback)
-                self.failed_ports[port] = str(exc)
+            sock = bind_port(
+                port, actual, self.failed_ports, functools.partial(self._socket, port, actual)
+            )
+            if sock is None:
                 continue
-            self.failed_ports.pop(port, None)
             https = protocol is Protocol.HTTPS
             if protocol in (Protocol.TLS, Protocol.TCP):  # streams: TLS is the client's own
                 handler = functools.partial(self._stream, port=port, tls=protocol is Protocol.TLS)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import logging
 import socket
@@ -37,11 +38,11 @@ from typing import Any
 from meshctl import gateway_wire, rundir
 from meshctl.core.gateway.config import GatewayConfig
 from meshctl.core.wire import channel
-from meshctl.errors import MeshctlError
 from meshctl.net.sockets import listener
 from meshctl.process import Feed, PodFeed, Supervisor, self_command
 from meshctl.proxy import responder
 
+from .binding import bind_port
 from .identity import MeshIdentity, mesh_identity
 from .server import config_dump
 from .settings import GatewaySettings
@@ -112,14 +113,15 @@ class _Listeners(PodFeed):
         s = self.settings
         for port in sorted(ports - set(self.sockets)):
             actual = port + s.port_offset
-            try:
-                self.sockets[port] = listener(s.bind_address, actual, what=f"listener {port}")
-            except MeshctlError as exc:
-                if self.failed.get(port) != str(exc):
-                    log.error("cannot listen on %d: %s", actual, exc)  # noqa: TRY400 (expected; no traceback)
-                self.failed[port] = str(exc)
+            sock = bind_port(
+                port,
+                actual,
+                self.failed,
+                functools.partial(listener, s.bind_address, actual, what=f"listener {port}"),
+            )
+            if sock is None:
                 continue
-            self.failed.pop(port, None)
+            self.sockets[port] = sock
             log.info("listening on %s:%d", s.bind_address, actual)
             changed = True
         return changed
