@@ -18,36 +18,25 @@ from __future__ import annotations
 import asyncio
 
 from meshctl.core.gateway import eastwest
-from meshctl.core.tls import alerts
-from meshctl.core.tls.clienthello import Refused
 
 from .metrics import Sample
-from .passthrough import Passthrough, _alert, _Log, splice
+from .passthrough import Passthrough, StreamLog, splice
 
 
 class EastWest(Passthrough):
     """The handler of east-west ports' connections (``__call__`` each, ``tls=True``)."""
 
     async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int, entry: _Log
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        port: int,
+        entry: StreamLog,
     ) -> None:
-        read = await self._hello(reader, entry)
-        if read is None:
+        greeting = await self._greeting(reader, writer, entry)
+        if greeting is None:
             return
-        hello, data = read
-        if isinstance(hello, Refused):
-            entry.reason, entry.flags = f"{hello.reason} ({hello.detail})", "NR"
-            description = alerts.FOR_REFUSAL.get(hello.reason)
-            if description is not None:
-                await _alert(writer, reader, description, data)
-            return
-        entry.sni = hello.server_name or "-"
-        entry.alpn = ",".join(p.decode("ascii", "replace") for p in hello.alpn) or "-"
-        config = self.current()
-        if config is None:
-            entry.reason, entry.flags = "no config yet", "NR"
-            await _alert(writer, reader, alerts.Description.INTERNAL_ERROR, data)
-            return
+        hello, data, config = greeting
         found = eastwest.destination(config, hello.server_name, self.domain)
         entry.route = f"auto-passthrough :{port}"
         entry.reason = found.reason

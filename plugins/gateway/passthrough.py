@@ -48,7 +48,7 @@ _BROKEN = ("DC", "UC", "IT")  # flags of a connection cut off: reset, not closed
 
 
 @dataclass(slots=True)
-class _Log:
+class StreamLog:
     protocol: str = "TLS"
     sni: str = "-"
     alpn: str = "-"
@@ -102,7 +102,7 @@ class Passthrough:
     ) -> None:
         loop = asyncio.get_running_loop()
         began = loop.time()
-        entry = _Log(protocol="TLS" if tls else "TCP")
+        entry = StreamLog(protocol="TLS" if tls else "TCP")
         self.open.add(writer)
         try:
             if tls:
@@ -120,26 +120,41 @@ class Passthrough:
             peer = writer.get_extra_info("peername")
             self._finish(port, entry, (loop.time() - began) * 1000, peer[0] if peer else "-")
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int, entry: _Log
-    ) -> None:
+    async def _greeting(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, entry: StreamLog
+    ) -> tuple[ClientHello, bytearray, GatewayConfig] | None:
+        """The client's hello (its SNI and ALPN logged), the bytes read so far and the config
+        now; ``None`` once the connection is answered (a refused hello, no config yet)."""
         read = await self._hello(reader, entry)
         if read is None:
-            return
+            return None
         hello, data = read
         if isinstance(hello, Refused):
             entry.reason, entry.flags = f"{hello.reason} ({hello.detail})", "NR"
             description = alerts.FOR_REFUSAL.get(hello.reason)
             if description is not None:
                 await _alert(writer, reader, description, data)
-            return
+            return None
         entry.sni = hello.server_name or "-"
         entry.alpn = ",".join(p.decode("ascii", "replace") for p in hello.alpn) or "-"
         config = self.current()
         if config is None:
             entry.reason, entry.flags = "no config yet", "NR"
             await _alert(writer, reader, alerts.Description.INTERNAL_ERROR, data)
+            return None
+        return hello, data, config
+
+    async def _serve(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        port: int,
+        entry: StreamLog,
+    ) -> None:
+        greeting = await self._greeting(reader, writer, entry)
+        if greeting is None:
             return
+        hello, data, config = greeting
         decision = passthrough(config.table, port, hello.server_name)
         entry.route = decision.entry.label if decision.entry is not None else "-"
         entry.reason = decision.reason
@@ -149,7 +164,11 @@ class Passthrough:
         await self._forward(config, decision, reader, writer, bytes(data), entry)
 
     async def _serve_tcp(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, port: int, entry: _Log
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        port: int,
+        entry: StreamLog,
     ) -> None:
         config = self.current()
         if config is None:
@@ -167,7 +186,7 @@ class Passthrough:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         first: bytes,
-        entry: _Log,
+        entry: StreamLog,
     ) -> None:
         """To a backend of a FORWARD decision, ``first`` (what was read already) ahead."""
         if decision.outcome is not Outcome.FORWARD:
@@ -182,7 +201,7 @@ class Passthrough:
             await splice(reader, writer, up_reader, up_writer, self.limits.idle_timeout, entry)
 
     async def _upstream(
-        self, config: GatewayConfig, backends: tuple[Backend, ...], entry: _Log
+        self, config: GatewayConfig, backends: tuple[Backend, ...], entry: StreamLog
     ) -> tuple[asyncio.StreamReader, Writer] | None:
         """A connection to an endpoint of a backend drawn by weight (None: said in ``entry``)."""
         backend = choose_backend(backends, random.random())  # noqa: S311 (load spread)
@@ -210,7 +229,7 @@ class Passthrough:
         return upstream
 
     async def _hello(
-        self, reader: asyncio.StreamReader, entry: _Log
+        self, reader: asyncio.StreamReader, entry: StreamLog
     ) -> tuple[ClientHello | Refused, bytearray] | None:
         """The hello's answer and every byte read for it (None: timed out or the client left,
         said in ``entry``)."""
@@ -238,7 +257,7 @@ class Passthrough:
                 return answer, data
 
     async def _dial(
-        self, endpoints: tuple[Endpoint, ...], entry: _Log
+        self, endpoints: tuple[Endpoint, ...], entry: StreamLog
     ) -> tuple[asyncio.StreamReader, Writer] | None:
         start = random.randrange(len(endpoints))  # noqa: S311 (load spread)
         for i in range(len(endpoints)):
@@ -261,7 +280,7 @@ class Passthrough:
         for writer in list(self.open):
             writer.transport.abort()
 
-    def _finish(self, port: int, entry: _Log, duration_ms: float, client: str) -> None:
+    def _finish(self, port: int, entry: StreamLog, duration_ms: float, client: str) -> None:
         if self.metrics is not None:
             sample = Sample(status=0, protocol="tcp", flags=entry.flags, **entry.sample)
             if not entry.opened:
@@ -312,7 +331,7 @@ async def splice(
     up_reader: asyncio.StreamReader,
     up_writer: Writer,
     idle_timeout: float,
-    entry: _Log,
+    entry: StreamLog,
 ) -> None:
     """Both directions until both ended (each end passed on as a half-close), one failed (both
     aborted), or neither moved for ``idle_timeout``. Counts land in ``entry``."""
