@@ -6,10 +6,13 @@ has none); the client's ALPN reaching the backend and the backend's choice reach
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import selectors
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -47,22 +50,37 @@ def _exchange(tls: ssl.SSLSocket, up: int, down: int) -> tuple[str, str, bytes]:
     checking the backend's digest of what went up."""
     payload = pattern(up, seed=99)
     tls.sendall(f"{up} {down}\n".encode())
-    sender = threading.Thread(target=tls.sendall, args=(payload,))
-    sender.start()  # an SSLSocket may read in one thread while another writes
-    data = bytearray()
-    while len(data) < down:
-        chunk = tls.recv(min(65536, down - len(data)))
-        assert chunk, f"closed after {len(data)} of {down} bytes"
-        data += chunk
-    sender.join(60)
-    trailer = b""
-    while not trailer.endswith(b"\n"):
-        chunk = tls.recv(1)
-        assert chunk, f"closed before the trailer: {trailer!r}"
-        trailer += chunk
+    received = _both_ways(tls, memoryview(payload), down)
+    data, trailer = received[:down], received[down:]
+    assert trailer.endswith(b"\n"), f"closed before the trailer: {trailer!r}"
     name, alpn, digest = trailer.decode().split()
     assert digest == hashlib.sha256(payload).hexdigest()  # every byte up, exactly
     return name, alpn, bytes(data)
+
+
+def _both_ways(tls: ssl.SSLSocket, out: memoryview, down: int, timeout: float = 60) -> bytearray:
+    """Writes ``out`` while reading until ``down`` bytes and a trailer line came back, in one
+    thread (one SSL object must never be read and written from two threads at once)."""
+    tls.setblocking(False)
+    data = bytearray()
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(tls, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        while not (len(data) > down and data.endswith(b"\n")):
+            left = deadline - time.monotonic()
+            assert left > 0, f"not done in {timeout}s: {len(data)} of {down} bytes down"
+            selector.modify(tls, selectors.EVENT_READ | (selectors.EVENT_WRITE if out else 0))
+            if tls.pending() == 0:
+                selector.select(left)
+            if out:
+                with contextlib.suppress(ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    out = out[tls.send(out[:65536]) :]
+            with contextlib.suppress(ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                chunk = tls.recv(65536)
+                assert chunk, f"closed after {len(data)} of {down} bytes"
+                data += chunk
+    tls.setblocking(True)
+    return data
 
 
 def test_ten_mib_each_way_at_once_arrives_byte_exact(running):
