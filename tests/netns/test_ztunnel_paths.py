@@ -165,12 +165,16 @@ async def _one(ns, addr, size: int, server_first: bool, sem) -> tuple[bool, str]
             writer.write_eof()
             await reader.read(-1)
             writer.close()
+            # Until the transport's last buffered bytes and FIN are out: drain() leaves up to its
+            # low-water mark queued, and a loop that ends first never writes them.
+            await writer.wait_closed()
             return ok, hashlib.sha256(payload).hexdigest()
         writer.write(b"E" + payload)
         await writer.drain()
         writer.write_eof()  # we half-close first; the reply still comes back
         reply = await reader.read(-1)
         writer.close()
+        await writer.wait_closed()
         return reply == hashlib.sha256(payload).digest() + payload, ""
 
 
