@@ -27,6 +27,7 @@ import h2.settings
 from hyperframe.frame import GoAwayFrame
 
 from .exchange import Body, Headers, Inbound, end_to_end
+from .h2output import H2Output
 from .http1 import Limits
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,9 @@ class _Stream:
             self.conn.flush_soon()
 
 
-class Http2Connection:
+class Http2Connection(H2Output):
+    writer: asyncio.StreamWriter
+
     def __init__(
         self,
         reader: asyncio.StreamReader,
@@ -151,17 +154,6 @@ class Http2Connection:
     @property
     def busy(self) -> bool:
         return bool(self.streams)
-
-    async def flush(self) -> None:
-        data = self.h2.data_to_send()
-        if data:
-            self.writer.write(data)
-            await self.writer.drain()
-
-    def flush_soon(self) -> None:
-        data = self.h2.data_to_send()
-        if data and not self.writer.is_closing():
-            self.writer.write(data)
 
     async def run(self) -> None:
         self.h2.update_settings(

@@ -28,6 +28,7 @@ import h2.exceptions
 import h2.settings
 
 from .exchange import Body, BodyError, Headers, end_to_end
+from .h2output import H2Output
 from .upstream import ConnectError, Dialer, Response, UpstreamError, Writer, tcp_dialer
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,9 @@ class _Call:
             self.chunks.put_nowait(exc)
 
 
-class _Connection:
+class _Connection(H2Output):
+    writer: Writer
+
     def __init__(self, key: tuple[str, int], reader: asyncio.StreamReader, writer: Writer) -> None:
         self.key = key
         self.reader, self.writer = reader, writer
@@ -84,17 +87,6 @@ class _Connection:
         self.h2.increment_flow_control_window(_WINDOW)
         await self.flush()
         self.task = asyncio.create_task(self._read_loop())
-
-    async def flush(self) -> None:
-        data = self.h2.data_to_send()
-        if data:
-            self.writer.write(data)
-            await self.writer.drain()
-
-    def flush_soon(self) -> None:
-        data = self.h2.data_to_send()
-        if data and not self.writer.is_closing():
-            self.writer.write(data)
 
     def close(self) -> None:
         self._fail(UpstreamError("connection to the backend closed"))
