@@ -189,22 +189,27 @@ def _in_child(body: Callable[[], None]) -> None:
     assert os.waitstatus_to_exitcode(status) == 0, "see the child's traceback above"
 
 
+def _dataplane_supervisor(server: forkserver.ForkServer) -> process.Supervisor:
+    """A supervisor of one sidecar data plane, forked from ``server``, fed nothing."""
+    return process.Supervisor(
+        argv=lambda fd: process.self_command(
+            "ztunnel-dataplane", "--channel-fd", str(fd), "--log-level", "error"
+        ),
+        config=lambda _i, fds: channel.ProxyConfig(
+            mode="sidecar", workload="ns/name/sa", listeners=fds
+        ),
+        listeners={},
+        feed=_NoFeed(),
+        drain_deadline=1.0,
+        hello_timeout=30.0,
+        fork_server=server,
+    )
+
+
 def test_the_supervisor_forks_data_planes_from_its_server_and_replaces_a_dead_server():
     async def main() -> None:
         server = process.start_fork_server("ztunnel-dataplane")
-        supervisor = process.Supervisor(
-            argv=lambda fd: process.self_command(
-                "ztunnel-dataplane", "--channel-fd", str(fd), "--log-level", "error"
-            ),
-            config=lambda _i, fds: channel.ProxyConfig(
-                mode="sidecar", workload="ns/name/sa", listeners=fds
-            ),
-            listeners={},
-            feed=_NoFeed(),
-            drain_deadline=1.0,
-            hello_timeout=30.0,
-            fork_server=server,
-        )
+        supervisor = _dataplane_supervisor(server)
         child = await supervisor._start(0)  # it said hello over its channel
         assert isinstance(child.proc, forkserver.ForkedProcess)
         assert _parent(child.proc.pid) == server.pid
@@ -225,19 +230,7 @@ def test_the_supervisor_forks_data_planes_from_its_server_and_replaces_a_dead_se
 def test_once_every_worker_runs_the_server_retires_and_its_workers_become_ours():
     async def main() -> None:
         server = process.start_fork_server("ztunnel-dataplane")
-        supervisor = process.Supervisor(
-            argv=lambda fd: process.self_command(
-                "ztunnel-dataplane", "--channel-fd", str(fd), "--log-level", "error"
-            ),
-            config=lambda _i, fds: channel.ProxyConfig(
-                mode="sidecar", workload="ns/name/sa", listeners=fds
-            ),
-            listeners={},
-            feed=_NoFeed(),
-            drain_deadline=1.0,
-            hello_timeout=30.0,
-            fork_server=server,
-        )
+        supervisor = _dataplane_supervisor(server)
         child = await supervisor._start(0)
         supervisor._retire_fork_server()  # what the slot does after each start
         assert server._proc.wait(10) == 0  # type: ignore[attr-defined]
