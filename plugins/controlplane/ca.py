@@ -82,7 +82,8 @@ class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
         except ca.CsrError as exc:
             result = "invalid_argument"
             log.info("certificate refused (bad CSR) for %s: %s", rpc.peer(context), exc)
-            await rpc.abort(context, "INVALID_ARGUMENT", f"CSR refused: {exc}")
+            # istiod's words for a CSR it cannot sign (a TTL over the maximum included).
+            await rpc.abort(context, "INVALID_ARGUMENT", f"CSR signing error ({exc})")
         except Exception:
             log.exception("CreateCertificate failed for %s", rpc.peer(context))
             await rpc.abort(context, "INTERNAL", "the CA failed to sign; see its log")
@@ -97,7 +98,10 @@ class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
     async def _create(
         self, request: citadel_pb2.IstioCertificateRequest, context: Any
     ) -> citadel_pb2.IstioCertificateResponse:
-        caller = await self._authn.authenticate(rpc.call_metadata(context))
+        try:
+            caller = await self._authn.authenticate(rpc.call_metadata(context))
+        except CallerError as exc:
+            raise _istiod_words(exc, "request authenticate failure") from exc
         signing = ca.parse_csr(request.csr)
         wanted = ca.requested_identity(signing)
         impersonated = _impersonated(request)
@@ -105,7 +109,12 @@ class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
             raise ca.CsrError(
                 f"the CSR asks for {wanted} but ImpersonatedIdentity names {impersonated}"
             )
-        await self._authn.authorize(caller, wanted, impersonating=impersonated is not None)
+        try:
+            await self._authn.authorize(caller, wanted, impersonating=impersonated is not None)
+        except CallerError as exc:
+            if impersonated is None:
+                raise  # istiod has no such refusal: it signs the caller's own identity
+            raise _istiod_words(exc, "request impersonation authentication failure") from exc
         authority = self._authority()
         if authority is None:
             raise CallerError("UNAVAILABLE", "the CA is not loaded yet; retry shortly")
@@ -115,6 +124,15 @@ class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
         leaf = ca.issue_workload(authority, signing.public_key, wanted, ttl=ttl, now=self._clock())
         log.debug("issued %s to %s (%ss)", wanted, caller.account, int(ttl.total_seconds()))
         return citadel_pb2.IstioCertificateResponse(cert_chain=[leaf, *authority.chain_pems()])
+
+
+def _istiod_words(exc: CallerError, opening: str) -> CallerError:
+    """A refusal as istiod answers it: UNAUTHENTICATED with its opening words (what a user's
+    alerts on istiod's messages match), then why; UNAVAILABLE (the API server could not be
+    asked, the proxy retries) stays as it is."""
+    if exc.status == "UNAVAILABLE":
+        return exc
+    return CallerError("UNAUTHENTICATED", f"{opening}: {exc.message}")
 
 
 def _impersonated(request: citadel_pb2.IstioCertificateRequest) -> SpiffeId | None:

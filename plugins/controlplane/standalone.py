@@ -175,10 +175,13 @@ class StaticTokens:
         self._reload(strict=False)
         digest = hashlib.sha256(token.encode()).digest()
         user = next((u for k, u in self._users.items() if hmac.compare_digest(k, digest)), "")
-        verdict = TokenVerdict(
-            authenticated=bool(user), username=user, error="not in the CA's token file"
+        verdict = TokenVerdict(authenticated=bool(user), username=user, error="no such token")
+        return callers.caller_from_verdict(
+            verdict,
+            trust_domain=self._trust_domain,
+            checked_by="the CA's token file (--tokens)",
+            expected="add a line token,system:serviceaccount:NS:SA,uid for it",
         )
-        return callers.caller_from_verdict(verdict, trust_domain=self._trust_domain)
 
     async def authorize(
         self, caller: Caller, requested: SpiffeId, *, impersonating: bool = False

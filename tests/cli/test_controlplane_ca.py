@@ -87,7 +87,13 @@ def test_a_caller_gets_its_own_identity_from_the_root_in_the_folder(tmp_path):
         with pytest.raises(rpc.RpcError) as unknown:
             _ask(port, roots, "nope", me)
         assert unknown.value.code == "UNAUTHENTICATED"
-        assert "token file" in unknown.value.message
+        # istiod's opening words; then what judged the token: this CA has no API server.
+        assert (
+            "UNAUTHENTICATED: request authenticate failure: token refused by"
+            in unknown.value.message
+        )
+        assert "the CA's token file (--tokens): no such token" in unknown.value.message
+        assert "TokenReview" not in unknown.value.message
         with pytest.raises(rpc.RpcError) as not_sa:
             _ask(port, roots, "tok-bad", me)
         assert not_sa.value.code == "UNAUTHENTICATED"
@@ -132,13 +138,16 @@ def test_a_trusted_node_account_impersonates_any_workload_only_with_the_metadata
         bare = _refusal(port, roots, "tok-node", server)
         assert bare.code == "PERMISSION_DENIED"
         assert "ImpersonatedIdentity" in bare.message
-        # A workload is still only itself, with or without the metadata.
-        for impersonate in (False, True):
-            workload = _refusal(port, roots, "tok-client", server, impersonate=impersonate)
-            assert workload.code == "PERMISSION_DENIED"
+        # A workload is still only itself, with or without the metadata; with it, the refusal
+        # is istiod's (UNAUTHENTICATED, its opening words), then why.
+        workload = _refusal(port, roots, "tok-client", server)
+        assert workload.code == "PERMISSION_DENIED"
+        workload = _refusal(port, roots, "tok-client", server, impersonate=True)
+        assert workload.code == "UNAUTHENTICATED"
+        assert "UNAUTHENTICATED: request impersonation authentication failure: " in workload.message
         elsewhere = SpiffeId("other.domain", "prod", "server")
         foreign = _refusal(port, roots, "tok-node", elsewhere, impersonate=True)
-        assert foreign.code == "PERMISSION_DENIED"
+        assert foreign.code == "UNAUTHENTICATED"
         assert "trust domain" in foreign.message
     finally:
         proc.terminate()
@@ -152,11 +161,12 @@ def test_without_the_option_no_account_may_impersonate(tmp_path):
         roots = (tmp_path / "ca" / "ca-cert.pem").read_bytes()
         server = SpiffeId("cluster.local", "prod", "server")
         refused = _refusal(port, roots, "tok-node", server, impersonate=True)
-        assert refused.code == "PERMISSION_DENIED"
+        assert refused.code == "UNAUTHENTICATED"
         assert "--trusted-node-accounts" in refused.message
         own = SpiffeId("cluster.local", "istio-system", "ztunnel")
         self_claimed = _refusal(port, roots, "tok-node", own, impersonate=True)
-        assert self_claimed.code == "PERMISSION_DENIED"
+        assert self_claimed.code == "UNAUTHENTICATED"
+        assert "request impersonation authentication failure: " in self_claimed.message
     finally:
         proc.terminate()
         assert proc.wait(15) == 0

@@ -129,12 +129,17 @@ def test_a_pod_token_gets_its_spiffe_certificate_which_openssl_verifies(
     assert plane.metric("meshctl_ca_requests_total", result="issued") == before + 1
 
 
-def test_a_requested_lifetime_beyond_the_maximum_is_capped(
+def test_a_requested_lifetime_beyond_the_maximum_is_refused_as_istiod_refuses_it(
     plane: cp.ControlPlaneProcess, root: bytes, kube_cluster: KubeCluster, kube_namespace: str
 ) -> None:
     token = request_token(kube_cluster, kube_namespace, "long", "istio-ca")
     csr_pem, _ = cp.csr(spiffe(kube_namespace, "long"))
-    chain = issue(plane, root, token, csr_pem, ttl=10 * 365 * 86400)
+    code, message = ask(plane, root, token, csr_pem, ttl=2400 * 3600)
+    assert code == "INVALID_ARGUMENT"
+    assert message == (
+        "CSR signing error (requested TTL 2400h0m0s is greater than the max allowed TTL 2160h0m0s)"
+    )
+    chain = issue(plane, root, token, csr_pem, ttl=90 * 86400)  # exactly the maximum: signed
     leaf = x509.load_pem_x509_certificate(chain[0].encode())
     days = (leaf.not_valid_after_utc - leaf.not_valid_before_utc).total_seconds() / 86400
     assert 90 <= days <= 90.01
@@ -157,6 +162,7 @@ def test_refused_tokens_are_unauthenticated_and_counted(
 
     code, message = ask(plane, root, wrong_audience, csr_pem)
     assert code == "UNAUTHENTICATED"
+    assert message.startswith("request authenticate failure: ")  # istiod's words, then why
     assert "TokenReview" in message
     code, message = ask(plane, root, expired, csr_pem)
     assert (code, "expired" in message) == ("UNAUTHENTICATED", True), message
@@ -184,11 +190,12 @@ def test_a_csr_for_another_identity_is_permission_denied(
         code, message = ask(plane, root, token, csr_pem)
         assert code == "PERMISSION_DENIED"
         assert "may only ask for its own identity" in message
-    # Impersonation metadata from a workload that is not a trusted node proxy.
+    assert plane.metric("meshctl_ca_requests_total", result="permission_denied") == before + 2
+    # Impersonation metadata from a workload that is not a trusted node proxy: istiod's answer.
     csr_pem, _ = cp.csr(spiffe(kube_namespace, "admin"))
-    code, _ = ask(plane, root, token, csr_pem, impersonate=spiffe(kube_namespace, "admin"))
-    assert code == "PERMISSION_DENIED"
-    assert plane.metric("meshctl_ca_requests_total", result="permission_denied") == before + 3
+    code, message = ask(plane, root, token, csr_pem, impersonate=spiffe(kube_namespace, "admin"))
+    assert code == "UNAUTHENTICATED"
+    assert message.startswith("request impersonation authentication failure: ")
 
 
 def test_a_node_proxy_may_impersonate_only_workloads_on_its_own_node(
@@ -213,7 +220,8 @@ def test_a_node_proxy_may_impersonate_only_workloads_on_its_own_node(
 
     db_csr, _ = cp.csr(db)
     code, message = ask(plane, root, node_token, db_csr, impersonate=db)
-    assert code == "PERMISSION_DENIED"
+    assert code == "UNAUTHENTICATED"  # istiod's code and opening words, then why
+    assert message.startswith("request impersonation authentication failure: ")
     assert "no pod of service account" in message
     assert "node-a" in message
     code, message = ask(plane, root, node_token, web_csr)  # no ImpersonatedIdentity
@@ -224,7 +232,7 @@ def test_a_node_proxy_may_impersonate_only_workloads_on_its_own_node(
     # Not bound to a pod: the node cannot be known.
     unbound = request_token(kube_cluster, plane.namespace, "meshctl-ztunnel", "istio-ca")
     code, message = ask(plane, root, unbound, web_csr, impersonate=web)
-    assert (code, "not bound to a pod" in message) == ("PERMISSION_DENIED", True)
+    assert (code, "not bound to a pod" in message) == ("UNAUTHENTICATED", True)
 
 
 def test_bad_csrs_are_invalid_argument(

@@ -46,6 +46,10 @@ class CsrError(ValueError):
     """The CSR cannot be signed; ``str()`` says why (the caller answers INVALID_ARGUMENT)."""
 
 
+class TtlError(CsrError):
+    """The requested lifetime is beyond the maximum (istiod's ``TTL_ERROR``)."""
+
+
 class CaError(ValueError):
     """A CA key pair or bundle is unusable; ``str()`` says why and what to fix."""
 
@@ -128,13 +132,33 @@ def requested_identity(request: SigningRequest) -> SpiffeId:
 def workload_ttl(
     requested_seconds: int, *, default: timedelta = DEFAULT_TTL, maximum: timedelta = MAX_TTL
 ) -> timedelta:
-    """The lifetime to issue: the request's (0 or less: ``default``), capped by ``maximum``."""
+    """The lifetime to issue: the request's (0 or less: ``default``, capped by ``maximum``).
+
+    A request beyond ``maximum`` is refused (``TtlError``), as istiod refuses it, rather than
+    capped: a proxy that asked for 100 days and silently got 90 would renew later than it plans.
+    """
     if requested_seconds <= 0:
         return min(default, maximum)
-    # Seconds beyond any timedelta (a peer may send 2**63 - 1) are simply capped.
-    if requested_seconds >= maximum.total_seconds():
-        return maximum
+    if requested_seconds > maximum.total_seconds():
+        raise TtlError(
+            f"requested TTL {go_duration(requested_seconds)} is greater than the max allowed "
+            f"TTL {go_duration(maximum.total_seconds())}"
+        )
     return timedelta(seconds=requested_seconds)
+
+
+def go_duration(seconds: float) -> str:
+    """``seconds`` as Go's ``time.Duration.String`` writes it (``2160h0m0s``, ``5m0s``, ``30s``),
+    so a refusal reads as istiod's does for the same request."""
+    whole = int(seconds)
+    fraction = f"{seconds - whole:.9f}".rstrip("0").rstrip(".")[1:] if seconds != whole else ""
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}{fraction}s"
+    if minutes:
+        return f"{minutes}m{secs}{fraction}s"
+    return f"{secs}{fraction}s"
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,15 +94,24 @@ def bearer_token(metadata: Iterable[tuple[str, str | bytes]]) -> str:
     return token.strip()
 
 
-def caller_from_verdict(verdict: TokenVerdict, *, trust_domain: str) -> Caller:
-    """The caller a TokenReview vouched for, or why the token is refused."""
+REVIEWED_BY_API = "the API server's TokenReview"
+_API_TOKENS = f"tokens must be service-account tokens for audience {' or '.join(AUDIENCES)}"
+
+
+def caller_from_verdict(
+    verdict: TokenVerdict,
+    *,
+    trust_domain: str,
+    checked_by: str = REVIEWED_BY_API,
+    expected: str = _API_TOKENS,
+) -> Caller:
+    """The caller a token check vouched for, or why the token is refused; ``checked_by`` names
+    what judged it (a TokenReview, the standalone CA's token file) and ``expected`` what a good
+    token is there, so the refusal points at the right fix."""
     if not verdict.authenticated:
-        reason = verdict.error or "the API server did not authenticate it"
-        raise CallerError(
-            "UNAUTHENTICATED",
-            f"token refused by the API server's TokenReview: {reason} "
-            f"(tokens must be service-account tokens for audience {' or '.join(AUDIENCES)})",
-        )
+        reason = verdict.error or "not authenticated"
+        message = f"token refused by {checked_by}: {reason} ({expected})"
+        raise CallerError("UNAUTHENTICATED", message)
     if not verdict.username.startswith(_SA_PREFIX):
         raise CallerError(
             "UNAUTHENTICATED",

@@ -134,12 +134,41 @@ def test_malformed_tampered_small_key_and_huge_csrs_are_refused() -> None:
 
 
 @given(st.integers(min_value=-(2**63), max_value=2**63 - 1))
-def test_ttl_is_the_request_capped_by_the_maximum_and_defaults_when_unset(seconds: int) -> None:
-    ttl = ca.workload_ttl(seconds, default=timedelta(hours=24), maximum=timedelta(days=90))
-    if seconds <= 0:
-        assert ttl == timedelta(hours=24)
-    else:
-        assert ttl == min(timedelta(seconds=min(seconds, 10**10)), timedelta(days=90))
+def test_ttl_is_the_request_up_to_the_maximum_defaults_when_unset_and_refused_beyond(
+    seconds: int,
+) -> None:
+    maximum = timedelta(days=90)
+    if seconds > maximum.total_seconds():
+        with pytest.raises(ca.TtlError, match="is greater than the max allowed TTL 2160h0m0s"):
+            ca.workload_ttl(seconds, default=timedelta(hours=24), maximum=maximum)
+        return
+    ttl = ca.workload_ttl(seconds, default=timedelta(hours=24), maximum=maximum)
+    assert ttl == (timedelta(hours=24) if seconds <= 0 else timedelta(seconds=seconds))
+
+
+def test_an_over_long_ttl_is_refused_in_istiods_words() -> None:
+    # istiod (security/pkg/pki/ca): "requested TTL 3h0m0s is greater than the max allowed TTL
+    # 2h0m0s" for 3 h against a 2 h maximum.
+    with pytest.raises(ca.TtlError) as refused:
+        ca.workload_ttl(3 * 3600, maximum=timedelta(hours=2))
+    assert str(refused.value) == "requested TTL 3h0m0s is greater than the max allowed TTL 2h0m0s"
+    assert isinstance(refused.value, ca.CsrError)  # answered INVALID_ARGUMENT, as istiod does
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0s"),
+        (30, "30s"),
+        (1.5, "1.5s"),
+        (300, "5m0s"),
+        (3661, "1h1m1s"),
+        (8_640_000, "2400h0m0s"),
+        (7_776_000, "2160h0m0s"),
+    ],
+)
+def test_durations_are_written_as_go_writes_them(seconds: float, text: str) -> None:
+    assert ca.go_duration(seconds) == text
 
 
 @pytest.mark.parametrize("key_type", ca.KEY_TYPES)
