@@ -163,6 +163,9 @@ def test_without_the_option_no_account_may_impersonate(tmp_path):
         refused = _refusal(port, roots, "tok-node", server, impersonate=True)
         assert refused.code == "UNAUTHENTICATED"
         assert "--trusted-node-accounts" in refused.message
+        # The token was good: the hint does not send the user to check it.
+        assert refused.hint is not None
+        assert "token" not in refused.hint
         own = SpiffeId("cluster.local", "istio-system", "ztunnel")
         self_claimed = _refusal(port, roots, "tok-node", own, impersonate=True)
         assert self_claimed.code == "UNAUTHENTICATED"
