@@ -283,14 +283,13 @@ def translate(
         "PERMISSION_DENIED": "the control plane refused this identity; see its message",
         "DEADLINE_EXCEEDED": f"the control plane at {address} did not answer in time",
     }
-    hint = hints.get(code)
     if code == "UNAUTHENTICATED" and "impersonation" in detail:
         # istiod's code for a refused ImpersonatedIdentity: the token was fine, the node was not.
-        hint = "the control plane refused to issue for this workload here; see its message"
+        hints[code] = "the control plane refused to issue for this workload here; see its message"
     return RpcError(
         f"{what} at {address} failed: {code}: {detail}",
         code=code,
-        hint=hint,
+        hint=hints.get(code),
         detail=detail,
     )
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from meshctl.core.gateway.config import GatewayConfig
 from meshctl.core.pki.callers import Caller
+from meshctl.core.xds.delta import Plain
 from meshctl.gateway_wire import digest
 
 INGRESS = "ingress"  # the proxy name of the Ingress classes' gateway
@@ -71,7 +72,7 @@ class GatewayConfigs:
         return changed
 
 
-class GatewayCatalog:
+class GatewayCatalog(Plain):
     """What one stream may see of the configs (``core.xds.delta.Catalog``)."""
 
     def __init__(

@@ -195,7 +195,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
 
     def _catalog(self, stream: _Stream, type_url: str) -> delta.Catalog:
         if type_url == ADDRESS_TYPE:
-            return AddressCatalog(self.store)
+            return AddressCatalog(self.store, stream.scope)
         if type_url == AUTHORIZATION_TYPE:
             return PolicyCatalog(self.store, stream.view)
         if type_url == gateway_wire.GATEWAY_TYPE and self._gateways is not None:
@@ -381,7 +381,7 @@ def _merge(stream: _Stream, type_url: str, names: set[str]) -> None:
         stream.changed[type_url] = current
 
 
-class _Empty:
+class _Empty(delta.Plain):
     """The catalog of a type this server does not serve: nothing exists."""
 
     def resolve(self, name: str) -> tuple[str, str] | None:

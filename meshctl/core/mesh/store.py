@@ -213,6 +213,10 @@ class Store:
         keys = self._by_vip.get((network, parse_ip(ip)))
         return self._services[keys[-1]] if keys else None
 
+    def members(self, key: str) -> tuple[str, ...]:
+        """The uids of the workloads that name the service ``key`` (healthy or not)."""
+        return tuple(self._endpoints.get(key, ()))
+
     def endpoints(self, service: Service, port: int) -> list[tuple[Workload, int]]:
         """Healthy workloads behind ``service`` with the target port each serves ``port`` on."""
         found = []

@@ -19,7 +19,11 @@ Rules (envoyproxy xds_protocol "Incremental xDS", and what ztunnel needs):
 - ``initial_resource_versions`` name the resources a reconnecting client holds (an empty version:
   held, version unknown); on a stream that is not wildcard they are its subscriptions;
 - unsubscribing forgets the names (nothing is sent for them); unsubscribing ``*`` forgets what
-  only the wildcard covered.
+  only the wildcard covered;
+- on demand (not wildcard), as istiod serves ztunnel's ``XDS_ON_DEMAND``: the catalog's implied
+  keys (the workloads on the proxy's node, its own among them: ztunnel waits for its own
+  workload and never asks for it) come with the first response and whenever they change, and a
+  resource asked for brings its companions (a service its workloads); both stay subscribed.
 Invariants: pure (names and versions in, names and versions out); nonces are unique per stream.
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -46,6 +51,33 @@ class Catalog(Protocol):
         ...
 
     def in_view(self, key: str) -> bool: ...
+
+    # On demand (a subscription that is not wildcard), what istiod sends beyond the names asked:
+    def implied(self) -> Iterable[str]:
+        """Keys this stream gets without asking (istiod: the workloads on the proxy's node)."""
+        ...
+
+    def implies(self, key: str, subscribed: AbstractSet[str]) -> bool:
+        """Whether ``key`` comes unasked to a stream subscribed to ``subscribed`` (on the
+        proxy's node, or a workload of a subscribed service)."""
+        ...
+
+    def companions(self, key: str) -> Iterable[str]:
+        """Keys that come with ``key`` when it is asked for (a service's workloads)."""
+        ...
+
+
+class Plain:
+    """The on-demand part of ``Catalog`` for a type with nothing beyond the names asked."""
+
+    def implied(self) -> Iterable[str]:
+        return ()
+
+    def implies(self, key: str, subscribed: AbstractSet[str]) -> bool:
+        return False
+
+    def companions(self, key: str) -> Iterable[str]:
+        return ()
 
 
 class DeltaProtocolError(ValueError):
@@ -138,6 +170,15 @@ def _subscribe(sub: _Subscription, request: Request, catalog: Catalog, *, first:
     return forced
 
 
+def _keep_on_demand(sub: _Subscription, catalog: Catalog, name: str, key: str) -> list[str]:
+    """On demand, what comes unasked is subscribed from then on (istiod does the same), so its
+    later changes and removal reach the client; returns the companions newly subscribed."""
+    sub.names.add(name)
+    extras = [extra for extra in catalog.companions(key) if extra not in sub.names]
+    sub.names.update(extras)
+    return extras
+
+
 class DeltaStream:
     """One stream's subscriptions: requests and store changes in, responses out."""
 
@@ -178,6 +219,7 @@ class DeltaStream:
         if first or request.subscribe:
             interest: Iterable[str] = itertools.chain(
                 catalog.view() if sub.wildcard and (first or WILDCARD in request.subscribe) else (),
+                catalog.implied() if first and not sub.wildcard else (),
                 list(sub.held) if first else (),
                 list(sub.names) if first else (),
                 forced,
@@ -260,7 +302,9 @@ class DeltaStream:
             if name in seen or name == WILDCARD:
                 continue
             seen.add(name)
-            wanted = name in sub.names or (sub.wildcard and catalog.in_view(name))
+            wanted = name in sub.names or (
+                catalog.in_view(name) if sub.wildcard else catalog.implies(name, sub.names)
+            )
             found = catalog.resolve(name) if wanted else None
             have = sub.held.get(name)
             if found is None:
@@ -268,6 +312,8 @@ class DeltaStream:
                     removed[name] = None
                 continue
             key, version = found
+            if not sub.wildcard:
+                queue.extend(_keep_on_demand(sub, catalog, name, key))
             if key != name and key not in sub.names:
                 # Subscribed by alias: track the resource under its own name as well.
                 sub.names.add(key)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from meshctl.core.mesh.records import Kind, Policy, Record, Scope, Service, Workload
 from meshctl.core.mesh.store import Store, Update
+from meshctl.core.xds.delta import Plain
 
 ADDRESS_TYPE = "type.googleapis.com/istio.workload.Address"
 AUTHORIZATION_TYPE = "type.googleapis.com/istio.security.Authorization"
@@ -37,10 +39,47 @@ def _alias_ip(name: str) -> tuple[str, ipaddress.IPv4Address | ipaddress.IPv6Add
 
 
 class AddressCatalog:
-    """Workloads and services (type Address) of a store snapshot: all of them, for everyone."""
+    """Workloads and services (type Address) of a store snapshot: all of them, for everyone.
 
-    def __init__(self, store: Store) -> None:
+    On demand (ztunnel's ``XDS_ON_DEMAND``), with the stream's ``scope``: the workloads on the
+    proxy's node come unasked (a node proxy's node; a sidecar's: its own pod's), as istiod's
+    ``AdditionalPodSubscriptions`` sends them, and a service asked for brings its workloads.
+    """
+
+    def __init__(self, store: Store, scope: ProxyScope | None = None) -> None:
         self.store = store
+        self._scope = scope
+        self._nodes: frozenset[str] | None = None
+
+    def _local_nodes(self) -> frozenset[str]:
+        if self._nodes is None:
+            scope = self._scope
+            nodes = {scope.node} if scope is not None and scope.node else set()
+            for uid in scope.workloads if scope is not None else ():
+                w = self.store.workload_by_uid(uid)
+                if w is not None and w.node:
+                    nodes.add(w.node)
+            self._nodes = frozenset(nodes)
+        return self._nodes
+
+    def implied(self) -> Iterator[str]:
+        for node in sorted(self._local_nodes()):
+            for w in self.store.workloads_on(node):
+                yield w.uid
+        if self._scope is not None:
+            yield from sorted(self._scope.workloads)
+
+    def implies(self, key: str, subscribed: AbstractSet[str]) -> bool:
+        w = self.store.workload_by_uid(key)
+        if w is None:
+            return False
+        local = self._scope is not None and w.uid in self._scope.workloads
+        if local or w.node in self._local_nodes():
+            return True
+        return any(service in subscribed for service in w.services)
+
+    def companions(self, key: str) -> tuple[str, ...]:
+        return self.store.members(key)
 
     def resolve(self, name: str) -> tuple[str, str] | None:
         for kind in (Kind.WORKLOAD, Kind.SERVICE):
@@ -117,7 +156,7 @@ def policy_view(store: Store, scope: ProxyScope) -> frozenset[str]:
     return frozenset(names)
 
 
-class PolicyCatalog:
+class PolicyCatalog(Plain):
     """Policies (type Authorization) a stream may see: its scope's view."""
 
     def __init__(self, store: Store, view: frozenset[str]) -> None:

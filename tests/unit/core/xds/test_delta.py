@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshctl.core.xds.delta import DeltaProtocolError, DeltaStream, Request
+from meshctl.core.xds.delta import DeltaProtocolError, DeltaStream, Plain, Request
 
 T = "type.googleapis.com/istio.workload.Address"
 
 
-class DictCatalog:
+class DictCatalog(Plain):
     def __init__(self, versions=None, aliases=None, view=None):
         self.versions = dict(versions or {})
         self.aliases = dict(aliases or {})
@@ -282,3 +282,69 @@ def test_the_client_always_ends_up_holding_exactly_its_subscription(ops, start_w
             elif client.refused.get(name) != found[1]:
                 assert client.held.get(name) == found[1], (name, client.held, found)
         assert set(client.held) <= expected, (client.held, expected)
+
+
+class OnDemandCatalog(DictCatalog):
+    """Node-local keys come unasked; a service brings its members (istiod's on-demand rules)."""
+
+    def __init__(self, versions, *, local=(), members=None):
+        super().__init__(versions)
+        self.local = set(local)
+        self.members = dict(members or {})
+
+    def implied(self):
+        return sorted(k for k in self.local if k in self.versions)
+
+    def implies(self, key, subscribed):
+        if key in self.local:
+            return True
+        return any(key in m and svc in subscribed for svc, m in self.members.items())
+
+    def companions(self, key):
+        return self.members.get(key, ())
+
+
+def on_demand_start(stream, catalog):
+    return stream.receive(Request(type_url=T, subscribe=("*",), unsubscribe=("*",)), catalog)
+
+
+def test_on_demand_the_first_response_carries_the_proxys_node_workloads_unasked():
+    catalog = OnDemandCatalog({"me": "1", "neighbour": "1", "far": "1"}, local={"me", "neighbour"})
+    stream = DeltaStream()
+    first = on_demand_start(stream, catalog).response
+    assert names(first) == (["me", "neighbour"], [])
+    assert not stream.wildcard(T)
+    # A new pod on the node comes too; one elsewhere does not.
+    catalog.versions["new-local"] = "1"
+    catalog.local.add("new-local")
+    catalog.versions["new-far"] = "1"
+    pushed = stream.refresh(T, catalog, {"new-local", "new-far"})
+    assert names(pushed) == (["new-local"], [])
+    # Node-local keys stay subscribed: their change and removal reach the client.
+    catalog.versions["me"] = "2"
+    del catalog.versions["neighbour"]
+    pushed = stream.refresh(T, catalog, {"me", "neighbour"})
+    assert names(pushed) == (["me"], ["neighbour"])
+
+
+def test_on_demand_a_service_asked_for_brings_its_workloads_and_later_members():
+    catalog = OnDemandCatalog(
+        {"ns/svc": "1", "pod-a": "1", "pod-b": "1", "other": "1"},
+        members={"ns/svc": ("pod-a", "pod-b")},
+    )
+    stream = DeltaStream()
+    assert names(on_demand_start(stream, catalog).response) == ([], [])
+    answer = stream.receive(Request(type_url=T, subscribe=("ns/svc",)), catalog).response
+    assert names(answer) == (["ns/svc", "pod-a", "pod-b"], [])
+    catalog.versions["pod-c"] = "1"
+    catalog.members["ns/svc"] = ("pod-a", "pod-b", "pod-c")
+    catalog.versions["other"] = "2"
+    pushed = stream.refresh(T, catalog, {"pod-c", "other"})
+    assert names(pushed) == (["pod-c"], [])
+
+
+def test_a_wildcard_stream_ignores_what_on_demand_would_imply():
+    catalog = OnDemandCatalog({"me": "1", "far": "1"}, local={"me"}, members={"far": ("me",)})
+    stream = DeltaStream()
+    first = stream.receive(Request(type_url=T), catalog).response
+    assert names(first) == (["far", "me"], [])

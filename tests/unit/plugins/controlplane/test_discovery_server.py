@@ -266,7 +266,7 @@ def test_a_reconnecting_client_gets_only_what_it_lacks():
 def test_on_demand_lookups_are_answered_with_the_resource_or_a_removal():
     async def scenario():
         h = Harness({"node": NODE_PROXY})
-        h.store.apply([put(wl("a", "10.1.0.1"))])
+        h.store.apply([put(wl("a", "10.1.0.1", node="n2"))])
         await h.start()
         channel, stream = await h.stream()
         await stream.subscribe(tc.ADDRESS, ["*"], unsubscribe=["*"], node=tc.ztunnel_node())
@@ -279,10 +279,33 @@ def test_on_demand_lookups_are_answered_with_the_resource_or_a_removal():
         await stream.subscribe(tc.ADDRESS, ["/10.1.0.99"])
         missing = await stream.recv()
         assert list(missing.removed_resources) == ["/10.1.0.99"]
-        # Not wildcard: an unrelated pod is not pushed.
-        h.store.apply([put(wl("other", "10.1.0.7"))])
+        # Not wildcard: an unrelated pod on another node is not pushed.
+        h.store.apply([put(wl("other", "10.1.0.7", node="n2"))])
         with pytest.raises(TimeoutError):
             await stream.recv(timeout=0.5)
+        await stream.close()
+        await channel.close()
+        await h.stop()
+
+    run(scenario())
+
+
+def test_on_demand_the_proxys_own_node_workloads_come_unasked():
+    """ztunnel with XDS_ON_DEMAND=true never asks for its own workload: it waits for it (istiod
+    sends every workload on the proxy's node to an on-demand stream)."""
+
+    async def scenario():
+        h = Harness({"node": NODE_PROXY})
+        h.store.apply([put(wl("local", "10.1.0.1")), put(wl("far", "10.1.0.2", node="n2"))])
+        await h.start()
+        channel, stream = await h.stream()
+        await stream.subscribe(tc.ADDRESS, ["*"], unsubscribe=["*"], node=tc.ztunnel_node())
+        first = await stream.recv()
+        assert list(tc.decode(first)) == ["Kubernetes//Pod/prod/local"]
+        await stream.ack(first)
+        h.store.apply([put(wl("arrived", "10.1.0.3")), put(wl("far-2", "10.1.0.4", node="n2"))])
+        pushed = await stream.recv()
+        assert list(tc.decode(pushed)) == ["Kubernetes//Pod/prod/arrived"]
         await stream.close()
         await channel.close()
         await h.stop()
