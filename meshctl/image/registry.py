@@ -114,9 +114,15 @@ class Client:
         if settings.insecure:
             self.pool = urllib3.PoolManager(retries=False)
         else:
-            context = ssl.create_default_context(
-                cafile=str(settings.ca_file) if settings.ca_file else None
-            )
+            try:
+                context = ssl.create_default_context(
+                    cafile=str(settings.ca_file) if settings.ca_file else None
+                )
+            except (ssl.SSLError, OSError, ValueError) as exc:
+                raise UserError(
+                    f"--ca-file {settings.ca_file}: not a readable PEM CA bundle ({_reason(exc)})",
+                    hint="give the PEM file of the CA that signed the registry's certificate",
+                ) from exc
             self.pool = urllib3.PoolManager(retries=False, ssl_context=context)
         self.authorization: str | None = None
         self.timeout = urllib3.Timeout(connect=CONNECT_TIMEOUT, read=READ_TIMEOUT)
