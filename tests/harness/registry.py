@@ -181,7 +181,7 @@ def start_registry(
     port = free_port()
     config: dict[str, Any] = {
         "version": 0.1,
-        "log": {"level": "info", "accesslog": {"disabled": True}},
+        "log": {"level": "info"},  # with the access log: which requests reached it
         "storage": {
             "filesystem": {"rootdirectory": str(workdir / "data")},
             "delete": {"enabled": True},
@@ -232,6 +232,25 @@ def start_registry(
         )
         _wait_listening(child, port)
         yield registry
+
+
+@contextlib.contextmanager
+def node_pulls_from(registry: Registry, hosts_dir: Path) -> Iterator[None]:
+    """The test node's containerd pulls ``registry``'s images over plain HTTP: a hosts.toml for
+    it under containerd's registry ``config_path`` (read at each pull), removed afterwards."""
+    if registry.tls:
+        raise ValueError("the node's registry is the plain-HTTP one")
+    directory = hosts_dir / registry.host
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "hosts.toml").write_text(
+        f'server = "{registry.base}"\n\n'
+        f'[host."{registry.base}"]\n'
+        '  capabilities = ["pull", "resolve"]\n'
+    )
+    try:
+        yield
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _wait_listening(child: _Child, port: int, timeout: float = 20.0) -> None:
