@@ -75,7 +75,13 @@ def _build(tree: Path | None, archive: Path) -> dict[str, Any]:
     if tree is not None:
         source = product.Source("tree", tree.resolve())
     else:
-        source = product.own_source() or product.freeze()
+        found = product.own_source()
+        if found is None:
+            _say(
+                "meshctl runs unfrozen: freezing this checkout first (packaging/build.sh, minutes)"
+            )
+            found = product.freeze()
+        source = found
     image = product.build(source)
     written = product.write(image, archive)
     return {
