@@ -79,3 +79,17 @@ def test_the_one_file_binary_builds_the_same_runnable_image_twice(tmp_path):
     )  # fmt: skip
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["frozen"] is True
+
+
+def test_a_push_without_an_archive_builds_this_binarys_image_and_pushes_it(tmp_path):
+    from tests.harness.registry import start_registry
+
+    tree = frozen_tree()
+    with start_registry(tmp_path / "registry") as registry:
+        done = subprocess.run(
+            [str(tree / "meshctl"), "image", "push", f"{registry.host}/meshctl:self",
+             "--insecure", "-o", "json"],
+            capture_output=True, text=True, timeout=600, check=False,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["digest"] == _packaging_digest(tree, tmp_path)
