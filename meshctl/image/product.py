@@ -173,6 +173,11 @@ def build(source: Source) -> oci.Image:
             f"the image's base layer: {exc}",
             hint="build on Debian 12 (the base layer is files of this machine's Debian packages)",
         ) from exc
+    except subprocess.CalledProcessError as exc:
+        raise BaseLayerError(
+            f"the image's base layer: {exc.cmd[0]} failed (exit {exc.returncode})",
+            hint="build on Debian 12 with a healthy dpkg database",
+        ) from exc
     except FileNotFoundError as exc:
         raise BaseLayerError(
             f"the image's base layer needs {exc.filename or 'dpkg-query'}, which is missing",
