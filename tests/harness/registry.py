@@ -264,3 +264,59 @@ def _wait_listening(child: _Child, port: int, timeout: float = 20.0) -> None:
             return
         time.sleep(0.1)
     raise RuntimeError(f"docker-registry did not listen on {port}:\n{child.log_tail()}")
+
+
+def relabelled(archive: Path, out: Path, label: str) -> str:
+    """A copy of the image tarball ``archive`` at ``out`` whose config carries one more label
+    (``label``=true): the same layers under a new config and manifest, so a node that imported
+    ``archive`` holds the layers but not this image. Returns the new manifest digest."""
+    import hashlib
+    import io
+    import tarfile
+
+    from meshctl.core.image.layout import (
+        LAYOUT_DOCUMENT,
+        MEDIA_CONFIG,
+        MEDIA_MANIFEST,
+        Blob,
+        canonical,
+        manifest_document,
+        parse_index,
+        parse_manifest,
+    )
+
+    def digest(data: bytes) -> str:
+        return "sha256:" + hashlib.sha256(data).hexdigest()
+
+    def member(name: str) -> bytes:
+        found = source.extractfile(name)
+        assert found is not None, name
+        return found.read()
+
+    with tarfile.open(archive) as source, tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as dest:
+        index = json.loads(member("index.json"))
+        manifest_blob, _names = parse_index(member("index.json"))
+        config_blob, layers = parse_manifest(member(f"blobs/sha256/{manifest_blob.digest[7:]}"))
+        config = json.loads(member(f"blobs/sha256/{config_blob.digest[7:]}"))
+        config["config"].setdefault("Labels", {})[label] = "true"
+        config_bytes = canonical(config)
+        new_config = Blob(MEDIA_CONFIG, digest(config_bytes), len(config_bytes))
+        manifest = manifest_document(new_config, layers)
+        new_manifest = Blob(MEDIA_MANIFEST, digest(manifest), len(manifest))
+        for entry in index["manifests"]:
+            entry.update(digest=new_manifest.digest, size=new_manifest.size)
+
+        def add(name: str, data: bytes) -> None:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            dest.addfile(info, io.BytesIO(data))
+
+        for layer in layers:
+            name = f"blobs/sha256/{layer.digest[7:]}"
+            info = source.getmember(name)
+            dest.addfile(info, source.extractfile(info))
+        add(f"blobs/sha256/{new_config.digest[7:]}", config_bytes)
+        add(f"blobs/sha256/{new_manifest.digest[7:]}", manifest)
+        add("index.json", canonical(index))
+        add("oci-layout", LAYOUT_DOCUMENT)
+    return new_manifest.digest

@@ -1,13 +1,15 @@
 """The meshctl image from a registry on the real node: ``meshctl image push`` to Debian's
 docker-registry on loopback, the node's containerd configured to pull from it (hosts.toml), and
 ``meshctl install --set image=<registry>/meshctl:<version>`` runs the control plane from the pulled
-image, not an imported tarball. ``verify --pre`` warns about a ``localhost/`` image the node does
-not hold, and not about the one it imported."""
+image, not an imported tarball (the pushed image is the imported one with one more label, so the
+node holds its layers but must pull its manifest and config). ``verify --pre`` warns about a
+``localhost/`` image the node does not hold, and not about the one it imported."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from kubernetes import client as k8s
@@ -18,7 +20,7 @@ from tests.harness import workloads as wl
 from tests.harness.cli import run_meshctl
 from tests.harness.mesh_install import SYSTEM_NS, Mesh, installed
 from tests.harness.node import TestNode, registry_hosts_dir
-from tests.harness.registry import Registry, node_pulls_from, start_registry
+from tests.harness.registry import Registry, node_pulls_from, relabelled, start_registry
 
 pytestmark = pytest.mark.node
 
@@ -36,20 +38,24 @@ def registry(kube_node: TestNode, tmp_path_factory: pytest.TempPathFactory) -> I
         yield started
 
 
-def _pushed(kube_node: TestNode, registry: Registry) -> tuple[str, str]:
+def _pushed(kube_node: TestNode, registry: Registry, work: Path) -> tuple[str, str]:
+    """The node's meshctl image with one more label, pushed: its layers are on the node already
+    (imported), its config and manifest are not, so the node has to pull those."""
     reference = f"{registry.host}/meshctl:{__version__}"
-    archive = kube_node.archives["meshctl"]  # the tarball packaging/image/build.py wrote
+    archive = work / "meshctl-relabelled.tar"
+    digest = relabelled(kube_node.archives["meshctl"], archive, "io.meshctl.test.pulled")
     done = run_meshctl(
         "image", "push", reference, "--from", str(archive), "--insecure", "-o", "json"
     )
     assert done.returncode == 0, done.stderr
-    return reference, json.loads(done.stdout)["digest"]
+    assert json.loads(done.stdout)["digest"] == digest
+    return reference, digest
 
 
 def test_install_runs_the_control_plane_from_the_image_pushed_to_a_registry(
-    kube_node: TestNode, registry: Registry
+    kube_node: TestNode, registry: Registry, tmp_path: Path
 ):
-    reference, digest = _pushed(kube_node, registry)
+    reference, digest = _pushed(kube_node, registry, tmp_path)
     mesh = Mesh(
         kube_node,
         "minimal",
@@ -67,9 +73,15 @@ def test_install_runs_the_control_plane_from_the_image_pushed_to_a_registry(
         events = k8s.CoreV1Api(api).list_namespaced_event(SYSTEM_NS).items
         pulled = [e.message for e in events if e.reason == "Pulled"]
         assert any(f'Successfully pulled image "{reference}"' in m for m in pulled), pulled
-    log = registry.log.read_text()
-    assert f"GET /v2/meshctl/manifests/{__version__}" in log, log[-2000:]
-    assert "containerd" in log  # the node's runtime asked, not only our push
+    # The node's runtime (not only our push) fetched the manifest and the new config.
+    by_containerd = [
+        line for line in registry.log.read_text().splitlines()
+        if line.startswith("127.0.0.1 - - ") and '"containerd/' in line
+    ]  # fmt: skip
+    assert any(f'"GET /v2/meshctl/manifests/{digest}' in line for line in by_containerd), (
+        by_containerd
+    )
+    assert any('"GET /v2/meshctl/blobs/sha256:' in line for line in by_containerd), by_containerd
 
 
 def _pre_check(kube_node: TestNode, image: str) -> dict[str, object]:
