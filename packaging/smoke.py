@@ -239,7 +239,7 @@ IMAGES = ("meshctl", "pause", "testapp")
 
 
 def check_images(directory: Path, tree: Path) -> list[str]:
-    import oci
+    from meshctl.image import oci
 
     try:
         index = json.loads((directory / "images.json").read_text())

@@ -39,19 +39,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-sys.path.insert(0, str(HERE))
-
-import oci  # noqa: E402 (beside this script)
-import rootfs  # noqa: E402
 
 from meshctl import __version__  # noqa: E402
-from meshctl.core.k8s.image import DEFAULT_REPOSITORY, PAUSE_REPOSITORY, TESTAPP_REPOSITORY  # noqa: E402
-from meshctl.core.tree import MANIFEST_NAME, parse  # noqa: E402
+from meshctl.core.k8s.image import PAUSE_REPOSITORY, TESTAPP_REPOSITORY  # noqa: E402
+from meshctl.errors import MeshctlError  # noqa: E402
+from meshctl.image import oci, product, rootfs  # noqa: E402
 
-TREE_DIR = "/opt/meshctl"
-PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-PROXY_USER = "1337:1337"  # Istio's proxy uid/gid: the capture rules exempt its traffic
 KEEP_PER_IMAGE = 3  # cached tarballs kept per image (the newest)
+labels = product.labels
 
 
 class BuildError(RuntimeError):
@@ -62,55 +57,15 @@ def cache_root() -> Path:
     return Path(os.environ.get("MESHCTL_BUILD_CACHE", Path.home() / ".cache" / "meshctl-build"))
 
 
-def labels(title: str, description: str) -> dict[str, str]:
-    return {
-        "org.opencontainers.image.title": title,
-        "org.opencontainers.image.description": description,
-        "org.opencontainers.image.version": __version__,
-        "org.opencontainers.image.licenses": "Apache-2.0",
-        "org.opencontainers.image.vendor": "meshctl",
-    }
-
-
-# --- meshctl -----------------------------------------------------------------------------------
+# --- meshctl: the product's own recipe (meshctl image build writes the same image) -------------
 
 
 def meshctl_image(tree: Path) -> oci.Image:
-    """The frozen tree at /opt/meshctl over the Debian base layer; the proxy's user by default."""
+    """The frozen tree at /opt/meshctl over the Debian base layer (meshctl/image/product.py)."""
     try:
-        manifest = parse((tree / MANIFEST_NAME).read_bytes())
-    except FileNotFoundError as exc:
-        raise BuildError(
-            f"{tree / MANIFEST_NAME} not found: run 'bash packaging/build.sh' first"
-        ) from exc
-    if manifest.version != __version__:
-        raise BuildError(
-            f"{tree} is meshctl {manifest.version}, this checkout is {__version__}: "
-            "run 'bash packaging/build.sh'"
-        )
-    files = [f.path for f in manifest.files]
-    packages = rootfs.closure(
-        (*rootfs.linked_packages(tree, files, manifest.executable), *rootfs.ROOTS)
-    )
-    base = rootfs.entries(packages)
-    base += rootfs.alternatives({e.path for e in base}) + rootfs.system_files()
-    app = [oci.file_from(f"{TREE_DIR}/{MANIFEST_NAME}", tree / MANIFEST_NAME, 0o644)]
-    app += [oci.file_from(f"{TREE_DIR}/{f.path}", tree / f.path, f.mode) for f in manifest.files]
-    app += [oci.symlink(f"{TREE_DIR}/{link.path}", link.target) for link in manifest.links]
-    app.append(oci.symlink("/usr/local/bin/meshctl", f"{TREE_DIR}/{manifest.executable}"))
-    listed = ", ".join(f"{p.name}={p.version}" for p in packages)
-    return oci.Image(
-        repository=DEFAULT_REPOSITORY,
-        tag=__version__,
-        layers=(
-            oci.Layer(f"debian files: {listed}", tuple(base)),
-            oci.Layer(f"meshctl {__version__} one-dir tree {manifest.name}", tuple(app)),
-        ),
-        entrypoint=("/usr/local/bin/meshctl",),
-        env=(PATH, "LANG=C.UTF-8"),
-        user=PROXY_USER,
-        labels=labels("meshctl", "A service mesh in one Python binary (frozen one-dir tree)."),
-    )
+        return product.tree_image(tree)
+    except MeshctlError as exc:
+        raise BuildError(f"{exc.message} ({exc.hint})" if exc.hint else exc.message) from exc
 
 
 # --- pause and testapp: small compiled programs, cached by their inputs -------------------------
@@ -370,7 +325,15 @@ class Result:
 
 
 def writer_source() -> bytes:
-    return b"".join(p.read_bytes() for p in (HERE / "oci.py", HERE / "rootfs.py", Path(__file__)))
+    """The code the tarballs are made by: the product's writer and recipe, and this script."""
+    writers = (
+        ROOT / "meshctl" / "core" / "image" / "layout.py",
+        ROOT / "meshctl" / "image" / "oci.py",
+        ROOT / "meshctl" / "image" / "rootfs.py",
+        ROOT / "meshctl" / "image" / "product.py",
+        Path(__file__),
+    )
+    return b"".join(p.read_bytes() for p in writers)
 
 
 @contextlib.contextmanager

@@ -178,6 +178,7 @@ def install(
     inventory = Inventory(kube)
     installer = Installer(inventory, registry, values, rendered, say=_say)
     problems = installer.preflight()
+    _warn_image(kube, values)
     if problems and not force:
         _refuse(problems)
     if problems:
@@ -219,6 +220,21 @@ def _delete_dry_run(inventory: Any, items: Sequence[Mapping[str, object]], *, se
     typer.echo("\n".join(lines))
 
 
+def _warn_image(kube: Any, values: Values) -> None:
+    """Preflight's one warning: a ``localhost/`` image some node does not hold (it would never
+    be pulled). Install goes on: the user may import it on the nodes while the pods wait."""
+    from meshctl.errors import KubeError
+    from meshctl.kube.nodeimages import pull_warning
+
+    try:
+        found = pull_warning(kube, values.image)
+    except KubeError:
+        return  # this identity may not list nodes: nothing to say either way
+    if found is not None:
+        _say(f"⚠ {found.message}")
+        _say(f"  Hint: {found.hint}")
+
+
 def _refuse(problems: Sequence[Any]) -> None:
     for problem in problems:
         _say(f"  {problem.text}")
@@ -233,6 +249,7 @@ def _server_dry_run(installer: Installer, force: bool) -> list[Mapping[str, obje
     """``--dry-run=server``: what an install would refuse (as it would: exit 1), then every
     object as the API server would persist it; nothing is written, nothing taken over."""
     problems = installer.preflight()
+    _warn_image(installer.inventory.kube, installer.values)
     if problems and not force:
         _refuse(problems)
     answers, unchecked = installer.dry_run()

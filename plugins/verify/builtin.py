@@ -4,7 +4,8 @@
 identity in use may do what install does (SelfSubjectAccessReview per kind and verb the
 manifest needs), an install record exists, every object of the manifest is in the cluster as
 rendered (drift named field by field) and ready, no foreign webhook injects the pods ours do,
-and (``--pre``) no object with our name belongs to someone else.
+and (``--pre``) no object with our name belongs to someone else; a ``localhost/`` image the nodes
+do not hold is a warning.
 """
 
 from __future__ import annotations
@@ -184,6 +185,19 @@ def _foreign(ctx: CheckContext) -> Result:
     return Result.ok()
 
 
+def _image(ctx: CheckContext) -> Result:
+    from meshctl.errors import KubeError
+    from meshctl.kube.nodeimages import pull_warning
+
+    try:
+        found = pull_warning(ctx.kube, ctx.values.image)
+    except KubeError as exc:  # listing nodes may be forbidden to this identity
+        return Result.skip(f"cannot list the nodes: {exc.message}")
+    if found is None:
+        return Result.ok(ctx.values.image)
+    return Result.warn(found.message, hint=found.hint)
+
+
 # First of every run; verify reports its failure alone, in every format, when no cluster answers.
 REACH = Check(category=API, description="can reach the cluster", run=_api, stage="both", fatal=True)
 CHECKS = (
@@ -209,5 +223,11 @@ CHECKS = (
         description="no object with our names belongs to someone else",
         run=_foreign,
         stage="pre",
+    ),
+    Check(
+        category=INSTALL,
+        description="the nodes can get the meshctl image",
+        run=_image,
+        stage="both",
     ),
 )

@@ -495,6 +495,8 @@ DATA_COMMANDS: dict[str, list[str]] = {
     "verify": ["--kubeconfig", "{missing}"],  # no cluster: the failed check is the data
     "gateway routes": ["-f", "{gateway}"],
     "gateway explain": ["http://example.com/", "-f", "{gateway}"],
+    "image build": ["--tree", "{tree}", "--archive", "{tree}.tar"],  # a tiny tree, Debian base
+    "image push": ["127.0.0.1:1/m:1", "--from", "{archive}", "--dry-run"],
 }
 
 
@@ -505,6 +507,27 @@ def test_every_command_that_prints_data_takes_output_file():
     assert takes_big_o <= set(DATA_COMMANDS), (
         f"add to DATA_COMMANDS: {takes_big_o - set(DATA_COMMANDS)}"
     )
+
+
+def _tiny_tree(root: Path) -> Path:
+    """A one-dir tree of one script and its manifest (what ``image build --tree`` takes)."""
+    from meshctl import tree
+    from meshctl.core.tree import MANIFEST_NAME
+
+    root.mkdir()
+    (root / "meshctl").write_text("#!/bin/sh\necho meshctl\n")
+    (root / "meshctl").chmod(0o755)
+    (root / MANIFEST_NAME).write_bytes(tree.scan(root, "meshctl").render())
+    return root
+
+
+def _tiny_archive(path: Path) -> Path:
+    from meshctl.image import oci
+
+    layer = oci.Layer("one", (oci.file_bytes("/hello", b"hi\n"),))
+    image = oci.Image(repository="localhost/t", tag="1", layers=(layer,), entrypoint=("/hello",))
+    oci.write_archive(image, path)
+    return path
 
 
 @pytest.mark.parametrize("command", sorted(DATA_COMMANDS))
@@ -522,6 +545,8 @@ def test_output_file_holds_exactly_what_stdout_would(command, capsys, tmp_path):
         "pem": pem,
         "missing": tmp_path / "no-kubeconfig",
         "gateway": gateway,
+        "tree": _tiny_tree(tmp_path / "tree"),
+        "archive": _tiny_archive(tmp_path / "image.tar"),
     }
     args = [a.format(**places) for a in DATA_COMMANDS[command]]
     code, out, err = run(capsys, *command.split(), *args)

@@ -28,7 +28,7 @@ PAGE_COMMANDS = {
     "cni": ("cni", "inject", "ztunnel", "install", "verify", "uninstall"),
     "controlplane": ("controlplane", "ztunnel", "inject"),
     "inject": ("inject", "ztunnel"),
-    "install": ("install", "uninstall", "manifest", "verify", "version"),
+    "install": ("install", "uninstall", "manifest", "verify", "version", "image"),
     "iptables": ("iptables",),
     "demo": ("demo", "ztunnel", "controlplane", "cni", "install"),
     "discovery": ("ztunnel", "controlplane"),

@@ -129,6 +129,12 @@ RECIPES: dict[str, Recipe] = {
     "ztunnel": Recipe(),
     "cni": Recipe(),
     "controlplane": Recipe(),
+    "image": Recipe(),
+    "image build": Recipe(("--tree", "{tmp}", "--archive", "{tmp}/image.tar")),
+    "image push": Recipe(
+        ("127.0.0.1:{port}/m:1", "--from", "{archive}", "--ca-file", "{cert}"),
+        files={"--from": "archive", "--ca-file": "cert"},
+    ),
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 
@@ -194,7 +200,17 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "port": str(_free_port()),
         "gateway": str(tmp_path / "gateway.yaml"),
         "offset": str(free_offset((80,))),
+        "archive": str(_small_image(tmp_path / "image.tar")),
     }
+
+
+def _small_image(path):
+    from meshctl.image import oci
+
+    layer = oci.Layer("one", (oci.file_bytes("/hello", b"hi\n"),))
+    image = oci.Image(repository="localhost/t", tag="1", layers=(layer,), entrypoint=("/hello",))
+    oci.write_archive(image, path)
+    return path
 
 
 def _argv(node: Node, args: tuple[str, ...], places: dict[str, str]) -> list[str]:
@@ -315,7 +331,7 @@ def test_the_port_cases_cover_every_daemon_with_a_port():
 
 
 # Groups that only hold subcommands: nothing of theirs runs, so nothing to interrupt.
-GROUPS_ONLY = {"ztunnel", "cni", "controlplane", "iptables", "manifest", "gateway"}
+GROUPS_ONLY = {"ztunnel", "cni", "controlplane", "iptables", "manifest", "gateway", "image"}
 RUNNABLE = [n for n in COMMANDS if n.id not in GROUPS_ONLY]
 
 

@@ -28,9 +28,19 @@ SYSTEM_NS = "meshctl-system"
 
 
 class Mesh:
-    def __init__(self, node: TestNode, profile: str = "default", extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        node: TestNode,
+        profile: str = "default",
+        extra: Sequence[str] = (),
+        *,
+        image: str | None = None,
+        pull_policy: str = "Never",
+    ) -> None:
         self.node = node
-        self.image = node.image("meshctl")
+        # Default: the image the node imported (never pulled); a registry's name is pulled.
+        self.image = image or node.image("meshctl")
+        self.pull_policy = pull_policy
         self.profile = profile
         self.extra = list(extra)  # more --set KEY=VALUE pairs of this install
 
@@ -43,7 +53,7 @@ class Mesh:
     def values(self) -> list[str]:
         return [
             "--profile", self.profile,
-            "--set", f"image={self.image}", "--set", "imagePullPolicy=Never",
+            "--set", f"image={self.image}", "--set", f"imagePullPolicy={self.pull_policy}",
             "--set", "components.controlplane.replicas=1",
             *self.extra,
         ]  # fmt: skip

@@ -183,6 +183,11 @@ def node_conflist() -> dict[str, Any]:
     }
 
 
+def registry_hosts_dir(workdir: Path) -> Path:
+    """containerd's registry ``config_path``: one ``<host:port>/hosts.toml`` per registry."""
+    return workdir / "containerd" / "certs.d"
+
+
 def containerd_config(workdir: Path, runc: Path, sandbox_image: str) -> str:
     """containerd 2.x (config version 3): private root/state/sockets, the node's CNI paths."""
     cd = workdir / "containerd"
@@ -211,6 +216,10 @@ disabled_plugins = [
     path = '{cd / "opt"}'
   [plugins.'io.containerd.cri.v1.images']
     snapshotter = 'overlayfs'
+    # Per-registry host configs (hosts.toml), read at each pull: a test registry on loopback
+    # adds its directory here (tests/harness/registry.py, node_pulls_from).
+    [plugins.'io.containerd.cri.v1.images'.registry]
+      config_path = '{registry_hosts_dir(workdir)}'
     [plugins.'io.containerd.cri.v1.images'.pinned_images]
       sandbox = '{sandbox_image}'
   [{cri_runtime}]

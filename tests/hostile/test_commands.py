@@ -76,6 +76,27 @@ def _inventory(place: Place, item: Path) -> list[str]:
     return [*argv, "--run-dir", str(place.root / "run")]
 
 
+def _image_archive(place: Place) -> Path:
+    """A valid image tarball (for the readers of another file of ``image push``)."""
+    path = place.root / "image.tar"
+    if not path.exists():
+        from meshctl.image import oci
+
+        layer = oci.Layer("one", (oci.file_bytes("/hello", b"hi\n"),))
+        image = oci.Image(repository="localhost/t", tag="1", layers=(layer,), entrypoint=("/h",))
+        oci.write_archive(image, path)
+    return path
+
+
+def _push_from(place: Place, item: Path) -> list[str]:
+    return ["image", "push", "127.0.0.1:1/m:1", "--from", str(item), "--dry-run"]
+
+
+def _push_ca_file(place: Place, item: Path) -> list[str]:
+    archive = str(_image_archive(place))
+    return ["image", "push", "127.0.0.1:1/m:1", "--from", archive, "--ca-file", str(item)]
+
+
 # kube-apiserver's token-file format takes any line of three comma-separated fields as a token:
 # these items are valid token files, and the CA starts serving on them.
 TOKEN_LINES = EMPTY | {"truncated-json", "alias-bomb", "alias-bomb-flow", "wrong-types-json"}
@@ -108,6 +129,8 @@ READERS: dict[str, Reader] = {
     "ztunnel run --cert-dir (cert-chain.pem)": Reader(_cert_dir, code=2),
     "controlplane ca --tokens FILE": Reader(_tokens, code=2, starts=TOKEN_LINES),
     "cni install --local-inventory FILE": Reader(_inventory, code=2, starts=EMPTY),
+    "image push --from FILE": Reader(_push_from, code=2),
+    "image push --ca-file FILE": Reader(_push_ca_file, code=2),
 }
 
 

@@ -1,37 +1,20 @@
-"""packaging/image/oci.py: reproducible layer tars and one tarball that is both OCI layout and
+"""meshctl/image/oci.py (packaging/image/build.py and `meshctl image build` write with it):
+reproducible layer tars and one tarball that is both OCI layout and
 ``docker save`` archive, read back member by member."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib.util
 import io
 import json
 import os
-import sys
 import tarfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-IMAGE_DIR = Path(__file__).resolve().parents[3] / "packaging" / "image"
-
-
-def load(name: str) -> ModuleType:
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, IMAGE_DIR / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-oci = load("oci")
+from meshctl.image import oci
 
 
 @pytest.fixture
@@ -182,7 +165,7 @@ def test_recipe_follows_file_content_not_file_names(tmp_path):
     assert oci.recipe(image_of(one), b"") == oci.recipe(image_of(two), b"")
     two.write_bytes(b"diff")
     assert oci.recipe(image_of(one), b"") != oci.recipe(image_of(two), b"")
-    assert oci.file_from("/f", one).content_digest() == hashlib.sha256(b"same").hexdigest()
+    assert oci.content_digest(oci.file_from("/f", one)) == hashlib.sha256(b"same").hexdigest()
 
 
 def test_an_image_with_aliases_is_one_manifest_under_every_name(image, tmp_path):

@@ -27,7 +27,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from oci import Entry, directory, file_bytes, file_from, symlink
+from meshctl.image.oci import Entry, directory, file_bytes, file_from, symlink
 
 ROOTS = ("iptables",)  # besides what the tree links against
 SKIP = (
