@@ -55,10 +55,10 @@ def stat(
     ctx: typer.Context,
     kind: Annotated[
         str,
-        typer.Argument(metavar="[deploy|pod|ns]", help="What a row is."),
+        typer.Argument(metavar="deploy|pod|ns", help="What a row is."),
     ] = "deploy",
     name: Annotated[
-        str | None, typer.Argument(metavar="[NAME]", help="Only this one.", show_default=False)
+        str | None, typer.Argument(metavar="NAME", help="Only this one.", show_default=False)
     ] = None,
     namespace: Annotated[
         str | None, options.namespace("Namespace of the workloads (default: default).")

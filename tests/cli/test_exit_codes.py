@@ -129,6 +129,8 @@ RECIPES: dict[str, Recipe] = {
     "ztunnel": Recipe(),
     "cni": Recipe(),
     "controlplane": Recipe(),
+    "stat": Recipe(),
+    "top": Recipe(("--once",)),
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 
