@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from meshctl.core.k8s.gatewaypod import GATEWAY_NAME_LABEL
 from meshctl.core.stat.pods import MeshPod, mesh_pod
 from meshctl.core.stat.rows import Plan, PodKey, Scrape, plan
+from meshctl.errors import KubeError
 from meshctl.kube import objects, proxymetrics
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import PODS
@@ -33,12 +34,21 @@ class Scope:
 def scope(kube: Kube, namespace: str | None) -> Scope:
     """The pods of ``namespace`` and every proxy that reports their traffic."""
     pods = [mesh_pod(p) for p in proxymetrics.pods(kube, namespace)]
-    gateways = [
-        mesh_pod(p)
-        for p in objects.list_objects(kube, PODS, None, label_selector=GATEWAY_NAME_LABEL)[0]
-    ]
-    nodes = [mesh_pod(p) for p in proxymetrics.node_proxies(kube)]
-    return Scope(namespace=namespace, pods=pods, plan=plan([*pods, *gateways], nodes))
+    # Cluster-wide reads: an identity allowed one namespace only still gets its own pods' rows
+    # (the gateways elsewhere are then missing, and ambient pods say why they have no figures).
+    unseen = ""
+    try:
+        found = objects.list_objects(kube, PODS, None, label_selector=GATEWAY_NAME_LABEL)[0]
+        gateways = [mesh_pod(p) for p in found]
+    except KubeError:
+        gateways = []
+    try:
+        nodes = [mesh_pod(p) for p in proxymetrics.node_proxies(kube)]
+    except KubeError as exc:
+        nodes, unseen = [], f"cannot list the node proxies: {exc.message}"
+    return Scope(
+        namespace=namespace, pods=pods, plan=plan([*pods, *gateways], nodes, unseen=unseen)
+    )
 
 
 def timeout(kube: Kube) -> float:

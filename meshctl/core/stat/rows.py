@@ -29,9 +29,10 @@ class Plan:
 
     proxies: Mapping[PodKey, Proxy]
     node_proxy: Mapping[str, PodKey]  # node name -> the node proxy pod serving it
+    unseen: str = ""  # why the node proxies could not be listed (none is then no answer)
 
 
-def plan(pods: Sequence[MeshPod], node_proxies: Sequence[MeshPod]) -> Plan:
+def plan(pods: Sequence[MeshPod], node_proxies: Sequence[MeshPod], *, unseen: str = "") -> Plan:
     """Every proxy that reports traffic of ``pods``: their sidecars and gateways, and the node
     proxies of the nodes their ambient pods run on."""
     proxies: dict[PodKey, Proxy] = {}
@@ -50,7 +51,7 @@ def plan(pods: Sequence[MeshPod], node_proxies: Sequence[MeshPod]) -> Plan:
         elif p.mode == "ambient" and p.node in nodes:
             ns, name = nodes[p.node]
             proxies[nodes[p.node]] = Proxy(kind="node", namespace=ns, pod=name, node=p.node)
-    return Plan(proxies=proxies, node_proxy=nodes)
+    return Plan(proxies=proxies, node_proxy=nodes, unseen=unseen)
 
 
 def figures(
@@ -87,7 +88,9 @@ def _reasons(pods: Sequence[MeshPod], p: Plan, missing: Mapping[PodKey, str]) ->
             continue
         key = _proxy_of(pod, p)
         if pod.mode == "ambient" and key is None:
-            why = f"pod {pod.name}: no node proxy runs on node {pod.node or '?'}"
+            why = f"pod {pod.name}: " + (
+                p.unseen or f"no node proxy runs on node {pod.node or '?'}"
+            )
         elif key is not None and key in missing:
             via = "" if key == (pod.namespace, pod.name) else f" (node proxy {key[1]})"
             why = f"pod {pod.name}{via}: {missing[key]}"

@@ -110,3 +110,10 @@ def test_mesh_pod_reads_the_mode_and_istios_workload_name():
         },
     }
     assert mesh_pod(ambient).mode == "ambient"
+
+
+def test_ambient_pods_say_so_when_the_node_proxies_could_not_be_listed():
+    pods = [pod("web-1", "ambient")]
+    p = plan(pods, [], unseen="cannot list the node proxies: 403 forbidden")
+    [row] = rows("pod", pods=pods, plan=p, before={}, after={}, window=1)
+    assert row["reason"] == "pod web-1: cannot list the node proxies: 403 forbidden"
