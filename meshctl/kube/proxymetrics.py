@@ -13,13 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-from meshctl.core.k8s.schema import Pod
 from meshctl.core.stat.exposition import MetricsError, Snapshot, parse
 from meshctl.errors import KubeError
 from meshctl.kube import api, objects
 from meshctl.kube.client import Kube
 from meshctl.kube.resources import DEPLOYMENTS, PODS
+
+if TYPE_CHECKING:
+    from meshctl.core.k8s.schema import Pod
 
 METRICS_PORT = 15020
 NODE_PROXY_SELECTOR = "app.kubernetes.io/name=meshctl-ztunnel"  # the node proxy's DaemonSet pods
