@@ -55,9 +55,6 @@ class Snapshot:
     at: float
     values: Mapping[Series, float]
 
-    def labels(self, series: Series) -> dict[str, str]:
-        return dict(series[1])
-
 
 def parse(text: str, *, at: float) -> Snapshot:
     """The wanted series of ``text``; ``MetricsError`` when it is not Prometheus text."""
