@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from meshctl.core.k8s.gatewaypod import GATEWAY_NAME_LABEL
-from meshctl.core.stat.pods import MeshPod, mesh_pod
+from meshctl.core.stat.pods import INGRESS_SELECTOR, MeshPod, mesh_pod
 from meshctl.core.stat.rows import Plan, PodKey, Scrape, plan
 from meshctl.errors import KubeError
 from meshctl.kube import objects, proxymetrics
@@ -38,8 +38,11 @@ def scope(kube: Kube, namespace: str | None) -> Scope:
     # (the gateways elsewhere are then missing, and ambient pods say why they have no figures).
     unseen = ""
     try:
-        found = objects.list_objects(kube, PODS, None, label_selector=GATEWAY_NAME_LABEL)[0]
-        gateways = [mesh_pod(p) for p in found]
+        gateways = [
+            mesh_pod(p)
+            for selector in (GATEWAY_NAME_LABEL, INGRESS_SELECTOR)
+            for p in objects.list_objects(kube, PODS, None, label_selector=selector)[0]
+        ]
     except KubeError:
         gateways = []
     try:

@@ -2,7 +2,8 @@
 
 A pod is meshed by a sidecar (an injected ``istio-proxy``), by the node proxy of its node
 (ambient: the node agent's ``ambient.istio.io/redirection=enabled``), or is a gateway (its own
-proxy, the ``gateway.networking.k8s.io/gateway-name`` label). Its workload is Istio's (a
+proxy: the ``gateway.networking.k8s.io/gateway-name`` label of a Gateway's pods, or Istio's
+``istio=ingressgateway`` of the installed ingress gateway). Its workload is Istio's (a
 ReplicaSet's pods belong to the Deployment), the name the proxies put in ``*_workload`` labels.
 Pure: Pod dicts in, values out.
 """
@@ -18,6 +19,7 @@ from meshctl.core.k8s.gatewaypod import GATEWAY_NAME_LABEL
 from meshctl.core.k8s.inject.kinds import workload_name_of_pod
 
 Mode = Literal["sidecar", "ambient", "gateway", ""]
+INGRESS_SELECTOR = "istio=ingressgateway"  # the installed ingress gateway's pods (Istio's label)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,7 +41,7 @@ def mesh_pod(pod: Mapping[str, Any]) -> MeshPod:
     labels = _mapping(meta.get("labels"))
     annotations = _mapping(meta.get("annotations"))
     mode: Mode = ""
-    if labels.get(GATEWAY_NAME_LABEL):
+    if labels.get(GATEWAY_NAME_LABEL) or labels.get("istio") == "ingressgateway":
         mode = "gateway"
     elif ambient.has_sidecar(pod):  # type: ignore[arg-type]
         mode = "sidecar"

@@ -117,3 +117,13 @@ def test_ambient_pods_say_so_when_the_node_proxies_could_not_be_listed():
     p = plan(pods, [], unseen="cannot list the node proxies: 403 forbidden")
     [row] = rows("pod", pods=pods, plan=p, before={}, after={}, window=1)
     assert row["reason"] == "pod web-1: cannot list the node proxies: 403 forbidden"
+
+
+def test_gateway_pods_are_those_of_a_gateway_and_the_installed_ingress_gateway():
+    for labels in ({"gateway.networking.k8s.io/gateway-name": "gw"}, {"istio": "ingressgateway"}):
+        gateway = {
+            "metadata": {"namespace": "infra", "name": "gw-1", "labels": labels},
+            "spec": {"containers": [{"name": "gateway"}]},
+            "status": {"phase": "Running"},
+        }
+        assert mesh_pod(gateway).mode == "gateway"
