@@ -4,7 +4,8 @@ Invariants: the checks come from the components and the ``meshctl.checks`` group
 adds only the cluster-wide ones); a check that raises is a failure with its message, never a
 traceback; a fatal failure (API unreachable, nothing installed) ends the run; the report and the
 exit code are decided by ``meshctl.core.k8s.install.checks`` alone; ``--wait`` reruns until
-nothing fails or the time is up, then reports once.
+nothing fails or the time is up, then reports once. ``--proxy`` runs the ``--workload`` checks
+for every meshed pod instead, one row per pod (``proxies``).
 """
 
 from __future__ import annotations
@@ -84,6 +85,21 @@ def verify(
             "--workload", metavar="NAMESPACE/POD", help="Also check that pod's data plane."
         ),
     ] = None,
+    proxy: Annotated[
+        bool,
+        typer.Option(
+            "--proxy",
+            help="Run --workload's data-plane checks for every meshed pod: one row per pod.",
+        ),
+    ] = False,
+    proxy_namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--proxy-namespace",
+            metavar="NAME",
+            help="With --proxy: only this namespace's pods (default: every namespace).",
+        ),
+    ] = None,
     revision: Annotated[
         str | None,
         typer.Option(
@@ -132,6 +148,7 @@ def verify(
         raise UserError(f"--workload {workload!r}: expected NAMESPACE/POD", hint="e.g. shop/web-1")
     if workload is not None and pre:
         raise UserError("--workload checks a running pod: not with --pre", hint="drop one of them")
+    _proxy_options(proxy=proxy, namespace=proxy_namespace, pre=pre, workload=workload)
     registry = components.load()
     record = None
     if pre:  # what the user gave is checked before anything connects (a bad -f is exit 2)
@@ -153,6 +170,20 @@ def verify(
     for component in registry.components:
         checks += component.checks
     checks += components.load_checks()
+    if proxy:
+        pod_checks = [c for c in selected(checks, pre=False, workload=True) if c.workload]
+        _verify_proxies(
+            kube,
+            registry,
+            values,
+            record,
+            pod_checks,
+            proxy_namespace,
+            deadline,
+            output,
+            output_file,
+        )
+        return
     chosen = selected(checks, pre=pre, workload=workload is not None)
     give_up = time.monotonic() + deadline
     while True:
@@ -177,6 +208,69 @@ def verify(
         if not pre:
             record = _record(kube, values.revisioned(mf.RECORD_NAME), values.namespace)
     _report(ran, output, output_file)
+
+
+def _proxy_options(*, proxy: bool, namespace: str | None, pre: bool, workload: str | None) -> None:
+    if proxy and (pre or workload is not None):
+        raise UserError(
+            "--proxy checks every meshed pod: not with --pre or --workload",
+            hint="drop one of them",
+        )
+    if namespace is not None and not proxy:
+        raise UserError("--proxy-namespace goes with --proxy", hint="add --proxy")
+
+
+def _verify_proxies(
+    kube: Any,
+    registry: Registry,
+    values: Values,
+    record: Mapping[str, object] | None,
+    checks: Sequence[Check],
+    namespace: str | None,
+    wait: float,
+    output: OutputFormat,
+    output_file: Path | None,
+) -> None:
+    """``--proxy``: the pod checks for each meshed pod, one row each; exit 3 on any failure."""
+    from meshctl.core.k8s.install import manifest as mf
+    from meshctl.core.k8s.install.context import CheckContext
+    from meshctl.kube import objects
+    from meshctl.kube.inventory import Inventory
+    from meshctl.kube.resources import PODS
+
+    from . import proxies
+
+    rendered = mf.render(registry, values)
+
+    def context(workload: str) -> CheckContext:
+        built = CheckContext(
+            kube=kube,
+            cluster=Inventory(kube),
+            registry=registry,
+            values=values,
+            rendered=rendered,
+            workload=workload,
+        )
+        built.memo["record"] = record
+        return built
+
+    give_up = time.monotonic() + wait
+    while True:
+        pods = proxies.meshed(objects.list_objects(kube, PODS, namespace)[0])
+        results = proxies.check_pods(pods, checks, context, run_checks)
+        code = proxies.code(results)
+        if code == 0 or time.monotonic() + RETRY_INTERVAL > give_up:
+            break
+        failing = sum(proxies.code([r]) != 0 for r in results)
+        sys.stderr.write(f"{failing} pod(s) failing; retrying (--wait {format_duration(wait)})\n")
+        time.sleep(RETRY_INTERVAL)
+    records = proxies.rows(results)
+    names = [f"{r['namespace']}/{r['name']}" for r in records if r["result"] == "error"]
+    options.write_output(
+        render(records, output, table=proxies.table(records), names=names), output_file
+    )
+    if code:
+        raise typer.Exit(code)
 
 
 def _report(ran: list[Ran], output: OutputFormat, output_file: Path | None) -> None:

@@ -32,6 +32,7 @@ PAGE_COMMANDS = {
     "iptables": ("iptables",),
     "demo": ("demo", "ztunnel", "controlplane", "cni", "install"),
     "discovery": ("ztunnel", "controlplane"),
+    "stat": ("stat", "top", "verify"),
 }
 
 # Flags of other programs the pages quote, by whose they are (never meshctl's).

@@ -135,6 +135,8 @@ RECIPES: dict[str, Recipe] = {
         ("127.0.0.1:{port}/m:1", "--from", "{archive}", "--ca-file", "{cert}"),
         files={"--from": "archive", "--ca-file": "cert"},
     ),
+    "stat": Recipe(),
+    "top": Recipe(("--once",)),
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 

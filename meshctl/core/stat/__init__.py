@@ -1,0 +1,1 @@
+"""Traffic figures from the proxies' own metrics: parse, difference, attribute (stat, top)."""

@@ -1,0 +1,1 @@
+"""``meshctl stat`` and ``meshctl top``: traffic figures from the proxies' own metrics."""
