@@ -50,9 +50,17 @@ def stream(kube: Kube, namespace: str, pod: str, port: int) -> Iterator[socket.s
 
 
 def http_get(
-    kube: Kube, namespace: str, pod: str, port: int, path: str, *, timeout: float = 10.0
+    kube: Kube,
+    namespace: str,
+    pod: str,
+    port: int,
+    path: str,
+    *,
+    timeout: float = 10.0,
+    limit: int | None = None,
 ) -> tuple[int, bytes]:
-    """``GET path`` on ``127.0.0.1:port`` inside the pod; the status and the body."""
+    """``GET path`` on ``127.0.0.1:port`` inside the pod; the status and the body (with
+    ``limit``: reading stops once that many bytes arrived, so a huge answer is cut, not held)."""
     where = f"pod {namespace}/{pod} port {port}"
     data = b""
     try:
@@ -69,6 +77,9 @@ def http_get(
                 if not chunk:
                     break
                 data += chunk
+                if limit is not None and len(data) >= limit:
+                    data = data[:limit]
+                    break
     except OSError as exc:
         raise KubeError(f"port-forward to {where}: {exc}", hint="is the pod running?") from exc
     head, _, body = data.partition(b"\r\n\r\n")

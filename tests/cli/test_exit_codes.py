@@ -129,6 +129,7 @@ RECIPES: dict[str, Recipe] = {
     "ztunnel": Recipe(),
     "cni": Recipe(),
     "controlplane": Recipe(),
+    "bug-report": Recipe(("-O", "{tmp}/report.tar.gz")),  # the dead cluster: one Error line
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 
