@@ -3,8 +3,8 @@ HTTP GET over it.
 
 What ``istioctl proxy-config`` does to reach a proxy's admin port (15000 listens on 127.0.0.1
 only): ``pods/portforward`` over a websocket, then plain HTTP/1.0 on the forwarded stream.
-Invariants: one connection per call, closed before returning; every wait has the timeout; a
-failure is a one-line ``KubeError`` naming the pod and port.
+Invariants: one connection (and one client) per call, closed before returning; every wait has
+the timeout; a failure is a one-line ``KubeError`` naming the pod and port.
 """
 
 from __future__ import annotations
@@ -22,19 +22,23 @@ from meshctl.kube.client import Kube
 def stream(kube: Kube, namespace: str, pod: str, port: int) -> Iterator[socket.socket]:
     """A stream to ``127.0.0.1:port`` inside the pod (a socket), closed on exit. Raises
     ``KubeError`` when the API server refuses the forwarding."""
-    from kubernetes.client import CoreV1Api
+    from kubernetes.client import ApiClient, CoreV1Api
     from kubernetes.client.exceptions import ApiException
     from kubernetes.stream import portforward
 
     where = f"pod {namespace}/{pod} port {port}"
+    # A client of its own: the package's stream swaps its client's call_api while it connects,
+    # so two forwards at once on one client could leave it swapped for every later call.
+    own = ApiClient(kube.api.configuration)
     try:
         forward = portforward(
-            CoreV1Api(kube.api).connect_get_namespaced_pod_portforward,
+            CoreV1Api(own).connect_get_namespaced_pod_portforward,
             pod,
             namespace,
             ports=str(port),
         )
     except (ApiException, OSError, ValueError) as exc:
+        own.close()
         raise KubeError(
             f"port-forward to {where}: {exc}",
             hint="port forwarding needs 'create pods/portforward' and a reachable kubelet",
@@ -47,6 +51,7 @@ def stream(kube: Kube, namespace: str, pod: str, port: int) -> Iterator[socket.s
     finally:
         with contextlib.suppress(Exception):
             forward.close()
+        own.close()
 
 
 def http_get(
