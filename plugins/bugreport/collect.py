@@ -13,7 +13,6 @@ before they are held.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from meshctl import __version__
+from meshctl import __version__, inputs
 from meshctl.core.bugreport import layout
 from meshctl.core.bugreport.layout import Member, Priority, Role
 from meshctl.core.bugreport.redact import redact_object, redact_text, secret_stub
@@ -45,6 +44,7 @@ from meshctl.kube.resources import (
     Resource,
 )
 from meshctl.output import json_text, yaml_documents
+from meshctl.structured import InputError, load_json
 
 VALIDATING_WEBHOOK_CONFIGURATIONS: Resource[dict[str, Any]] = Resource(
     "admissionregistration.k8s.io",
@@ -160,7 +160,7 @@ class Collector:
             for what, future in futures:
                 try:
                     future.result()
-                except (MeshctlError, OSError, ValueError) as exc:
+                except Exception as exc:  # noqa: BLE001 -- one failed read must not end the report
                     self.got.missed(what, exc)
         finally:
             # Ctrl-C: queued reads are dropped; running ones end within their timeouts.
@@ -285,7 +285,10 @@ class Collector:
             if status != 200:
                 error = f"admin port answered {status}: {body[:200].decode(errors='replace')}"
             else:
-                parsed = _json(body)
+                try:  # the proxy's answer is a peer's JSON: the bounded reader (depth, size)
+                    parsed = load_json(body, f"{namespace}/{name} /config_dump", inputs.limits())
+                except InputError as exc:
+                    parsed, error = None, f"admin port answered unusable JSON: {exc.message}"
                 if isinstance(parsed, dict):
                     dump = redact_object(parsed)
                     self.got.add(
@@ -294,7 +297,7 @@ class Collector:
                         )
                     )
                 else:
-                    error = f"admin port answered {len(body)} bytes that are not a JSON object"
+                    error = error or f"admin port answered {len(body)} bytes, not a JSON object"
                     self.got.add(
                         text_member(
                             layout.dump_member(namespace, name) + ".txt",
@@ -411,13 +414,6 @@ class Collector:
         with self.got.lock:
             self.events.extend(redacted)
         self.got.add(objects_member(layout.events_member(namespace), redacted, Priority.EVENTS))
-
-
-def _json(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
 
 
 def _since_text(since: float | None) -> str:

@@ -65,6 +65,7 @@ SENSITIVE_KEYS = frozenset(
         "tokenfile",
     }
 )
+MAX_DEPTH = 200  # nesting levels of an object kept
 # Env variables whose value is taken to be a credential by name.
 _SENSITIVE_ENV = re.compile(r"(?i)token|secret|passw|credential|private_?key|api_?key")
 
@@ -122,11 +123,14 @@ def secret_stub(secret: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def redact_object(obj: Any) -> Any:
+def redact_object(obj: Any, depth: int = 0) -> Any:
     """A JSON value (a Kubernetes object, a config dump) with every secret taken out: a Secret
     becomes its stub, ``managedFields`` go (noise), a ConfigMap's ``binaryData`` becomes sizes,
     credential keys and credential-named env values become markers, every other string goes
-    through ``redact_text``."""
+    through ``redact_text``; anything nested deeper than ``MAX_DEPTH`` becomes a marker (a
+    peer's answer cannot make this recurse without end)."""
+    if depth > MAX_DEPTH and isinstance(obj, Mapping | list):
+        return f"[cut: nested deeper than {MAX_DEPTH} levels]"
     if isinstance(obj, Mapping):
         if obj.get("kind") == "Secret" and "apiVersion" in obj:
             return secret_stub(obj)
@@ -139,12 +143,12 @@ def redact_object(obj: Any) -> Any:
             elif str(key).lower() in SENSITIVE_KEYS and isinstance(value, str) and value:
                 out[key] = MARKER
             else:
-                out[key] = redact_object(value)
+                out[key] = redact_object(value, depth + 1)
         if _is_env_var(out):
             out["value"] = MARKER
         return out
     if isinstance(obj, list):
-        return [redact_object(item) for item in obj]
+        return [redact_object(item, depth + 1) for item in obj]
     if isinstance(obj, str):
         return redact_text(obj)
     return obj

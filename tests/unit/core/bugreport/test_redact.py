@@ -228,3 +228,16 @@ def test_text_without_secrets_is_left_as_it_was(text):
     if re.search(r"(?i)(token|password|passwd|secret|key|bearer|basic)", text):
         return
     assert redact_text(text) == text
+
+
+def test_an_object_nested_without_end_is_cut_not_recursed_into():
+    deep: object = "leaf"
+    for _ in range(5000):
+        deep = [deep]
+    out = redact_object({"a": deep})
+    depth = 0
+    node = out["a"]
+    while isinstance(node, list):
+        node, depth = node[0], depth + 1
+    assert node == "[cut: nested deeper than 200 levels]"
+    assert depth == 200
