@@ -65,6 +65,7 @@ SENSITIVE_KEYS = frozenset(
         "tokenfile",
     }
 )
+_FILE_PATH = re.compile(r"^/[\w./-]*$")
 MAX_DEPTH = 200  # nesting levels of an object kept
 # Env variables whose value is taken to be a credential by name.
 _SENSITIVE_ENV = re.compile(r"(?i)token|secret|passw|credential|private_?key|api_?key")
@@ -163,5 +164,6 @@ def _is_env_var(item: Mapping[str, Any]) -> bool:
         and isinstance(value, str)
         and bool(value)
         and value != MARKER
+        and not _FILE_PATH.match(value)  # where a credential is kept, not the credential
         and bool(_SENSITIVE_ENV.search(name))
     )

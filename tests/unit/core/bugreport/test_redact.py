@@ -171,6 +171,7 @@ def test_objects_lose_credential_values_env_and_managed_fields():
                                 {"name": "LOG_LEVEL", "value": "info"},
                                 {"name": "TLS_KEY", "value": pem},
                                 {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {}}},
+                                {"name": "AUTH_TOKEN", "value": "/var/run/secrets/tokens/t"},
                             ],
                         }
                     ]
@@ -184,6 +185,8 @@ def test_objects_lose_credential_values_env_and_managed_fields():
     assert env[1] == {"name": "LOG_LEVEL", "value": "info"}
     assert env[2]["value"].strip() == KEY_MARKER  # by the text rules: the name says nothing
     assert env[3] == {"name": "FROM_SECRET", "valueFrom": {"secretKeyRef": {}}}
+    # A file's path says where the token is, not what it is: kept for the reader.
+    assert env[4] == {"name": "AUTH_TOKEN", "value": "/var/run/secrets/tokens/t"}
     assert "managedFields" not in out["metadata"]
     kubeconfig = {"users": [{"user": {"token": "abc", "client-key-data": "LS0t"}}]}
     assert redact_object(kubeconfig) == {
