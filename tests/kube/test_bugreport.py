@@ -15,6 +15,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 from cryptography.hazmat.primitives import serialization as ser
 from cryptography.hazmat.primitives.asymmetric import ec
 from kubernetes import client as k8s
@@ -220,3 +221,26 @@ def test_without_o_file_the_archive_lands_here_with_a_timestamp(kube_cluster, me
     (made,) = tmp_path.iterdir()
     assert re.fullmatch(r"meshctl-bug-report-\d{8}-\d{6}\.tar\.gz", made.name)
     assert done.stdout.strip() == made.name
+
+
+def test_table_prints_the_summary_with_the_archive_and_yaml_the_findings(
+    kube_cluster, mesh, tmp_path
+):
+    common = ["bug-report", "--mesh-namespace", mesh["system"], "-n", mesh["shop"]]
+    common += ["--proxy-timeout", "2s"]
+    table = _meshctl(
+        kube_cluster.kubeconfig, *common, "-O", str(tmp_path / "a.tar.gz"), cwd=tmp_path
+    )
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.startswith("# meshctl bug report\n")
+    assert f"Archive: {tmp_path / 'a.tar.gz'}" in table.stdout
+    assert "### Warning events: 1" in table.stdout
+    assert table.stdout == _members(tmp_path / "a.tar.gz")["SUMMARY.md"].decode()
+    data = _meshctl(
+        kube_cluster.kubeconfig, *common, "-O", str(tmp_path / "b.tar.gz"), "-o", "yaml",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert data.returncode == 0, data.stderr
+    found = yaml.safe_load(data.stdout)
+    assert found["archive"] == str(tmp_path / "b.tar.gz")
+    assert found["warningEvents"]["count"] == 1
