@@ -1,11 +1,15 @@
-"""Port forwarding never touches the shared client: the kubernetes package's stream swaps its
-client's ``call_api`` while it connects, so two forwards at once on one client (bug-report dumps
-several proxies in parallel) could leave it swapped for every later call."""
+"""Port forwarding reads at most its limit, and never touches the shared client: the kubernetes
+package's stream swaps its client's ``call_api`` while it connects, so two forwards at once on
+one client (bug-report dumps several proxies in parallel) could leave it swapped for every later
+call."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
+import socket
+import threading
 from typing import Any
 
 import pytest
@@ -36,3 +40,31 @@ def test_a_forward_connects_on_a_client_of_its_own(monkeypatch: pytest.MonkeyPat
         portforward.http_get(kube, "ns", "p", 15000, "/config_dump")
     assert seen == [original]
     assert shared.call_api == original
+
+
+def test_reading_stops_at_the_limit(monkeypatch: pytest.MonkeyPatch):
+    ours, theirs = socket.socketpair()
+    body = b"x" * 1_000_000
+    answer = b"HTTP/1.0 200 OK\r\n\r\n" + body
+
+    def serve() -> None:
+        theirs.recv(4096)
+        with contextlib.suppress(OSError):
+            theirs.sendall(answer)  # more than is read: the reader stops and closes
+        theirs.close()
+
+    server = threading.Thread(target=serve)
+    server.start()
+
+    @contextlib.contextmanager
+    def fake_stream(*args: Any) -> Any:
+        try:
+            yield ours
+        finally:
+            ours.close()
+
+    monkeypatch.setattr(portforward, "stream", fake_stream)
+    status, got = portforward.http_get(object(), "ns", "p", 15000, "/", limit=100_000)  # type: ignore[arg-type]
+    server.join(10)
+    assert status == 200
+    assert len(got) == 100_000 - len(b"HTTP/1.0 200 OK\r\n\r\n")
