@@ -168,10 +168,11 @@ def request(
     return answer
 
 
-def request_text(kube: Kube, path: str, *, timeout: float | None = None) -> str:
-    """``GET path`` whose answer is text, not JSON (a pod's metrics through ``pods/proxy``)."""
+def request_text(kube: Kube, path: str, *, query: Query = (), timeout: float | None = None) -> str:
+    """``GET path`` whose answer is text, not JSON (a pod's metrics through ``pods/proxy``, a
+    container's log)."""
     read = kube.request_timeout if timeout is None else timeout
-    response = _send(kube, "GET", path, (), None, None, read=read, preload=True, what="GET")
+    response = _send(kube, "GET", path, query, None, None, read=read, preload=True, what="GET")
     raw: bytes = response.data
     if not 200 <= response.status < 300:
         raise _status_error("GET", path, response.status, raw, kube.source)

@@ -3,8 +3,8 @@ HTTP GET over it.
 
 What ``istioctl proxy-config`` does to reach a proxy's admin port (15000 listens on 127.0.0.1
 only): ``pods/portforward`` over a websocket, then plain HTTP/1.0 on the forwarded stream.
-Invariants: one connection per call, closed before returning; every wait has the timeout; a
-failure is a one-line ``KubeError`` naming the pod and port.
+Invariants: one connection (and one client) per call, closed before returning; every wait has
+the timeout; a failure is a one-line ``KubeError`` naming the pod and port.
 """
 
 from __future__ import annotations
@@ -56,9 +56,17 @@ def stream(kube: Kube, namespace: str, pod: str, port: int) -> Iterator[socket.s
 
 
 def http_get(
-    kube: Kube, namespace: str, pod: str, port: int, path: str, *, timeout: float = 10.0
+    kube: Kube,
+    namespace: str,
+    pod: str,
+    port: int,
+    path: str,
+    *,
+    timeout: float = 10.0,
+    limit: int | None = None,
 ) -> tuple[int, bytes]:
-    """``GET path`` on ``127.0.0.1:port`` inside the pod; the status and the body."""
+    """``GET path`` on ``127.0.0.1:port`` inside the pod; the status and the body (with
+    ``limit``: reading stops once that many bytes arrived, so a huge answer is cut, not held)."""
     where = f"pod {namespace}/{pod} port {port}"
     data = b""
     try:
@@ -75,6 +83,9 @@ def http_get(
                 if not chunk:
                     break
                 data += chunk
+                if limit is not None and len(data) >= limit:
+                    data = data[:limit]
+                    break
     except OSError as exc:
         raise KubeError(f"port-forward to {where}: {exc}", hint="is the pod running?") from exc
     head, _, body = data.partition(b"\r\n\r\n")

@@ -7,7 +7,8 @@ Invariants:
 - ``/readyz`` answers 200 only while the runtime's config includes us (``Installer.status``);
   ``/healthz`` answers 200 while the loop runs; ``/status`` is JSON for ``meshctl verify``
   (ready, reason, repairs within the conflict window; in ambient mode each pod's enrollment and
-  the agent's health, ``?dry-run=1`` with a dry-run enrollment).
+  the agent's health, ``?dry-run=1`` with a dry-run enrollment); ``/debug/conflist`` is the
+  node's CNI config files as the agent reads them (read-only, for ``meshctl bug-report``).
   Every read has a timeout.
 - SIGTERM or SIGINT: stop watching, then ``Installer.cleanup`` (the node's config as it was);
   in ambient mode, when the agent's DaemonSet is going away (an uninstall), every pod is
@@ -44,11 +45,13 @@ from meshctl.shutdown import StopSignals
 from meshctl.structured import InputError, load_json
 
 from .health import AgentStatus
-from .installer import Installer, InstallSettings, Status
+from .installer import ConfReport, Installer, InstallSettings, Status
 from .pluginserver import Handler, PluginServer
 from .requestroute import ANSWER_TIMEOUT, MAX_REQUEST, CniRequests
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from .ambient import AmbientAgent
 
 log = logging.getLogger(__name__)
@@ -88,6 +91,7 @@ class _State:
     announced: bool = False  # the ready line was logged
     repairs: collections.deque[float] = field(default_factory=collections.deque)
     agent: AmbientAgent | None = None
+    conf_report: Callable[[], ConfReport] | None = None  # /debug/conflist (the installer's)
 
     def recent_repairs(self, now: float) -> int:
         while self.repairs and self.repairs[0] < now - CONFLICT_WINDOW:
@@ -151,7 +155,7 @@ async def run(
     stop = asyncio.Event()
     signals = StopSignals(stop.set)
     signals.install()
-    state = _State(Status(False, "starting"), agent=agent)
+    state = _State(Status(False, "starting"), agent=agent, conf_report=installer.conf_report)
     stopping = contextlib.AsyncExitStack()  # the agent's way out, before the node's cleanup
     async with contextlib.AsyncExitStack() as stack:
         addresses = []
@@ -269,6 +273,10 @@ async def _readiness_server(address: str, state: _State) -> asyncio.Server:
                     dry_run = "dry-run=1" in query.split("&")
                     report["ambient"] = await state.agent.health(dry_run=dry_run)
                 code, body, content_type = 200, json.dumps(report), "application/json"
+            elif path == "/debug/conflist" and state.conf_report is not None:
+                # Read-only, for bug-report: what the node's CNI config is, without exec.
+                conf = await asyncio.wait_for(asyncio.to_thread(state.conf_report), 5.0)
+                code, body, content_type = 200, json.dumps(conf), "application/json"
             elif path == "/healthz":
                 code, body = (200, "ok") if state.running else (503, "stopping")
             else:

@@ -28,6 +28,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypedDict
 
 from meshctl import tree as trees
 from meshctl import values
@@ -255,6 +256,19 @@ def plugin_form(settings: InstallSettings) -> bytes | PluginTree:
     return plugin_binary(settings.run_dir)
 
 
+class ConfReport(TypedDict, total=False):
+    """``/debug/conflist``: the CNI conf dir, the file the runtime uses (None: no valid one
+    yet) and every config file's text."""
+
+    confDir: str
+    active: str | None
+    files: dict[str, str]
+    error: str  # the conf dir cannot be listed
+
+
+CONF_REPORT_LIMIT = 256 * 1024  # bytes of one config file shown
+
+
 @dataclass(frozen=True, slots=True)
 class Status:
     ready: bool
@@ -471,6 +485,22 @@ class Installer:
             (directory / name).unlink(missing_ok=True)
             log.info("wrapped %s into %s with %s appended", name, new_name, PLUGIN_TYPE)
         return new_name
+
+    def conf_report(self) -> ConfReport:
+        """What ``/debug/conflist`` serves (``meshctl bug-report`` reads it through the API
+        server): the node's CNI config files as this agent reads them and which one the runtime
+        uses. Read-only; each file is cut at ``CONF_REPORT_LIMIT`` bytes."""
+        try:
+            files = self._conf_files()
+        except MeshctlError as exc:
+            return {"confDir": self.settings.cni_conf_dir, "error": exc.message, "files": {}}
+        shown = {
+            name: data[:CONF_REPORT_LIMIT].decode(errors="replace")
+            + ("\n... (cut)" if len(data) > CONF_REPORT_LIMIT else "")
+            for name, data in files.items()
+        }
+        active = self._target(files)
+        return {"confDir": self.settings.cni_conf_dir, "active": active, "files": shown}
 
     # --- status ------------------------------------------------------------------------------
 

@@ -319,3 +319,19 @@ def status(port: int) -> dict[str, Any]:
         return data
     finally:
         conn.close()
+
+
+def test_debug_conflist_serves_the_nodes_cni_config_as_the_agent_reads_it(node: Path):
+    with running(node) as (_, port):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        try:
+            conn.request("GET", "/debug/conflist")
+            response = conn.getresponse()
+            report = json.loads(response.read())
+        finally:
+            conn.close()
+    assert response.status == 200
+    assert report["confDir"] == str(node / "net.d")
+    assert report["active"] == "dbnet.conflist"
+    served = json.loads(report["files"]["dbnet.conflist"])
+    assert served["plugins"][-1]["type"] == "meshctl-cni"

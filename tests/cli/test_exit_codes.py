@@ -137,6 +137,7 @@ RECIPES: dict[str, Recipe] = {
     ),
     "stat": Recipe(),
     "top": Recipe(("--once",)),
+    "bug-report": Recipe(("-O", "{tmp}/report.tar.gz")),  # the dead cluster: one Error line
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 
