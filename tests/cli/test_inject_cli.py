@@ -73,6 +73,31 @@ def test_flags_override_the_settings_file_section(tmp_path, capsys):
     assert yaml.safe_load(out)["spec"]["template"]["spec"]["initContainers"][1]["image"] == "flag:2"
 
 
+def test_mesh_wide_defaults_come_from_the_settings_file_and_env(tmp_path, capsys, monkeypatch):
+    settings = tmp_path / "config.yaml"
+    settings.write_text(
+        "inject:\n  network: network1\n  image-pull-secrets: [regcred]\n"
+        "  proxy-config:\n    proxyMetadata: {B: b}\n"
+    )
+    monkeypatch.setenv("MESHCTL_INJECT_INTERCEPTION_MODE", "TPROXY")
+    code, out, _ = run(capsys, "--config", str(settings), "inject", "-f", str(DEPLOYMENT))
+    assert code == 0
+    spec = yaml.safe_load(out)["spec"]["template"]["spec"]
+    init, proxy = spec["initContainers"][:2]
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert {"name": "ISTIO_META_NETWORK", "value": "network1"} in proxy["env"]
+    assert {"name": "B", "value": "b"} in proxy["env"]
+    assert init["args"][init["args"].index("-m") + 1] == "TPROXY"
+
+
+def test_a_bad_mesh_wide_default_names_the_setting(capsys, monkeypatch):
+    monkeypatch.setenv("MESHCTL_INJECT_EXCLUDE_IP_RANGES", "bad")
+    code, out, err = run(capsys, "inject", "-f", str(DEPLOYMENT))
+    assert code == 2
+    assert out == ""
+    assert "Error: inject setting exclude-ip-ranges: invalid value 'bad'" in err
+
+
 def test_an_unknown_settings_key_is_a_config_error(tmp_path, capsys):
     settings = tmp_path / "config.yaml"
     settings.write_text("inject:\n  imag: typo\n")

@@ -44,6 +44,92 @@ SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
     ("hello.yaml", "hello-never.yaml.injected"): {"image_pull_policy": "Never"},
     ("proxy-override-runas.yaml", "proxy-override-runas.yaml.cni.injected"): {"cni": True},
     ("proxy-override-args.yaml", "proxy-override-args-native.yaml.injected"): {},
+    # values.global.network + CNI: the network's env and topology label.
+    ("hello.yaml", "hello.yaml.cni.injected"): {"cni": True, "network": "network1"},
+    # meshConfig.defaultConfig.interceptionMode: TPROXY.
+    ("hello.yaml", "hello-tproxy.yaml.injected"): {"interception_mode": "TPROXY"},
+    ("proxy-override-runas.yaml", "proxy-override-runas.yaml.tproxy.injected"): {
+        "interception_mode": "TPROXY"
+    },
+    # values.global.proxy.{include,exclude}IPRanges, excludeInboundPorts, statusPort.
+    ("traffic-params.yaml", "traffic-params.yaml.injected"): {
+        "include_ip_ranges": "127.0.0.1/24,10.96.0.1/24",
+        "exclude_ip_ranges": "10.96.0.2/24,10.96.0.3/24",
+        "exclude_inbound_ports": "4,5,6",
+        "status_port": 0,
+    },
+    # values.global.proxy.statusPort and readiness*.
+    **{
+        (f"{name}.yaml", f"{name}.yaml.injected"): {
+            "status_port": 123,
+            "readiness_initial_delay_seconds": 100,
+            "readiness_period_seconds": 200,
+            "readiness_failure_threshold": 300,
+        }
+        for name in ("status_params", "kubevirtInterfaces", "reroute-virtual-interfaces")
+    },
+    # values.global.imagePullSecrets.
+    ("hello.yaml", "hello-image-secrets-in-values.yaml.injected"): {
+        "image_pull_secrets": ("barSecret",)
+    },
+    ("hello-image-pull-secret.yaml", "hello-multiple-image-secrets.yaml.injected"): {
+        "image_pull_secrets": ("barSecret",)
+    },
+    # values.global.podDNSSearchNamespaces: Istio's template no longer reads it (no effect there
+    # either), so the case runs with meshctl's defaults.
+    ("hello.yaml", "hello-template-in-values.yaml.injected"): {},
+    # values.global.proxy.holdApplicationUntilProxyStarts (a mesh-wide ProxyConfig field).
+    **{
+        pair: {"proxy_config": '{"holdApplicationUntilProxyStarts": true}'}
+        for pair in (
+            ("hello.yaml", "hello.proxyHoldsApplication.yaml.injected"),
+            ("hello-probes.yaml", "hello-probes.proxyHoldsApplication.yaml.injected"),
+            (
+                "hello-probes-noProxyHoldApplication-ProxyConfig.yaml",
+                "hello-probes-noProxyHoldApplication-ProxyConfig.yaml.injected",
+            ),
+            ("merge-probers.yaml", "merge-probers.yaml.injected"),
+        )
+    },
+    # meshConfig.defaultConfig.proxyMetadata (the pod's proxy.istio.io/config wins per key).
+    ("traffic-annotations.yaml", "traffic-annotations.yaml.injected"): {
+        "proxy_config": (
+            '{"proxyMetadata": {"ISTIO_META_TLS_CLIENT_KEY": '
+            '"/etc/identity/client/keys/client-key.pem"}}'
+        )
+    },
+    # OpenShift with CNI, in TPROXY mode: the proxy runs as root, so the namespace's uid range
+    # (the OpenShift-specific part) does not show.
+    ("hello-openshift-tproxy.yaml", "hello-openshift-tproxy.yaml.injected"): {"cni": True},
+    # values.global.proxy.resources, nulls as "" (no such request or limit).
+    **{
+        (f"{name}.yaml", f"{name}.yaml.injected"): {
+            "proxy_cpu": "",
+            "proxy_cpu_limit": "",
+            "proxy_memory": "150Mi",
+            "proxy_memory_limit": "500Mi",
+        }
+        for name in ("proxy-resources-null", "proxy-resources-null-no-init")
+    },
+    ("proxy-resources-zero.yaml", "proxy-resources-zero.yaml.injected"): {
+        "proxy_cpu": "0",
+        "proxy_cpu_limit": "0",
+        "proxy_memory": "150Mi",
+        "proxy_memory_limit": "500Mi",
+    },
+    ("proxy-resources-memory-null.yaml", "proxy-resources-memory-null.yaml.injected"): {
+        "proxy_cpu": "50m",
+        "proxy_cpu_limit": "100m",
+        "proxy_memory": "",
+        "proxy_memory_limit": "",
+    },
+    ("proxy-resources-mixed-null.yaml", "proxy-resources-mixed-null.yaml.injected"): {
+        "proxy_cpu": "100m",
+        "proxy_cpu_limit": "",
+        "proxy_memory": "",
+        "proxy_memory_limit": "500Mi",
+        "proxy_ephemeral_storage": "1Gi",
+    },
     **{
         (source, want): {"cni": True, "multus_network": "default/istio-cni"}
         for source, want in (
@@ -71,71 +157,36 @@ SETTINGS: dict[tuple[str, str], dict[str, Any]] = {
 }
 # (input, Istio's output) -> the Istio setting the case needs that meshctl has no equivalent of.
 NEEDS: dict[tuple[str, str], str] = {
-    ("hello.yaml", "hello.yaml.cni.injected"): "values.global.network (ISTIO_META_NETWORK)",
-    ("hello.yaml", "hello-tproxy.yaml.injected"): "mesh-wide interceptionMode TPROXY",
-    ("format-duration.yaml", "format-duration.yaml.injected"): "mesh drainDuration",
-    ("traffic-params.yaml", "traffic-params.yaml.injected"): "values.global.proxy.* capture",
-    ("status_params.yaml", "status_params.yaml.injected"): "values.global.proxy.statusPort",
-    ("kubevirtInterfaces.yaml", "kubevirtInterfaces.yaml.injected"): "values statusPort",
-    ("reroute-virtual-interfaces.yaml", "reroute-virtual-interfaces.yaml.injected"): (
-        "values statusPort"
+    # drainDuration is Envoy's hot-restart drain; meshctl's proxy has no hot restart (its
+    # termination drain is terminationDrainDuration), and proxy-config refuses the field.
+    ("format-duration.yaml", "format-duration.yaml.injected"): "mesh drainDuration (Envoy's)",
+    ("hello.yaml", "hello-mount-mtls-certs.yaml.injected"): (
+        "values.global.mountMtlsCerts (Istio's legacy /etc/certs Secret; meshctl's proxy reads "
+        "workload-spiffe-credentials)"
     ),
-    ("hello.yaml", "hello-image-secrets-in-values.yaml.injected"): "values imagePullSecrets",
-    ("hello-image-pull-secret.yaml", "hello-multiple-image-secrets.yaml.injected"): (
-        "values imagePullSecrets"
-    ),
-    ("hello.yaml", "hello-template-in-values.yaml.injected"): "a custom template in values",
-    ("hello.yaml", "hello-mount-mtls-certs.yaml.injected"): "values.global.mountMtlsCerts",
-    ("hello.yaml", "hello.proxyHoldsApplication.yaml.injected"): "mesh-wide holdApplication",
-    ("hello-probes.yaml", "hello-probes.proxyHoldsApplication.yaml.injected"): (
-        "mesh-wide holdApplication"
-    ),
-    (
-        "hello-probes-noProxyHoldApplication-ProxyConfig.yaml",
-        "hello-probes-noProxyHoldApplication-ProxyConfig.yaml.injected",
-    ): "mesh-wide holdApplication",
-    ("traffic-annotations.yaml", "traffic-annotations.yaml.injected"): "mesh proxyMetadata",
-    ("proxy-override-runas.yaml", "proxy-override-runas.yaml.tproxy.injected"): (
-        "mesh-wide interceptionMode TPROXY"
-    ),
-    ("custom-template.yaml", "custom-template.yaml.injected"): "a custom template in values",
-    ("merge-probers.yaml", "merge-probers.yaml.injected"): "mesh-wide holdApplication",
     ("hello-tracing-disabled.yaml", "hello-tracing-disabled.yaml.injected"): "mesh tracing",
-    ("hello-openshift.yaml", "hello-openshift.yaml.injected"): "the OpenShift platform",
+    ("hello-openshift.yaml", "hello-openshift.yaml.injected"): (
+        "the OpenShift platform (the proxy uid from the namespace's UID range)"
+    ),
     (
         "hello-openshift-custom-injection.yaml",
         "hello-openshift-custom-injection.yaml.injected",
-    ): "the OpenShift platform",
-    ("hello-openshift-tproxy.yaml", "hello-openshift-tproxy.yaml.injected"): "OpenShift",
+    ): "the OpenShift platform (the proxy uid from the namespace's UID range)",
     ("hello-probes-localhost.yaml", "hello-probes-localhost.yaml.injected"): (
         "mesh inboundTrafficPolicy LOCALHOST"
     ),
-    ("proxy-resources-null.yaml", "proxy-resources-null.yaml.injected"): "values resources",
-    ("proxy-resources-null-no-init.yaml", "proxy-resources-null-no-init.yaml.injected"): (
-        "values resources"
-    ),
-    ("proxy-resources-zero.yaml", "proxy-resources-zero.yaml.injected"): "values resources",
-    ("proxy-resources-memory-null.yaml", "proxy-resources-memory-null.yaml.injected"): (
-        "values resources"
-    ),
-    ("proxy-resources-mixed-null.yaml", "proxy-resources-mixed-null.yaml.injected"): (
-        "values resources"
-    ),
-    ("sidecar-spire.yaml", "sidecar-spire.yaml.injected"): "a custom (SPIRE) template",
-    ("gateway-spire.yaml", "gateway-spire.yaml.injected"): "a custom (SPIRE) template",
     ("hello-otel-semconv.yaml", "hello-otel-semconv.yaml.injected"): "mesh extensionProviders",
     ("hello.yaml", "hello-fips-140-3.yaml.injected"): "the FIPS compliance policy",
-    # Cases the auto-discovery of inject_test.go adds whose input asks for a feature of Istio's
-    # Envoy-based agent that meshctl's proxy does not have.
-    ("deploymentconfig.yaml", "deploymentconfig.yaml.injected"): "OpenShift DeploymentConfig",
-    ("deploymentconfig-multi.yaml", "deploymentconfig-multi.yaml.injected"): (
-        "OpenShift DeploymentConfig"
+    # Named templates meshctl refuses, each with a one-line reason (render.UNSUPPORTED_TEMPLATES).
+    ("custom-template.yaml", "custom-template.yaml.injected"): "a user-defined template in values",
+    ("sidecar-spire.yaml", "sidecar-spire.yaml.injected"): (
+        "the SPIRE template (no SPIFFE Workload API client in meshctl's proxy)"
     ),
-    (
-        "deploymentconfig-with-canonical-service-label.yaml",
-        "deploymentconfig-with-canonical-service-label.yaml.injected",
-    ): "OpenShift DeploymentConfig",
-    ("enable-core-dump.yaml", "enable-core-dump.yaml.injected"): "Envoy core dumps",
+    ("gateway-spire.yaml", "gateway-spire.yaml.injected"): (
+        "the SPIRE template (no SPIFFE Workload API client in meshctl's proxy)"
+    ),
+    # Cases the auto-discovery of inject_test.go adds whose input asks for a feature meshctl has
+    # no equivalent of.
     ("grpc-agent.yaml", "grpc-agent.yaml.injected"): "the proxyless gRPC template",
     ("grpc-simple.yaml", "grpc-simple.yaml.injected"): "the proxyless gRPC template",
     ("hello-multiport-metrics.yaml", "hello-multiport-metrics.yaml.injected"): (
@@ -150,16 +201,28 @@ REFUSED = {
     "traffic-annotations-bad-excludeinboundports.yaml": "excludeInboundPorts",
     "traffic-annotations-bad-excludeoutboundports.yaml": "excludeOutboundPorts",
 }
+STATUS_PORT_DIFFERS = (
+    "meshctl's proxy serves probes and merged metrics on the annotation's status port "
+    "(and Prometheus is sent there); Istio excludes that port from capture but its agent "
+    "stays on 15020 (PROXY_CONFIG {}), where it points Prometheus"
+)
 # Cases that run but still differ, with why (expected to fail, strictly).
 DIFFERS: dict[str, str] = {
     "only-proxy-container.yaml.injected": (
         "Istio moves the only container into initContainers (containers: [], which the API "
         "server refuses); meshctl keeps the proxy a regular container"
     ),
-    "status_annotations.yaml.injected": (
-        "meshctl's proxy serves probes and merged metrics on the annotation's status port "
-        "(and Prometheus is sent there); Istio excludes that port from capture but its agent "
-        "stays on 15020 (PROXY_CONFIG {}), where it points Prometheus"
+    "status_annotations.yaml.injected": STATUS_PORT_DIFFERS,
+    # The same with values.global.proxy.statusPort: Istio excludes 123 and rewrites probes to
+    # it, but points Prometheus at 15020 and declares no port 123.
+    "status_params.yaml.injected": STATUS_PORT_DIFFERS,
+    "kubevirtInterfaces.yaml.injected": STATUS_PORT_DIFFERS,
+    "reroute-virtual-interfaces.yaml.injected": STATUS_PORT_DIFFERS,
+    "merge-probers.yaml.injected": (
+        "the input is a pod injected by an older Istio: meshctl strips that injection and "
+        "injects afresh (ISTIO_META_APP_CONTAINERS names the new app container); Istio merges "
+        "the old proxy container over its template, keeping its stale env, readiness probe "
+        "and postStart hook"
     ),
 }
 

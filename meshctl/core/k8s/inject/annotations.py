@@ -66,6 +66,8 @@ TLS_MODE_LABEL = "security.istio.io/tlsMode"
 CANONICAL_NAME_LABEL = "service.istio.io/canonical-name"
 CANONICAL_REVISION_LABEL = "service.istio.io/canonical-revision"
 REVISION_LABEL = "istio.io/rev"
+NETWORK_LABEL = "topology.istio.io/network"
+WORKLOAD_NAME_LABEL = "service.istio.io/workload-name"
 
 INTERCEPTION_MODES = ("REDIRECT", "TPROXY", "NONE")
 

@@ -22,6 +22,9 @@ WORKLOAD_KINDS: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "StatefulSet": (frozenset({"apps"}), ("spec", "template")),
     "Job": (frozenset({"batch"}), ("spec", "template")),
     "CronJob": (frozenset({"batch"}), ("spec", "jobTemplate", "spec", "template")),
+    # OpenShift's (deprecated) Deployment; "" is OpenShift 3's legacy /oapi/v1 spelling, which
+    # Istio's kube-inject reads too.
+    "DeploymentConfig": (frozenset({"apps.openshift.io", ""}), ("spec", "template")),
 }
 
 # A CronJob names its Jobs <cronjob>-<scheduled time in minutes since the epoch>.

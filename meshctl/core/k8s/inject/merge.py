@@ -25,6 +25,7 @@ from meshctl.core.k8s.inject.undo import Recorder
 if TYPE_CHECKING:
     from meshctl.core.k8s.schema import (
         Container,
+        LocalObjectReference,
         ObjectMeta,
         PodSecurityContext,
         PodSpec,
@@ -81,10 +82,13 @@ def merge(
     if capture:
         make = render.validation_container if settings.cni else render.init_container
         init = make(options, settings)
+    labels = metadata.get("labels") or {}
+    # Istio's label naming the workload, for pods whose controller name says nothing useful.
+    named = labels.get(ann.WORKLOAD_NAME_LABEL) if isinstance(labels, dict) else None
     proxy = render.proxy_container(
         options,
         settings,
-        workload_name=workload_name,
+        workload_name=named if isinstance(named, str) and named else workload_name,
         app_containers=app_names,
         probers=rewritten.probers,
         extra_env=extra_env,
@@ -106,6 +110,7 @@ def merge(
         spec, init, proxy, undo, native=options.native_sidecar, first=hold
     )
     new_volumes = _add_volumes(spec, render.volumes(settings, options), undo, annotations)
+    new_secrets = _add_pull_secrets(spec, settings.image_pull_secrets, undo)
 
     _annotate(
         pod, undo, options, settings, scrape=scrape, app_names=app_names, workload=workload_name
@@ -114,7 +119,7 @@ def merge(
         "initContainers": injected_init or None,
         "containers": injected_containers or None,
         "volumes": [v["name"] for v in new_volumes],
-        "imagePullSecrets": None,
+        "imagePullSecrets": new_secrets or None,
         "revision": settings.revision,
     }
     annotations[ann.STATUS] = json.dumps(status, separators=(",", ":"))
@@ -138,6 +143,8 @@ def _annotate(
     annotations = metadata["annotations"]
     labels: dict[str, str] = undo.field(metadata, "labels", "metadata.labels", {})
     _merge_labels(labels, undo, workload, tls_mode=not options.gateway)
+    if settings.network and ann.NETWORK_LABEL not in labels:  # a value the user set stays
+        undo.set(labels, undo.labels, ann.NETWORK_LABEL, settings.network)
     if options.gateway:
         empty: PodSecurityContext = {}
         context = undo.field(spec, "securityContext", "spec.securityContext", empty)
@@ -179,6 +186,20 @@ def _add_volumes(
     volumes: list[Volume] = undo.field(spec, "volumes", "spec.volumes", [])
     volumes.extend(new)
     return new
+
+
+def _add_pull_secrets(spec: PodSpec, names: tuple[str, ...], undo: Recorder) -> list[str]:
+    """The mesh's image pull secrets (values.global.imagePullSecrets) ahead of the pod's own, as
+    Istio's template puts them; returns the names added (the pod's own are never listed, so
+    removal leaves them)."""
+    present = {s.get("name") for s in spec.get("imagePullSecrets") or ()}
+    added = [name for name in dict.fromkeys(names) if name not in present]
+    if added:
+        secrets: list[LocalObjectReference] = undo.field(
+            spec, "imagePullSecrets", "spec.imagePullSecrets", []
+        )
+        secrets[:0] = [{"name": name} for name in added]
+    return added
 
 
 def _place(

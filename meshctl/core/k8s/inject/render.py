@@ -12,11 +12,11 @@ import json
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from meshctl.core.k8s import proxyconfig
 from meshctl.core.k8s.inject import annotations as ann
-from meshctl.core.k8s.inject.errors import InvalidAnnotationError
+from meshctl.core.k8s.inject.errors import InjectError, InvalidAnnotationError
 from meshctl.core.k8s.inject.interception import (
     HBONE_PORT,
     INBOUND_CAPTURE_PORT,
@@ -88,7 +88,11 @@ class PodOptions:
 
 
 def pod_options(annotations: dict[str, str], settings: InjectSettings) -> PodOptions:
-    """The pod's options: its annotations where set and valid, the settings otherwise."""
+    """The pod's options: its annotations where set and valid, the settings otherwise (the
+    mesh-wide defaults read as the annotations they stand for: a pod's own wins)."""
+    defaults = settings.pod_defaults()
+    if defaults:
+        annotations = {**defaults, **annotations}
 
     def flag(key: str, default: bool) -> bool:
         value = annotations.get(key)
@@ -110,7 +114,7 @@ def pod_options(annotations: dict[str, str], settings: InjectSettings) -> PodOpt
         readiness_period=seconds(ann.READINESS_PERIOD, 15, 1),
         readiness_failure_threshold=seconds(ann.READINESS_FAILURE_THRESHOLD, 4, 1),
         status_port=status_port(annotations),
-        proxy_config=_proxy_config(annotations),
+        proxy_config=_proxy_config(annotations, settings),
         gateway=_template(annotations) == "gateway",
         user_volumes=_objects(annotations, ann.USER_VOLUME, "volume source"),
         user_mounts=_objects(annotations, ann.USER_VOLUME_MOUNT, "volume mount"),
@@ -118,6 +122,28 @@ def pod_options(annotations: dict[str, str], settings: InjectSettings) -> PodOpt
 
 
 TEMPLATE_NAMES = ("sidecar", "gateway")
+_PROXYLESS = (
+    (
+        "proxyless gRPC reads listeners, routes and clusters over xDS, which meshctl's control "
+        "plane does not serve (it serves workloads and policies to L4 proxies)"
+    ),
+    "inject the sidecar template instead: the app's gRPC traffic then goes through the proxy",
+)
+# Istio's templates (built in, or the one its SPIRE guide defines) that meshctl refuses, and why.
+UNSUPPORTED_TEMPLATES = {
+    "spire": (
+        (
+            "meshctl's proxy has no SPIFFE Workload API client, so it would ignore the SPIRE "
+            "socket and take its certificate from meshctl's CA"
+        ),
+        (
+            "mount SPIRE-issued cert-chain.pem, key.pem and root-cert.pem at "
+            f"{CERTS_PATH} with sidecar.istio.io/userVolume and userVolumeMount"
+        ),
+    ),
+    "grpc-agent": _PROXYLESS,
+    "grpc-simple": _PROXYLESS,
+}
 
 
 def _template(annotations: dict[str, str]) -> str:
@@ -126,24 +152,55 @@ def _template(annotations: dict[str, str]) -> str:
     if value is None:
         return "sidecar"
     names = [n.strip() for n in value.split(",") if n.strip()]
+    for name in names:
+        if name in UNSUPPORTED_TEMPLATES:
+            why, hint = UNSUPPORTED_TEMPLATES[name]
+            raise InjectError(
+                f"template {name!r} (annotation {ann.TEMPLATES!r}) is not supported: {why}",
+                hint=hint,
+            )
     # The same template more than once is the same injection (each pass is idempotent).
     if len(set(names)) != 1 or names[0] not in TEMPLATE_NAMES:
+        unknown = next((n for n in names if n not in TEMPLATE_NAMES), None)
         raise InvalidAnnotationError(
-            ann.TEMPLATES, value, expected="one template: " + " or ".join(TEMPLATE_NAMES)
+            ann.TEMPLATES,
+            value,
+            expected="one template: "
+            + " or ".join(TEMPLATE_NAMES)
+            + (f" (meshctl has no user-defined templates such as {unknown!r})" if unknown else ""),
         )
     return names[0]
 
 
-def _proxy_config(annotations: dict[str, str]) -> proxyconfig.ProxyConfig:
+def _proxy_config(annotations: dict[str, str], settings: InjectSettings) -> proxyconfig.ProxyConfig:
+    """The pod's ProxyConfig over the mesh-wide one, field by field (``proxyMetadata`` key by
+    key), as Istio merges ``proxy.istio.io/config`` over ``meshConfig.defaultConfig``."""
+    mesh = settings.mesh_proxy_config() if settings.proxy_config else None
     value = annotations.get(proxyconfig.ANNOTATION)
     if value is None:
-        return proxyconfig.ProxyConfig()
+        return mesh or proxyconfig.ProxyConfig()
     try:
-        return proxyconfig.parse(value)
+        pod = proxyconfig.parse(value)
     except ValueError as exc:
         raise InvalidAnnotationError(
             proxyconfig.ANNOTATION, value, expected=f"ProxyConfig fields ({exc})"
         ) from None
+    if mesh is None:
+        return pod
+    return dataclasses.replace(
+        pod,
+        hold_application=_first(pod.hold_application, mesh.hold_application),
+        termination_drain=_first(pod.termination_drain, mesh.termination_drain),
+        concurrency=_first(pod.concurrency, mesh.concurrency),
+        metadata={**mesh.metadata, **pod.metadata},
+    )
+
+
+_T = TypeVar("_T")
+
+
+def _first(pod: _T | None, mesh: _T | None) -> _T | None:
+    return mesh if pod is None else pod
 
 
 def hold_application(options: PodOptions, container: Container) -> None:
@@ -163,20 +220,22 @@ def _resources(
 ) -> ResourceRequirements:
     """Istio's rule: with any of the four resource annotations set, the proxy gets exactly what
     they say (requests from proxyCPU/proxyMemory, limits only from the *Limit ones); with none,
-    the settings' requests and limits."""
+    the settings' requests and limits (an empty one: none, as a null in Istio's values)."""
     keys = (
         ("requests", "cpu", ann.PROXY_CPU, settings.proxy_cpu),
         ("requests", "memory", ann.PROXY_MEMORY, settings.proxy_memory),
+        ("requests", "ephemeral-storage", None, settings.proxy_ephemeral_storage),
         ("limits", "cpu", ann.PROXY_CPU_LIMIT, settings.proxy_cpu_limit),
         ("limits", "memory", ann.PROXY_MEMORY_LIMIT, settings.proxy_memory_limit),
+        ("limits", "ephemeral-storage", None, settings.proxy_ephemeral_storage_limit),
     )
-    given = any(key in annotations for _, _, key, _ in keys)
+    given = any(key in annotations for _, _, key, _ in keys if key)
     sections: dict[str, dict[str, str]] = {}
     for section, resource, key, default in keys:
-        value = annotations.get(key)
-        if value is not None:
+        value = annotations.get(key) if key else None
+        if key and value is not None:
             sections.setdefault(section, {})[resource] = ann.parse_quantity(key, value)
-        elif defaults and not given:
+        elif defaults and not given and default:
             sections.setdefault(section, {})[resource] = default
     chosen: ResourceRequirements = {}
     if "requests" in sections:
@@ -295,6 +354,8 @@ def proxy_container(
         {"name": "TRUST_DOMAIN", "value": settings.trust_domain},
         {"name": "ISTIO_META_CLUSTER_ID", "value": settings.cluster_id},
     ]
+    if settings.network:  # values.global.network: the proxy's network, for cross-network peers
+        env.append({"name": "ISTIO_META_NETWORK", "value": settings.network})
     if settings.mesh_id:
         env.append({"name": "ISTIO_META_MESH_ID", "value": settings.mesh_id})
     env += [
@@ -323,9 +384,14 @@ def proxy_container(
             env.append({"name": name, "value": value})
 
     capabilities: Capabilities = {"drop": ["ALL"]}
+    uid, non_root = settings.proxy_uid, True
     if options.interception.mode == "TPROXY":
-        # TPROXY mode binds to foreign addresses (IP_TRANSPARENT), which needs NET_ADMIN.
+        # TPROXY mode binds to foreign addresses (IP_TRANSPARENT), which needs NET_ADMIN; the
+        # kubelet makes an added capability effective for uid 0 only (no ambient capabilities),
+        # so the proxy runs as root, as Istio's does, and the capture exempts its traffic by
+        # its group (-g), which stays the proxy's.
         capabilities = {"add": ["NET_ADMIN"], "drop": ["ALL"]}
+        uid, non_root = 0, False
     # Built field by field in the order Istio's template writes them (the output keeps it).
     container: Container = {
         "name": PROXY_CONTAINER,
@@ -355,8 +421,8 @@ def proxy_container(
         "privileged": False,
         "readOnlyRootFilesystem": True,
         "runAsGroup": settings.gid,
-        "runAsNonRoot": True,
-        "runAsUser": settings.proxy_uid,
+        "runAsNonRoot": non_root,
+        "runAsUser": uid,
     }
     container["volumeMounts"] = _proxy_mounts(options)
     if options.gateway:
@@ -400,7 +466,8 @@ def _effective_config(options: PodOptions) -> proxyconfig.ProxyConfig:
 
 
 def _metadata_env(options: PodOptions) -> list[EnvVar]:
-    return [{"name": k, "value": v} for k, v in options.proxy_config.metadata.items()]
+    # In name order, as Istio's template ranges over the map (mesh-wide and pod keys merged).
+    return [{"name": k, "value": v} for k, v in sorted(options.proxy_config.metadata.items())]
 
 
 def _add_proxy_probes(container: Container, options: PodOptions) -> None:

@@ -473,8 +473,9 @@ def test_the_gateway_template_makes_the_proxy_the_main_container_without_capture
 
 
 def test_an_unknown_template_is_refused():
-    with pytest.raises(InvalidAnnotationError, match=r"inject\.istio\.io/templates"):
-        inject(pod(**{ann.TEMPLATES: "grpc-agent"}))
+    with pytest.raises(InvalidAnnotationError, match=r"inject\.istio\.io/templates") as caught:
+        inject(pod(**{ann.TEMPLATES: "custom"}))
+    assert "user-defined templates such as 'custom'" in str(caught.value.hint)
 
 
 @pytest.mark.parametrize(

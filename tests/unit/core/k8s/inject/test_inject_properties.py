@@ -5,7 +5,9 @@ Pods are generated with the features injection touches: labels and annotations i
 writes (with and without prior values: tlsMode, Prometheus scrape settings, resources, the
 proxy's config, user volumes, a status port), HTTP, TCP, gRPC and exec probes on numbered and
 named ports, lifecycle hooks, init containers and native sidecars, a user's own istio-proxy
-override, volumes, absent, empty and null fields. Equality is checked on JSON text, so key
+override, volumes, image pull secrets, absent, empty and null fields; under settings that
+include the mesh-wide defaults (network, interception mode, capture, status port, pull secrets,
+a mesh ProxyConfig). Equality is checked on JSON text, so key
 order counts too.
 """
 
@@ -112,6 +114,8 @@ LABELS = st.dictionaries(
             ann.TLS_MODE_LABEL,
             ann.CANONICAL_NAME_LABEL,
             ann.CANONICAL_REVISION_LABEL,
+            ann.NETWORK_LABEL,
+            ann.WORKLOAD_NAME_LABEL,
             "tier",
         ]
     ),
@@ -182,6 +186,14 @@ def pods(draw: st.DrawFn) -> dict[str, Any]:
         ]
     if draw(st.booleans()):
         spec["serviceAccountName"] = "sa"
+    secrets = draw(st.sampled_from(["absent", "null", "empty", "mine", "shared"]))
+    if secrets != "absent":
+        spec["imagePullSecrets"] = {
+            "null": None,
+            "empty": [],
+            "mine": [{"name": "mine"}],
+            "shared": [{"name": "mine"}, {"name": "mesh"}],  # one the settings add, too
+        }[secrets]
     pod: dict[str, Any] = {"spec": spec}
     metadata_choice = draw(st.sampled_from(["absent", "null", "some"]))
     if metadata_choice == "null":
@@ -206,6 +218,16 @@ SETTINGS = st.builds(
     native_sidecar=st.booleans(),
     cni=st.booleans(),
     proxy_uid=st.sampled_from([1337, 2102]),
+    # Mesh-wide defaults (Istio's values and meshConfig.defaultConfig).
+    network=st.sampled_from(["", "network1"]),
+    interception_mode=st.sampled_from(["REDIRECT", "TPROXY", "NONE"]),
+    exclude_ip_ranges=st.sampled_from(["", "10.96.0.0/24"]),
+    exclude_inbound_ports=st.sampled_from(["", "4,5"]),
+    status_port=st.sampled_from([15020, 123, 0]),
+    image_pull_secrets=st.sampled_from([(), ("mesh",), ("mesh", "other")]),
+    proxy_config=st.sampled_from(
+        ["", '{"holdApplicationUntilProxyStarts": true, "proxyMetadata": {"A": "mesh"}}']
+    ),
 )
 
 
