@@ -129,6 +129,8 @@ RECIPES: dict[str, Recipe] = {
     "ztunnel": Recipe(),
     "cni": Recipe(),
     "controlplane": Recipe(),
+    "proxy-status": Recipe(),  # the root's dead --kubeconfig: it fails at its first request
+    "proxy-config": Recipe(("workloads", "web-1")),
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 
