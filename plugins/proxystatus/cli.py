@@ -82,11 +82,10 @@ def proxy_status(
     ns, name = _split(pod, namespace)
     chosen = report.select(merged, ns, name)
     if not chosen:
-        raise UserError(
+        raise MeshctlError(
             f"no proxy of pod {ns}/{name} is connected to the control plane",
             hint="meshctl proxy-status lists the connected proxies; an ambient pod's proxy "
             "is its node's node proxy",
-            exit_code=1,
         )
     if output is not OutputFormat.TABLE:
         options.write_output(render(chosen, output, names=[f"{ns}/{name}"]), output_file)
