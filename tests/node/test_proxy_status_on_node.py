@@ -112,12 +112,14 @@ def _check_status(mesh: Mesh, sidecar_ns: str, ambient_ns: str, node_proxy: str,
     assert f"spiffe://cluster.local/ns/{ambient_ns}/sa/app" in held, held
     table = mesh.run("proxy-status")
     assert table.returncode == 0, table.stderr
+    print(table.stdout)  # shown with -s: what a user sees
     line = next(row for row in table.stdout.splitlines() if row.startswith(sidecar))
     assert "SYNCED" in line, table.stdout
     assert "sidecar" in line, table.stdout
     assert table.stdout.splitlines()[0].split()[:2] == ["NAME", "KIND"]
     detail = mesh.run("proxy-status", "app", "-n", sidecar_ns)
     assert detail.returncode == 0, detail.stderr
+    print(detail.stdout)
     assert "istio.workload.Address" in detail.stdout, detail.stdout
     assert "SYNCED" in detail.stdout, detail.stdout
     saved = tmp_path / "status.json"
@@ -132,11 +134,13 @@ def _check_config(mesh: Mesh, sidecar_ns: str, ambient_ns: str) -> None:
     proxy."""
     workloads = mesh.run("proxy-config", "workloads", "app", "-n", ambient_ns)
     assert workloads.returncode == 0, workloads.stderr
+    print(workloads.stdout)
     mine = [r for r in workloads.stdout.splitlines() if r.startswith("app ") and ambient_ns in r]
     assert mine, workloads.stdout
     assert "HBONE" in mine[0], workloads.stdout
     certs = mesh.run("proxy-config", "certs", "app", "-n", ambient_ns)
     assert certs.returncode == 0, certs.stderr
+    print(certs.stdout)
     assert f"spiffe://cluster.local/ns/{ambient_ns}/sa/app" in certs.stdout, certs.stdout
     assert "leaf" in certs.stdout, certs.stdout
     assert "Available" in certs.stdout, certs.stdout
@@ -145,6 +149,7 @@ def _check_config(mesh: Mesh, sidecar_ns: str, ambient_ns: str) -> None:
     assert own[0]["certChain"][0]["serialNumber"]
     listeners = mesh.run("proxy-config", "listeners", "app", "-n", sidecar_ns)
     assert listeners.returncode == 0, listeners.stderr
+    print(listeners.stdout)
     assert "inbound" in listeners.stdout, listeners.stdout
     missing = mesh.run("proxy-config", "certs", "no-such-pod", "-n", sidecar_ns)
     assert missing.returncode == 1, missing.stderr

@@ -17,7 +17,7 @@ from typing import Any
 
 from meshctl.core.xds.syncstatus import SEVERITY, SyncState
 
-from .syncz import IssuedFacts, ProxyFacts, Report
+from .syncz import IssuedFacts, Report
 
 UNREACHABLE = "UNREACHABLE"
 
@@ -214,7 +214,3 @@ def as_data(merged: Merged) -> dict[str, Any]:
             {"controlPlane": f.control_plane, "error": f.error} for f in merged.failures
         ],
     }
-
-
-def facts_of(proxy: ProxyFacts) -> dict[str, Any]:
-    return dict(proxy)

@@ -90,7 +90,14 @@ def decode(raw: bytes) -> Report:
         if not isinstance(data.get(key), kind):
             raise ReportError(f"{key!r} missing or not a {kind.__name__}")
     for proxy in data["proxies"]:
-        if not isinstance(proxy, dict) or not isinstance(proxy.get("types", {}), dict):
-            raise ReportError("a proxy entry is not an object with 'types'")
+        if not isinstance(proxy, dict) or not isinstance(proxy.get("requester"), str):
+            raise ReportError("a proxy entry is not an object with a 'requester'")
+        types = proxy.get("types")
+        if not isinstance(types, dict) or not all(isinstance(t, dict) for t in types.values()):
+            raise ReportError(f"proxy {proxy['requester']}: 'types' is not an object of objects")
+    for cert in data["certificates"]:
+        fields = ("requester", "identity", "serial", "notBefore", "notAfter")
+        if not isinstance(cert, dict) or not all(isinstance(cert.get(f), str) for f in fields):
+            raise ReportError(f"a certificate entry lacks one of {', '.join(fields)}")
     report: Report = data  # type: ignore[assignment]  # checked above as far as readers rely
     return report

@@ -118,7 +118,16 @@ def test_one_proxy_detail_names_versions_nonces_and_the_nack_message():
 
 
 def test_a_report_that_is_not_the_json_form_is_refused():
-    for raw in (b"\xff", b"[]", b'{"controlPlane": "a"}', b"not json"):
+    whole = '"controlPlane": "a", "proxies": %s, "certificates": %s'
+    for raw in (
+        b"\xff",
+        b"[]",
+        b'{"controlPlane": "a"}',
+        b"not json",
+        ("{" + whole % ('[{"types": {}}]', "[]") + "}").encode(),
+        ("{" + whole % ('[{"requester": "a/b", "types": {"t": 1}}]', "[]") + "}").encode(),
+        ("{" + whole % ("[]", '[{"requester": "a/b"}]') + "}").encode(),
+    ):
         with pytest.raises(syncz.ReportError):
             syncz.decode(raw)
 
