@@ -132,3 +132,20 @@ def test_syncz_is_refused_to_accounts_outside_the_mesh_namespace_and_to_no_token
         assert anonymous.value.code == "UNAUTHENTICATED"
 
     asyncio.run(scenario())
+
+
+def test_the_cli_says_what_is_missing_in_one_error_line(mesh):
+    from tests.harness.cli import run_meshctl
+
+    cluster, _plane, _root, _system, apps = mesh
+    base = ("--kubeconfig", str(cluster.kubeconfig))
+    # The replica of this module runs as a process, not a pod: no control plane pod to ask.
+    status = run_meshctl(*base, "proxy-status", "--mesh-namespace", apps)
+    assert status.returncode == 1, status.stderr
+    assert status.stderr.startswith(f"Error: no running control plane pod in namespace {apps}")
+    config = run_meshctl(*base, "proxy-config", "certs", "nope", "-n", apps)
+    assert config.returncode == 1, config.stderr
+    assert config.stderr.startswith(f"Error: pod {apps}/nope not found"), config.stderr
+    for done in (status, config):
+        assert "Traceback" not in done.stderr
+        assert done.stderr.count("Error: ") == 1
