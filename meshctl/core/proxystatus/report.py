@@ -115,11 +115,7 @@ def name_of(proxy: Mapping[str, Any]) -> str:
 
 def table(merged: Merged, now: datetime) -> list[dict[str, str]]:
     """One row per proxy (problems first), then one per replica that did not answer."""
-    urls: list[str] = []
-    for proxy in merged.proxies:
-        for url in proxy.get("types", {}):
-            if url not in urls:
-                urls.append(url)
+    urls = sorted({url for p in merged.proxies for url in p.get("types", {})}, key=type_name)
     rows: list[dict[str, str]] = []
     for proxy in merged.proxies:
         row = {
@@ -165,7 +161,7 @@ def select(merged: Merged, namespace: str, pod: str) -> list[dict[str, Any]]:
 def detail(proxy: Mapping[str, Any], now: datetime) -> list[dict[str, str]]:
     """One row per xDS type of one proxy: what was sent, ACKed, NACKed and when."""
     rows = []
-    for url, facts in proxy.get("types", {}).items():
+    for url, facts in sorted(proxy.get("types", {}).items(), key=lambda kv: type_name(kv[0])):
         sent, acked, nacked = facts.get("sent", {}), facts.get("acked", {}), facts.get("nacked", {})
         rows.append(
             {

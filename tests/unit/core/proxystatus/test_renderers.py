@@ -42,7 +42,10 @@ def proxy(requester, status, **kw):
         "node": "n1",
         "connectedAgo": 60.0,
         "status": status,
-        "types": {ADDR: type_facts(status, kw.get("nack", ""))},
+        "types": {
+            "type.googleapis.com/istio.security.Authorization": type_facts("SYNCED"),
+            ADDR: type_facts(status, kw.get("nack", "")),
+        },
     }
 
 
@@ -93,6 +96,7 @@ def test_merge_joins_certificates_from_any_replica_and_puts_problems_first():
     rows = report.table(merged, NOW)
     assert [r["NAME"] for r in rows] == ["shop/bad-1", "shop/old-1", "shop/web-1", "-"]
     assert [r["STATUS"] for r in rows] == ["NACK", "STALE", "SYNCED", "UNREACHABLE"]
+    assert list(rows[0])[4:6] == ["ADDRESS", "AUTHORIZATION"]  # types in name order
     web = rows[2]
     assert web["CONTROL PLANE"] == "cp-a"
     assert web["ADDRESS"] == "SYNCED (3s)"
@@ -109,7 +113,11 @@ def test_merge_joins_certificates_from_any_replica_and_puts_problems_first():
 def test_one_proxy_detail_names_versions_nonces_and_the_nack_message():
     merged = report.merge([rep("cp-a", [proxy("shop/bad-1", "NACK", nack="x: no")])])
     (chosen,) = report.select(merged, "shop", "bad-1")
-    (row,) = report.detail(chosen, NOW)
+    row, authz = report.detail(chosen, NOW)
+    assert (row["TYPE"], authz["TYPE"]) == (
+        ADDR,
+        "type.googleapis.com/istio.security.Authorization",
+    )
     assert row["STATUS"] == "NACK"
     assert row["SENT"] == "v4 nonce 2 (3s ago)"
     assert row["NACK ERROR"] == "x: no"
