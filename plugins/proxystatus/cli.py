@@ -82,6 +82,8 @@ def proxy_status(
     ns, name = _split(pod, namespace)
     chosen = report.select(merged, ns, name)
     if not chosen:
+        chosen = _node_proxies_of(kube, merged, ns, name)
+    if not chosen:
         raise MeshctlError(
             f"no proxy of pod {ns}/{name} is connected to the control plane",
             hint="meshctl proxy-status lists the connected proxies; an ambient pod's proxy "
@@ -95,6 +97,28 @@ def proxy_status(
         for p in chosen
     )
     options.write_output(text, output_file)
+
+
+def _node_proxies_of(kube: Any, merged: Any, namespace: str, pod: str) -> list[dict[str, Any]]:
+    """An ambient pod's proxies: the node proxies of its node (said on stderr), else none."""
+    from meshctl.core.proxystatus import report
+    from meshctl.kube import objects
+    from meshctl.kube.resources import PODS
+
+    found = objects.get(kube, PODS, pod, namespace)
+    if found is None:
+        raise MeshctlError(f"pod {namespace}/{pod} not found", hint="check the name and -n")
+    annotations = (found.get("metadata") or {}).get("annotations") or {}
+    node = str((found.get("spec") or {}).get("nodeName") or "")
+    if annotations.get(REDIRECTION) != "enabled" or not node:
+        return []
+    proxies: list[dict[str, Any]] = report.node_proxies_on(merged, node)
+    for proxy in proxies:
+        print(  # noqa: T201 (a message: stderr)
+            f"pod {namespace}/{pod} is ambient: served by node proxy {report.name_of(proxy)}",
+            file=sys.stderr,
+        )
+    return proxies
 
 
 @config_app.command("proxy-config")

@@ -122,6 +122,10 @@ def _check_status(mesh: Mesh, sidecar_ns: str, ambient_ns: str, node_proxy: str,
     print(detail.stdout)
     assert "istio.workload.Address" in detail.stdout, detail.stdout
     assert "SYNCED" in detail.stdout, detail.stdout
+    served = mesh.run("proxy-status", "app", "-n", ambient_ns, "-o", "json")
+    assert served.returncode == 0, served.stderr
+    assert [p["requester"] for p in json.loads(served.stdout)] == [zt], served.stdout
+    assert f"served by node proxy {zt}" in served.stderr, served.stderr
     saved = tmp_path / "status.json"
     written = mesh.run("proxy-status", "-o", "json", "-O", str(saved))
     assert written.returncode == 0, written.stderr

@@ -158,6 +158,11 @@ def select(merged: Merged, namespace: str, pod: str) -> list[dict[str, Any]]:
     return [p for p in merged.proxies if p.get("requester") == wanted]
 
 
+def node_proxies_on(merged: Merged, node: str) -> list[dict[str, Any]]:
+    """The node proxies serving ``node`` (an ambient pod's proxy is its node's)."""
+    return [p for p in merged.proxies if p.get("kind") == "node proxy" and p.get("node") == node]
+
+
 def detail(proxy: Mapping[str, Any], now: datetime) -> list[dict[str, str]]:
     """One row per xDS type of one proxy: what was sent, ACKed, NACKed and when."""
     rows = []

@@ -123,6 +123,10 @@ def test_one_proxy_detail_names_versions_nonces_and_the_nack_message():
     assert row["NACK ERROR"] == "x: no"
     assert report.summary(chosen, NOW)["control plane"] == "cp-a"
     assert report.select(merged, "shop", "web-1") == []
+    zt = proxy("meshctl-system/ztunnel-x", "SYNCED", kind="node proxy")
+    both = report.merge([rep("cp-a", [zt, proxy("shop/web-1", "SYNCED")])])
+    assert [p["requester"] for p in report.node_proxies_on(both, "n1")] == [zt["requester"]]
+    assert report.node_proxies_on(both, "n2") == []
 
 
 def test_a_report_that_is_not_the_json_form_is_refused():
