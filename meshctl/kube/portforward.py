@@ -1,5 +1,5 @@
-"""A stream to a port on a pod's loopback through the API server's port forwarding, and one
-HTTP GET over it.
+"""A stream to a port on a pod's loopback through the API server's port forwarding, one HTTP
+GET over it, and a local port relayed to it (for a client that dials an address: gRPC).
 
 What ``istioctl proxy-config`` does to reach a proxy's admin port (15000 listens on 127.0.0.1
 only): ``pods/portforward`` over a websocket, then plain HTTP/1.0 on the forwarded stream.
@@ -10,7 +10,9 @@ the timeout; a failure is a one-line ``KubeError`` naming the pod and port.
 from __future__ import annotations
 
 import contextlib
+import select
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -96,3 +98,60 @@ def http_get(
             f"{where} answered no HTTP ({len(data)} bytes)", hint="is this the proxy's admin port?"
         ) from None
     return status, body
+
+
+@contextlib.contextmanager
+def local_port(kube: Kube, namespace: str, pod: str, port: int) -> Iterator[int]:
+    """A port on 127.0.0.1 whose every connection is relayed to ``port`` inside the pod over
+    its own forwarded stream (what ``kubectl port-forward`` does); closed on exit with every
+    relay. A connection the API server refuses to forward is closed at once (the client sees
+    the connection drop)."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    stop = threading.Event()
+    relays: list[threading.Thread] = []
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            relay = threading.Thread(target=_relay, args=(conn,), daemon=True)
+            relay.start()
+            relays.append(relay)
+
+    def _relay(conn: socket.socket) -> None:
+        with (
+            conn,
+            contextlib.suppress(KubeError, OSError),
+            stream(kube, namespace, pod, port) as remote,
+        ):
+            _pump(conn, remote, stop)
+
+    acceptor = threading.Thread(target=accept, daemon=True)
+    acceptor.start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        stop.set()
+        listener.close()
+        acceptor.join(timeout=2.0)
+        for relay in relays:
+            relay.join(timeout=2.0)
+
+
+def _pump(a: socket.socket, b: socket.socket, stop: threading.Event) -> None:
+    """Copy bytes both ways until either side closes or ``stop`` is set."""
+    peers = {a: b, b: a}
+    while not stop.is_set():
+        readable, _, _ = select.select(list(peers), [], [], 0.2)
+        for sock in readable:
+            data = sock.recv(65536)
+            if not data:
+                return
+            peers[sock].sendall(data)

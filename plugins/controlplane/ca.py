@@ -18,10 +18,13 @@ from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
+from cryptography import x509
+
 from meshctl import rpc
 from meshctl.core.pki import ca
 from meshctl.core.pki.callers import Caller, CallerError
 from meshctl.core.pki.identity import IdentityError, SpiffeId
+from meshctl.core.pki.issued import Issued, IssuedLedger, requester_of
 from meshctl.proto import citadel_pb2, citadel_pb2_grpc
 
 from .metrics import Metrics
@@ -54,8 +57,11 @@ class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
         default_ttl: timedelta,
         max_ttl: timedelta,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        issued: IssuedLedger | None = None,
     ) -> None:
+        """``issued``: where each signing is recorded (``proxy-status`` shows the expiry)."""
         self._authn = authenticator
+        self.issued = issued if issued is not None else IssuedLedger()
         self._authority = authority
         self._metrics = metrics
         self._default_ttl = default_ttl
@@ -123,6 +129,16 @@ class CertificateService(citadel_pb2_grpc.IstioCertificateServiceServicer):
         )
         leaf = ca.issue_workload(authority, signing.public_key, wanted, ttl=ttl, now=self._clock())
         log.debug("issued %s to %s (%ss)", wanted, caller.account, int(ttl.total_seconds()))
+        cert = x509.load_pem_x509_certificate(leaf.encode())
+        self.issued.record(
+            Issued(
+                requester=requester_of(caller),
+                identity=str(wanted),
+                serial=format(cert.serial_number, "x"),
+                not_before=cert.not_valid_before_utc,
+                not_after=cert.not_valid_after_utc,
+            )
+        )
         return citadel_pb2.IstioCertificateResponse(cert_chain=[leaf, *authority.chain_pems()])
 
 

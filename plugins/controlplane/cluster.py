@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ from meshctl.proto import xds_pb2_grpc
 
 from .crds import GROUP, PLURAL
 from .gateway_configs import GatewayConfigs
-from .xds_server import DiscoveryServer
+from .xds_server import DebugSettings, DiscoveryServer
 
 if TYPE_CHECKING:
     from .plane import Plane
@@ -89,6 +90,11 @@ class Discovery:
             synced=self.synced,
             gateways=self.gateways,
             ingress_namespace=self.settings.namespace,
+            debug=DebugSettings(
+                namespace=self.settings.namespace,
+                replica=self.settings.pod_name or socket.gethostname(),
+                issued=plane.issued,
+            ),
         )
         plane.server.add(xds_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server, self.server)
         events = subscribe(plane.informers.informer(r) for r in WATCHED.values())

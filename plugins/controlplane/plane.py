@@ -36,6 +36,7 @@ from meshctl import logs, rpc, webhook
 from meshctl.core.k8s.inject.settings import InjectSettings
 from meshctl.core.k8s.inject.webhook_config import configuration_name
 from meshctl.core.pki import ca
+from meshctl.core.pki.issued import IssuedLedger
 from meshctl.kube.client import Kube
 from meshctl.kube.informer import Informers
 from meshctl.proto import citadel_pb2_grpc
@@ -91,6 +92,7 @@ class Plane:
     authenticator: Authenticator
     authorities: AuthorityStore
     leader: LeaderElection
+    issued: IssuedLedger = field(default_factory=IssuedLedger)  # what the CA signed, per caller
     tasks: Tasks = field(default_factory=lambda: Tasks(log))
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
@@ -156,6 +158,7 @@ class ControlPlane:
         self._webhook: webhook.TlsConfig | None = None
         self._grpc_port = 0
         self._ca: CertificateService | None = None
+        self.issued = IssuedLedger()
 
     # -- state read by the status ports and tests ----------------------------------------------
 
@@ -231,6 +234,7 @@ class ControlPlane:
                 metrics=self.metrics,
                 default_ttl=self.settings.default_ttl,
                 max_ttl=self.settings.max_ttl,
+                issued=self.issued,
             )
             server.add(citadel_pb2_grpc.add_IstioCertificateServiceServicer_to_server, self._ca)
             plane = Plane(
@@ -242,6 +246,7 @@ class ControlPlane:
                 authenticator=self.authenticator,
                 authorities=self.authorities,
                 leader=self.leader,
+                issued=self.issued,
             )
             for component in self.components:
                 await component.start(plane)

@@ -32,6 +32,8 @@ from google.protobuf import any_pb2
 from meshctl import gateway_wire, xds
 from meshctl.core.mesh.store import Listener, Store, Update
 from meshctl.core.pki.callers import Caller, CallerError
+from meshctl.core.pki.issued import IssuedLedger, requester_of
+from meshctl.core.proxystatus import syncz
 from meshctl.core.xds import delta
 from meshctl.core.xds.resources import (
     ADDRESS_TYPE,
@@ -43,6 +45,7 @@ from meshctl.core.xds.resources import (
     policy_view,
     touches,
 )
+from meshctl.core.xds.syncstatus import SyncBook
 from meshctl.proto import xds_pb2, xds_pb2_grpc
 
 from .gateway_configs import GatewayCatalog, GatewayConfigs
@@ -51,6 +54,16 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 _BODY_CACHE = 20_000  # encoded resources kept (by key and version)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DebugSettings:
+    """The sync report's side: who may ask, this replica's name, the CA's records."""
+
+    namespace: str = ""  # the control plane's: its service accounts may ask
+    replica: str = ""  # this replica's pod name
+    issued: IssuedLedger | None = None
+    stale_after: float = syncz.DEFAULT_STALE_AFTER
 
 
 class StoreView(Protocol):
@@ -103,6 +116,11 @@ class _Stream:
     since: float = 0.0  # when the oldest untaken change happened
     view: frozenset[str] = frozenset()
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    # What proxy-status shows: per type, what was sent and how the proxy answered.
+    book: SyncBook = field(default_factory=SyncBook)
+    node_id: str = ""  # the Node the proxy sent first
+    node_name: str = ""  # its NODE_NAME metadata
+    connected_at: float = field(default_factory=time.monotonic)
 
 
 class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
@@ -118,15 +136,18 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
         synced: asyncio.Event | None = None,
         gateways: GatewayConfigs | None = None,
         ingress_namespace: str = "",
+        debug: DebugSettings | None = None,
     ) -> None:
         """``synced``: set by the store's source once the store is whole (None: it is).
         ``gateways``: the gateway controller's configs (None: that type has no resources);
-        ``ingress_namespace``: where the ``ingress`` proxy's callers run."""
+        ``ingress_namespace``: where the ``ingress`` proxy's callers run; ``debug``: who may
+        ask for the sync report, and what it names (None: nobody may)."""
         self._source = store
         self._gateways = gateways
         self._ingress_namespace = ingress_namespace
         self._callers = callers
         self._cluster_id = cluster_id
+        self._debug = debug
         self.metrics = metrics
         self._streams: set[_Stream] = set()
         self._bodies: OrderedDict[tuple[str, str, str], any_pb2.Any] = OrderedDict()
@@ -236,11 +257,71 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
         request_iterator: AsyncIterator[xds_pb2.DiscoveryRequest],
         context: rpc.ServicerContext[xds_pb2.DiscoveryRequest, xds_pb2.DiscoveryResponse],
     ) -> None:
-        await rpc.abort(
-            context,
-            "UNIMPLEMENTED",
-            "state-of-the-world ADS is not served; use DeltaAggregatedResources (as ztunnel does)",
-        )
+        """Only istiod's debug request ``istio.io/debug/syncz`` (what istioctl proxy-status
+        sends), one answer per request; any other type is UNIMPLEMENTED."""
+        caller: Caller | None = None
+        answered = 0
+        async for request in request_iterator:
+            if request.type_url != syncz.SYNCZ_TYPE or self._debug is None:
+                await rpc.abort(
+                    context,
+                    "UNIMPLEMENTED",
+                    "state-of-the-world ADS serves istio.io/debug/syncz only; "
+                    "use DeltaAggregatedResources (as ztunnel does)",
+                )
+            if caller is None:
+                try:
+                    caller = await self._callers.authenticate(rpc.call_metadata(context))
+                    syncz.authorize_debug(caller, self._debug.namespace)
+                except CallerError as exc:
+                    log.info("syncz refused (%s) for %s: %s", exc.status, rpc.peer(context), exc)
+                    await rpc.abort(context, exc.status, exc.message)
+            body = syncz.encode(self.sync_report())
+            answered += 1
+            await context.write(
+                xds_pb2.DiscoveryResponse(
+                    version_info=str(self.store.generation),
+                    type_url=syncz.SYNCZ_TYPE,
+                    nonce=str(answered),
+                    resources=[any_pb2.Any(type_url=syncz.REPORT_TYPE, value=body)],
+                )
+            )
+
+    def sync_report(self) -> syncz.Report:
+        """Every stream of this replica and what its CA signed (``core.proxystatus.syncz``)."""
+        debug = self._debug or DebugSettings()
+        now = time.monotonic()
+        stale = debug.stale_after
+        proxies: list[syncz.ProxyFacts] = []
+        for stream in self._streams:
+            caller = stream.caller
+            if self._callers.is_node_proxy(caller):
+                kind, node = "node proxy", stream.scope.node or stream.node_name
+            else:
+                gateway = gateway_wire.GATEWAY_TYPE in stream.book.types()
+                kind, node = ("gateway" if gateway else "sidecar"), stream.node_name
+            proxies.append(
+                {
+                    "id": stream.node_id,
+                    "requester": requester_of(caller),
+                    "account": caller.account,
+                    "identity": str(caller.identity),
+                    "kind": kind,
+                    "node": node or caller.node_name,
+                    "connectedAgo": round(now - stream.connected_at, 3),
+                    "status": str(stream.book.status(now, stale)),
+                    "types": stream.book.facts(now, stale),  # type: ignore[typeddict-item]
+                }
+            )
+        proxies.sort(key=lambda p: (p["requester"], p["id"]))
+        issued = debug.issued.entries() if debug.issued is not None else []
+        return {
+            "controlPlane": debug.replica,
+            "generation": self.store.generation,
+            "staleAfterSeconds": stale,
+            "proxies": proxies,
+            "certificates": [i.facts() for i in issued],  # type: ignore[misc]
+        }
 
     async def DeltaAggregatedResources(  # type: ignore[override]  # noqa: N802 (gRPC name)
         self,
@@ -278,6 +359,10 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self, stream: _Stream, requests: AsyncIterator[xds_pb2.DeltaDiscoveryRequest]
     ) -> None:
         async for message in requests:
+            if not stream.node_id and message.HasField("node"):
+                stream.node_id = message.node.id
+                name = message.node.metadata.fields.get("NODE_NAME")
+                stream.node_name = name.string_value if name is not None else ""
             stream.inbox.append(xds.request_from_proto(message))
             stream.wake.set()
 
@@ -317,6 +402,14 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 outcome = stream.state.receive(request, self._catalog(stream, request.type_url))
             except delta.DeltaProtocolError as exc:
                 raise _Abort("INVALID_ARGUMENT", str(exc)) from exc
+            stream.book.subscribed(request.type_url)
+            if request.nonce:
+                stream.book.answered(
+                    request.type_url,
+                    nonce=request.nonce,
+                    error=request.error,
+                    at=time.monotonic(),
+                )
             self._note(stream, request, outcome)
             if outcome.response is not None:
                 yield outcome.response, 0.0
@@ -354,8 +447,12 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
         bodies = {
             r.key: self._body(response.type_url, r.key, r.version) for r in response.resources
         }
-        message = xds.response_to_proto(response, bodies, system_version=str(self.store.generation))
+        version = str(self.store.generation)
+        message = xds.response_to_proto(response, bodies, system_version=version)
         await context.write(message)
+        stream.book.sent(
+            response.type_url, nonce=response.nonce, version=version, at=time.monotonic()
+        )
         if self.metrics:
             kind = _short(response.type_url)
             self.metrics.pushes.labels(kind).inc()

@@ -116,6 +116,14 @@ class Runtime:
         own = self.locals.get("")
         return None if own is None else str(own.identity)
 
+    def served_listeners(self) -> dict[str, str] | None:
+        """The sidecar's own listeners (role -> address, ``/config_dump``'s ``listeners``);
+        None in node mode (each pod's are in ``workloadState``)."""
+        own = self.locals.get("")
+        if own is None:
+            return None
+        return {role: _addr(sock) for role, sock in sorted(own.listeners.items())}
+
     def certificate_summary(self) -> list[CertificateSummary]:
         out: list[CertificateSummary] = []
         for key, (certs, _) in sorted(self.identities.items()):

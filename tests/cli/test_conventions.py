@@ -502,6 +502,8 @@ DATA_COMMANDS: dict[str, list[str]] = {
 CLUSTER_DATA_COMMANDS = {
     "stat": "tests/kube/test_stat_kube.py",
     "top": "tests/kube/test_stat_kube.py",
+    "proxy-status": "tests/node/test_proxy_status_on_node.py",
+    "proxy-config": "tests/node/test_proxy_status_on_node.py",
 }
 
 

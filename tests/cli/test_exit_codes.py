@@ -138,6 +138,8 @@ RECIPES: dict[str, Recipe] = {
     "stat": Recipe(),
     "top": Recipe(("--once",)),
     "bug-report": Recipe(("-O", "{tmp}/report.tar.gz")),  # the dead cluster: one Error line
+    "proxy-status": Recipe(),  # the root's dead --kubeconfig: it fails at its first request
+    "proxy-config": Recipe(("workloads", "web-1")),
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 

@@ -154,5 +154,6 @@ class ConfigDump(TypedDict, total=False):
     workers: list[WorkerShare]
     workersMissing: list[int]
     identity: str  # sidecar mode: the workload's
+    listeners: dict[str, str]  # sidecar mode: role -> address (node mode: per pod, below)
     workloadState: dict[str, PodState]  # node mode: uid -> pod
     podsSynced: bool

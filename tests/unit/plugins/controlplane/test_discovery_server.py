@@ -18,7 +18,7 @@ from meshctl.core.mesh.records import Action, Kind, Policy, Protocol, Scope, Wor
 from meshctl.core.mesh.store import LiveStore, Update
 from meshctl.core.pki.callers import Caller, CallerError
 from meshctl.core.pki.identity import SpiffeId
-from meshctl.proto import xds_pb2_grpc
+from meshctl.proto import xds_pb2, xds_pb2_grpc
 from tests.harness import xds_client as tc
 from tests.harness.kube import CertificateAuthority
 
@@ -332,6 +332,7 @@ def test_refusals_and_protocol_errors_end_only_that_stream():
         assert invalid.value.code() is grpc.StatusCode.INVALID_ARGUMENT
         await bad_channel.close()
         sotw = xds_pb2_grpc.AggregatedDiscoveryServiceStub(good_channel).StreamAggregatedResources()
+        await sotw.write(xds_pb2.DiscoveryRequest(type_url=tc.ADDRESS))
         with pytest.raises(grpc.aio.AioRpcError) as unimplemented:
             await sotw.read()
         assert unimplemented.value.code() is grpc.StatusCode.UNIMPLEMENTED

@@ -31,6 +31,7 @@ def test_discovery_and_root_distribution_share_one_namespaces_watch() -> None:
             server=SimpleNamespace(add=lambda *args: None),
             authenticator=None,
             metrics=Metrics(),
+            issued=None,
             spawn=lambda coro, name: tasks.append(asyncio.ensure_future(coro)) or tasks[-1],
         )
         await discovery.start(plane)  # type: ignore[arg-type]

@@ -1,0 +1,1 @@
+"""What ``meshctl proxy-status`` and ``proxy-config`` compute and show, as values (no I/O)."""
