@@ -18,7 +18,7 @@ from meshctl.core.analyze.codes import CODES
 from meshctl.core.analyze.findings import Level
 from meshctl.core.analyze.run import Scope, analyze, exit_code, report_data, report_text
 from meshctl.core.analyze.snapshot import Item, layered, read_documents
-from meshctl.errors import UserError
+from meshctl.errors import KubeError, UserError
 from meshctl.output import OutputFormat, render
 from meshctl.values import Choice
 
@@ -95,7 +95,16 @@ def analyze_command(
         from meshctl.kube.client import connect
         from meshctl.kube.snapshot import live_objects
 
-        live = [Item(o) for o in live_objects(connect(options.kube_settings(ctx)))]
+        try:
+            live = [Item(o) for o in live_objects(connect(options.kube_settings(ctx)))]
+        except KubeError as exc:
+            if not files:
+                raise
+            raise KubeError(
+                exc.message,
+                hint=f"{exc.hint or 'check --kubeconfig and --context'}; or analyze the files "
+                "alone with --use-kube=false",
+            ) from exc
     if all_namespaces or (offline and namespace is None):
         scope = Scope(None)
     else:

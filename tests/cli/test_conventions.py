@@ -495,6 +495,7 @@ DATA_COMMANDS: dict[str, list[str]] = {
     "verify": ["--kubeconfig", "{missing}"],  # no cluster: the failed check is the data
     "gateway routes": ["-f", "{gateway}"],
     "gateway explain": ["http://example.com/", "-f", "{gateway}"],
+    "analyze": ["--use-kube=false", "-f", "{manifest}"],
 }
 
 

@@ -129,6 +129,11 @@ RECIPES: dict[str, Recipe] = {
     "ztunnel": Recipe(),
     "cni": Recipe(),
     "controlplane": Recipe(),
+    "analyze": Recipe(
+        ("--use-kube=false", "-f", "{manifest}"),
+        files={"-f": "manifest"},
+        blocking=("--use-kube=false", "-f", "-"),
+    ),
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 
