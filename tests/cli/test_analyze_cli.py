@@ -46,6 +46,14 @@ def test_every_mistake_in_the_files_is_reported_with_file_line_and_fix_and_exits
     assert_golden(GOLDEN / "mistakes.txt.golden", out)
 
 
+def test_the_report_does_not_depend_on_the_order_of_the_files(capsys):
+    _, forward, _ = run(capsys, *OFFLINE)
+    _, backward, _ = run(
+        capsys, "analyze", "--use-kube=false", "-f", "mistakes.yaml", "-f", "healthy.yaml"
+    )
+    assert forward == backward
+
+
 def test_the_json_report_holds_each_finding_as_data(capsys):
     code, out, err = run(capsys, *OFFLINE, "-o", "json")
     assert code == 3, err
@@ -82,6 +90,7 @@ def test_namespace_limits_the_report_and_default_puts_objects_without_one(capsys
     # the namespace's own finding, and the cluster-wide revision conflict
     assert out.splitlines() == [
         "MSH0202 Namespace canary-shop",
+        "MSH0302 Deployment meshctl-system/meshctl-controlplane",
         "MSH0302 Deployment other-mesh/meshctl-controlplane",
     ]
     bare = tmp_path / "bare.yaml"

@@ -116,7 +116,7 @@ def _default_claims(mesh: Installation) -> Iterator[Finding]:
     if len(claims) < 2:
         return
     names = ", ".join(sorted(c.subject.ref for c in claims))
-    for claim in claims[1:]:
+    for claim in claims:  # each is a party to the conflict; the order of -f files changes nothing
         yield Finding(
             codes.DEFAULT_REVISION_CLAIMED_TWICE,
             claim.subject,

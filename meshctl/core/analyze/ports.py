@@ -3,7 +3,9 @@
 ``<protocol>-<suffix>``, the protocol one of grpc, grpc-web, http, http2, https, mongo, mysql,
 redis, tcp, tls, udp (any case); ``appProtocol`` also takes Kubernetes' ``kubernetes.io/h2c``,
 ``kubernetes.io/ws`` and ``kubernetes.io/wss``. UDP ports (``protocol: UDP``) are not proxied
-and not checked; neither are the system namespaces, nor ExternalName Services (no ports proxied).
+and not checked; neither are the system namespaces, ExternalName Services (no ports proxied),
+nor the mesh's own Services (labelled ``app.kubernetes.io/part-of=meshctl``: their ports are
+Istio's, such as the gateway's ``status-port``, and the user cannot rename them).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from .snapshot import Snapshot, field, mapping, sequence
 PROTOCOLS = frozenset(
     {"grpc", "grpc-web", "http", "http2", "https", "mongo", "mysql", "redis", "tcp", "tls", "udp"}
 )
+PART_OF_LABEL, PART_OF = "app.kubernetes.io/part-of", "meshctl"
 APP_PROTOCOLS = PROTOCOLS | {"kubernetes.io/h2c", "kubernetes.io/ws", "kubernetes.io/wss"}
 
 
@@ -38,6 +41,8 @@ def check(snapshot: Snapshot) -> Iterator[Finding]:
         if service.namespace in IGNORED_NAMESPACES:
             continue
         if field(service.obj, "spec", "type") == "ExternalName":
+            continue
+        if service.labels.get(PART_OF_LABEL) == PART_OF:
             continue
         for entry in sequence(field(service.obj, "spec", "ports")):
             port = mapping(entry)

@@ -111,6 +111,7 @@ def test_sidecar_and_ambient_labels_together_are_a_warning():
 
 def test_two_control_planes_claiming_the_default_revision_is_an_error():
     found = run([*healthy(), control_plane("other-mesh")])
-    assert [f.code.id for f in found] == ["MSH0302"]
+    assert [f.code.id for f in found] == ["MSH0302", "MSH0302"]
+    assert [f.subject.namespace for f in found] == ["meshctl-system", "other-mesh"]
     assert "Deployment meshctl-system/meshctl-controlplane" in found[0].message
     assert codes([*healthy(), control_plane(revision="canary")]) == []

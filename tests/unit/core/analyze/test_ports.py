@@ -39,6 +39,15 @@ def test_app_protocol_wins_over_the_name():
     assert codes([*healthy(), unknown]) == ["MSH0502"]
 
 
+def test_the_meshs_own_services_are_not_checked():
+    gateway = service(
+        "meshctl-ingressgateway", "meshctl-system", [{"name": "status-port", "port": 15021}]
+    )
+    assert codes([*healthy(), gateway]) == ["MSH0502"]
+    gateway["metadata"]["labels"] = {"app.kubernetes.io/part-of": "meshctl"}
+    assert codes([*healthy(), gateway]) == []
+
+
 def test_udp_ports_system_namespaces_and_external_names_are_not_checked():
     udp = service("dns", "shop", [{"name": "dns", "port": 53, "protocol": "UDP"}])
     system = service("kube-dns", "kube-system", [{"name": "dns-tcp", "port": 53}])
