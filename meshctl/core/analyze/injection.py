@@ -14,7 +14,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from meshctl.core.k8s import layout
-from meshctl.core.k8s.ambient import has_sidecar
+from meshctl.core.k8s.inject.render import PROXY_CONTAINER
+from meshctl.core.k8s.inject import annotations as ann
 from meshctl.core.k8s.inject.errors import InjectError
 from meshctl.core.k8s.inject.pipeline import IGNORED_NAMESPACES, skip_reason
 
@@ -134,7 +135,7 @@ def _pod(
     mesh: Installation,
 ) -> Finding | None:
     obj = pod.obj
-    if field(obj, "status", "phase") in ("Succeeded", "Failed") or has_sidecar(obj):  # type: ignore[arg-type]
+    if field(obj, "status", "phase") in ("Succeeded", "Failed") or _has_sidecar(pod):
         return None
     if not isinstance(obj.get("spec"), Mapping):
         return None
@@ -169,6 +170,19 @@ def _pod(
         "traffic bypasses the mesh's mTLS and policies",
         f"restart its workload so the webhook injects it: {restart}",
         (pod.namespace,),
+    )
+
+
+def _has_sidecar(pod: Item) -> bool:
+    """``ambient.has_sidecar``'s rule (the injector's status annotation, or an ``istio-proxy``
+    container), read from an object of any shape."""
+    if ann.STATUS in pod.annotations:
+        return True
+    spec = mapping(pod.obj.get("spec"))
+    return any(
+        mapping(c).get("name") == PROXY_CONTAINER
+        for key in ("initContainers", "containers")
+        for c in sequence(spec.get(key))
     )
 
 
