@@ -77,7 +77,8 @@ def test_live_objects_are_analyzed_and_files_layer_over_them(
     assert all("source" not in f["object"] for f in findings), printed
 
     # The files as if applied: the namespace without its label (so nothing asks for injection
-    # any more), a policy fixed in place, and a new policy with its own typo.
+    # any more), a policy fixed in place, and a new policy with its own typo. Only Warnings and
+    # Infos remain: exit 0.
     layer = tmp_path / "fix.yaml"
     layer.write_text(
         f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n"
@@ -90,7 +91,11 @@ def test_live_objects_are_analyzed_and_files_layer_over_them(
     )
     code, findings, printed = analyze(kube_cluster, "-n", ns, "-f", str(layer))
     assert code == 0, printed
-    assert about(findings, ns) == {("MSH0101", "AuthorizationPolicy", "new")}, printed
+    # ... and the live pod now sits in a namespace that says nothing about the mesh (Info).
+    assert about(findings, ns) == {
+        ("MSH0101", "AuthorizationPolicy", "new"),
+        ("MSH0206", "Namespace", ns),
+    }, printed
     (new,) = [f for f in findings if f["object"]["name"] == "new"]
     assert (new["object"]["source"], new["object"]["line"]) == (str(layer), 10)
     assert new["object"]["namespace"] == ns  # -n is where an object without one goes

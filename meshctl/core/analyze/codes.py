@@ -52,6 +52,18 @@ POD_MISSING_SIDECAR = Code(
     Level.ERROR,
     "A pod that the injection labels select runs without a sidecar.",
 )
+POD_NOT_ENROLLED = Code(
+    "MSH0205",
+    "PodNotEnrolled",
+    Level.ERROR,
+    "A running pod that ambient mode should serve was never redirected by the node agent.",
+)
+NAMESPACE_NOT_MESHED = Code(
+    "MSH0206",
+    "NamespaceNotMeshed",
+    Level.INFO,
+    "A namespace with workloads is labelled neither for injection nor for ambient mode.",
+)
 CONFLICTING_INJECTION_LABELS = Code(
     "MSH0301",
     "ConflictingInjectionLabels",
@@ -97,6 +109,8 @@ CODES: tuple[Code, ...] = (
     REVISION_NOT_INSTALLED,
     AMBIENT_WITHOUT_NODE_PROXY,
     POD_MISSING_SIDECAR,
+    POD_NOT_ENROLLED,
+    NAMESPACE_NOT_MESHED,
     CONFLICTING_INJECTION_LABELS,
     DEFAULT_REVISION_CLAIMED_TWICE,
     SIDECAR_AND_AMBIENT,

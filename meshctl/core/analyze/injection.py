@@ -14,25 +14,35 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from meshctl.core.k8s import layout
-from meshctl.core.k8s.inject.render import PROXY_CONTAINER
-from meshctl.core.k8s.inject import annotations as ann
+from meshctl.core.k8s.ambient import DATAPLANE_MODE
 from meshctl.core.k8s.inject.errors import InjectError
 from meshctl.core.k8s.inject.pipeline import IGNORED_NAMESPACES, skip_reason
+from meshctl.core.k8s.inject.webhook_config import ISTIO_NAMESPACE_LABEL, NAMESPACE_LABEL
 
 from . import codes, selectors
 from .findings import Finding
 from .installation import REVISION_LABEL, Installation, installation, wanted
-from .snapshot import Item, Snapshot, field, mapping, sequence
+from .snapshot import Item, Snapshot, field, has_sidecar, mapping, sequence
 
 DEFAULT = layout.DEFAULT_REVISION
+# Any of these on a namespace is a decision about the mesh, enabled or not.
+MESH_LABELS = (NAMESPACE_LABEL, ISTIO_NAMESPACE_LABEL, REVISION_LABEL, DATAPLANE_MODE)
+PART_OF_LABEL = "app.kubernetes.io/part-of"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MESHCTL = "meshctl"
+EXISTING = ("Pending", "Running", "Unknown")  # the phases of a pod that exists and is not done
 
 
 def check(snapshot: Snapshot) -> Iterator[Finding]:
     mesh = installation(snapshot)
     namespaces = snapshot.namespaces()
+    unmeshed = _unmeshed_namespaces(snapshot, mesh)
     for item in snapshot.of_kind("Namespace"):
-        if item.name not in IGNORED_NAMESPACES:
+        # a namespace being deleted takes its problems with it
+        if item.name not in IGNORED_NAMESPACES and not _deleting(item):
             yield from _namespace(item, mesh)
+            if item.name in unmeshed:
+                yield _not_meshed(item)
     yield from _default_claims(mesh)
     webhooks = mesh.injection_webhooks()
     for pod in snapshot.of_kind("Pod"):
@@ -102,6 +112,44 @@ def _namespace(item: Item, mesh: Installation) -> Iterator[Finding]:
         )
 
 
+def _unmeshed_namespaces(snapshot: Snapshot, mesh: Installation) -> set[str]:
+    """Namespaces with workloads where nothing says whether they belong in the mesh: no
+    injection, revision or dataplane-mode label, no meshed pod, and none of the mesh's own
+    components (its namespace is outside the mesh on purpose)."""
+    labelled = {
+        i.name
+        for i in snapshot.of_kind("Namespace")
+        if any(k in i.labels for k in MESH_LABELS) or i.labels.get(MANAGED_BY_LABEL) == MESHCTL
+    }
+    own = {i.namespace for i in snapshot.items if i.labels.get(PART_OF_LABEL) == MESHCTL}
+    own |= {p.namespace for plane in mesh.control_planes.values() for p in plane}
+    own |= {p.namespace for p in mesh.node_proxies}
+    meshed = {
+        p.namespace
+        for p in snapshot.of_kind("Pod")
+        if has_sidecar(p) or DATAPLANE_MODE in p.labels or REVISION_LABEL in p.labels
+    }
+    populated = {w.namespace for w in snapshot.workloads()}
+    return populated - labelled - own - meshed
+
+
+def _not_meshed(item: Item) -> Finding:
+    return Finding(
+        codes.NAMESPACE_NOT_MESHED,
+        item.subject,
+        "The namespace has workloads but no label says whether they belong in the mesh: they "
+        "run without proxies",
+        f"kubectl label namespace {item.name} istio-injection=enabled (sidecars) or "
+        f"istio.io/dataplane-mode=ambient (ambient), then restart its workloads; or "
+        f"istio-injection=disabled to say it stays outside",
+        (item.name,),
+    )
+
+
+def _deleting(item: Item) -> bool:
+    return bool(field(item.obj, "metadata", "deletionTimestamp"))
+
+
 def _installed(mesh: Installation) -> str:
     names = mesh.names()
     return f" (installed: {', '.join(names)})" if names else " (none is installed)"
@@ -135,7 +183,8 @@ def _pod(
     mesh: Installation,
 ) -> Finding | None:
     obj = pod.obj
-    if field(obj, "status", "phase") in ("Succeeded", "Failed") or _has_sidecar(pod):
+    # A pod without a status was never created (a manifest in a file): the webhook will see it.
+    if field(obj, "status", "phase") not in EXISTING or _deleting(pod) or has_sidecar(pod):
         return None
     if not isinstance(obj.get("spec"), Mapping):
         return None
@@ -170,19 +219,6 @@ def _pod(
         "traffic bypasses the mesh's mTLS and policies",
         f"restart its workload so the webhook injects it: {restart}",
         (pod.namespace,),
-    )
-
-
-def _has_sidecar(pod: Item) -> bool:
-    """``ambient.has_sidecar``'s rule (the injector's status annotation, or an ``istio-proxy``
-    container), read from an object of any shape."""
-    if ann.STATUS in pod.annotations:
-        return True
-    spec = mapping(pod.obj.get("spec"))
-    return any(
-        mapping(c).get("name") == PROXY_CONTAINER
-        for key in ("initContainers", "containers")
-        for c in sequence(spec.get(key))
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from . import codes, injection, policies, ports, webhooks
+from . import ambient, codes, injection, policies, ports, webhooks
 from .findings import Finding, Level, Subject
 from .snapshot import Snapshot
 
@@ -20,6 +20,7 @@ Check = Callable[[Snapshot], Iterator[Finding]]
 FAMILIES: tuple[tuple[str, Check], ...] = (
     ("policies", policies.check),
     ("injection", injection.check),
+    ("ambient", ambient.check),
     ("webhooks", webhooks.check),
     ("ports", ports.check),
 )

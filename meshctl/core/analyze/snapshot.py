@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshctl import yamlread
+from meshctl.core.k8s.inject import annotations as ann
+from meshctl.core.k8s.inject.render import PROXY_CONTAINER
 from meshctl.core.k8s.inject.webhook_config import NAMESPACE_NAME_LABEL
 from meshctl.structured import InputError, Limits
 
@@ -166,6 +168,19 @@ def _workload(item: Item, template: Mapping[str, Any], *, pod: bool) -> Workload
         ports=frozenset(ports),
         port_names=names,
         pod=pod,
+    )
+
+
+def has_sidecar(pod: Item) -> bool:
+    """``ambient.has_sidecar``'s rule (the injector's status annotation, or an ``istio-proxy``
+    container), read from an object of any shape."""
+    if ann.STATUS in pod.annotations:
+        return True
+    spec = mapping(pod.obj.get("spec"))
+    return any(
+        mapping(c).get("name") == PROXY_CONTAINER
+        for key in ("initContainers", "containers")
+        for c in sequence(spec.get(key))
     )
 
 

@@ -8,6 +8,7 @@ import pytest
 from .objects import (
     codes,
     control_plane,
+    deployment,
     healthy,
     injector,
     namespace,
@@ -115,3 +116,38 @@ def test_two_control_planes_claiming_the_default_revision_is_an_error():
     assert [f.subject.namespace for f in found] == ["meshctl-system", "other-mesh"]
     assert "Deployment meshctl-system/meshctl-controlplane" in found[0].message
     assert codes([*healthy(), control_plane(revision="canary")]) == []
+
+
+def test_a_pod_manifest_not_yet_created_is_silent_the_webhook_will_see_it():
+    manifest = pod("web-0", sidecar=False)
+    del manifest["status"]
+    assert codes([*healthy(), manifest]) == []
+
+
+def test_a_namespace_with_workloads_and_no_mesh_label_is_info():
+    objects = [*healthy(), namespace("legacy"), deployment("billing", "legacy", {"app": "b"})]
+    found = run(objects)
+    assert [(f.code.id, f.level.label, f.subject.ref) for f in found] == [
+        ("MSH0206", "Info", "Namespace legacy")
+    ]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [namespace("legacy", **{"istio-injection": "disabled"})],  # a decision
+        [namespace("legacy")],  # no workload
+        [namespace("legacy"), pod("a", "legacy")],  # a meshed pod (its own label)
+        [namespace("legacy"), control_plane("legacy", "canary")],  # the mesh's own namespace
+    ],
+)
+def test_an_empty_deliberate_meshed_or_mesh_namespace_is_not_reported(extra):
+    assert codes([*healthy(), *extra]) == []
+
+
+def test_what_is_being_deleted_is_not_reported():
+    going = pod("web-0", sidecar=False)
+    going["metadata"]["deletionTimestamp"] = "2026-12-06T18:00:00Z"
+    ns = namespace("old", **{"istio.io/rev": "gone"})
+    ns["metadata"]["deletionTimestamp"] = "2026-12-06T18:00:00Z"
+    assert codes([*healthy(), going, ns]) == []
