@@ -16,7 +16,14 @@ import typer
 from meshctl import inputs, options
 from meshctl.core.analyze.codes import CODES
 from meshctl.core.analyze.findings import Level
-from meshctl.core.analyze.run import Scope, analyze, exit_code, report_data, report_text
+from meshctl.core.analyze.run import (
+    DEFAULT_NAMESPACE,
+    analyze,
+    exit_code,
+    report_data,
+    report_text,
+    scope_of,
+)
 from meshctl.core.analyze.snapshot import Item, layered, read_documents
 from meshctl.errors import KubeError, UserError
 from meshctl.output import OutputFormat, render
@@ -24,7 +31,6 @@ from meshctl.values import Choice
 
 app = options.command_app()
 
-DEFAULT_NAMESPACE = "default"
 LEVELS = ("Info", "Warning", "Error")
 
 
@@ -35,7 +41,10 @@ def analyze_command(
     recursive: options.RecursiveOption = False,
     namespace: Annotated[
         str | None,
-        options.namespace("Analyze this namespace (default: default; with only files: all)."),
+        options.namespace(
+            "Analyze this namespace (default: default and the files' namespaces; with "
+            "--use-kube=false: all)."
+        ),
     ] = None,
     all_namespaces: Annotated[
         bool, typer.Option("-A", "--all-namespaces", help="Analyze every namespace.")
@@ -105,10 +114,9 @@ def analyze_command(
                 hint=f"{exc.hint or 'check --kubeconfig and --context'}; or analyze the files "
                 "alone with --use-kube=false",
             ) from exc
-    if all_namespaces or (offline and namespace is None):
-        scope = Scope(None)
-    else:
-        scope = Scope(frozenset({namespace or DEFAULT_NAMESPACE}))
+    scope = scope_of(
+        all_namespaces=all_namespaces, namespace=namespace, files=given, live=not offline
+    )
     findings = analyze(layered(live, given), scope)
     names = [f"{f.code.id} {f.subject.ref}" for f in findings]
     text = report_text(findings, scope)

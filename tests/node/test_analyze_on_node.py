@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
@@ -35,7 +36,7 @@ def mesh(kube_node: TestNode) -> Iterator[Mesh]:
         yield mesh
 
 
-def analyze(mesh: Mesh, *args: str) -> tuple[int, list[dict[str, object]], str]:
+def analyze(mesh: Mesh, *args: str) -> tuple[int, list[dict[str, Any]], str]:
     done = mesh.run("analyze", "-o", "json", *args, timeout=60)
     assert "Traceback" not in done.stderr, done.stderr
     return done.returncode, json.loads(done.stdout), done.stdout + done.stderr
@@ -61,6 +62,9 @@ def test_analyze_is_clean_on_a_healthy_mesh_and_names_a_pod_the_webhook_never_sa
         code, findings, printed = analyze(mesh, "--all-namespaces")
         assert code == 0, printed
         assert [f for f in findings if f["level"] == "Error"] == [], printed
+        # The mesh's own objects draw no finding at all, not even an Info.
+        own = [f for f in findings if SYSTEM_NS in (f["object"]["namespace"], f["object"]["name"])]
+        assert own == [], printed
 
         # The mistakes: a pod created while injection was off, a policy selector with a typo.
         label_injection(core, node_namespace, None)
@@ -76,7 +80,7 @@ def test_analyze_is_clean_on_a_healthy_mesh_and_names_a_pod_the_webhook_never_sa
 
     code, findings, printed = analyze(mesh, "-n", node_namespace)
     assert code == 3, printed
-    found = {(f["code"], f["object"]["kind"], f["object"]["name"]) for f in findings}  # type: ignore[index]
+    found = {(f["code"], f["object"]["kind"], f["object"]["name"]) for f in findings}
     assert found == {("MSH0204", "Pod", "late"), ("MSH0101", "AuthorizationPolicy", "typo")}, (
         printed
     )

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from . import ambient, codes, injection, policies, ports, webhooks
 from .findings import Finding, Level, Subject
-from .snapshot import Snapshot
+from .snapshot import Item, Snapshot
 
 Check = Callable[[Snapshot], Iterator[Finding]]
 
@@ -25,6 +25,7 @@ FAMILIES: tuple[tuple[str, Check], ...] = (
     ("ports", ports.check),
 )
 EXIT_FOUND = 3  # docs/cli.md: a check ran and found problems
+DEFAULT_NAMESPACE = "default"  # what a live run analyzes without -n or -A (istioctl's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +45,20 @@ class Scope:
         if self.namespaces is None:
             return "all namespaces"
         return "namespace: " + ", ".join(sorted(self.namespaces))
+
+
+def scope_of(
+    *, all_namespaces: bool, namespace: str | None, files: Iterable[Item], live: bool
+) -> Scope:
+    """What a run analyzes: ``-A`` everything; ``-n`` that namespace; otherwise the files alone
+    (no cluster) everything in them, and a live cluster the ``default`` namespace plus every
+    namespace the files touch (their objects' and the Namespaces they hold)."""
+    if all_namespaces or (not live and namespace is None):
+        return Scope(None)
+    if namespace is not None:
+        return Scope(frozenset({namespace}))
+    touched = {i.name if i.kind == "Namespace" else i.namespace for i in files}
+    return Scope(frozenset({DEFAULT_NAMESPACE, *(n for n in touched if n)}))
 
 
 def analyze(

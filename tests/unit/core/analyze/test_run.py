@@ -7,7 +7,7 @@ import pytest
 
 from meshctl.core.analyze import codes as registry
 from meshctl.core.analyze.findings import Level
-from meshctl.core.analyze.run import Scope, analyze, exit_code, report_text
+from meshctl.core.analyze.run import Scope, analyze, exit_code, report_text, scope_of
 from meshctl.core.analyze.snapshot import Item, Snapshot, layered, read_documents
 from meshctl.structured import InputError, Limits
 
@@ -19,6 +19,18 @@ def test_findings_outside_the_namespaces_analyzed_are_not_shown():
     assert [f.code.id for f in run(objects)] == ["MSH0101"]
     assert run(objects, {"shop"}) == []
     assert [f.code.id for f in run(objects, {"other"})] == ["MSH0101"]
+
+
+def test_the_scope_of_a_run_follows_istioctl_and_the_files():
+    files = read_documents([("app.yaml", DOCS)], "default", Limits())
+    assert scope_of(all_namespaces=True, namespace=None, files=files, live=True) == Scope(None)
+    assert scope_of(all_namespaces=False, namespace=None, files=files, live=False) == Scope(None)
+    only = scope_of(all_namespaces=False, namespace="team", files=files, live=True)
+    assert only == Scope(frozenset({"team"}))
+    layered = scope_of(all_namespaces=False, namespace=None, files=files, live=True)
+    assert layered == Scope(frozenset({"default", "shop"}))
+    bare = scope_of(all_namespaces=False, namespace=None, files=[], live=True)
+    assert bare == Scope(frozenset({"default"}))
 
 
 def test_errors_come_first_and_decide_the_exit_code():
