@@ -1,11 +1,14 @@
 """Checks on what namespaces and pods ask of the mesh: injection or ambient labels with nothing
 installed to serve them (MSH0201-MSH0203), pods the webhook should have injected running without
-a sidecar (MSH0204), and conflicting revision labels and claims (MSH0301-MSH0303).
+a sidecar (MSH0204), namespaces with workloads and no word on the mesh (MSH0206), and
+conflicting revision labels and claims (MSH0301-MSH0303).
 
 Which pods must carry a sidecar is decided as the webhook decides it: a meshctl webhook's
 namespace and object selectors match the pod (``selectors.holds``), and the injector would not
 skip it (hostNetwork, ``sidecar.istio.io/inject=false`` label or annotation, a system namespace:
-``inject.pipeline.skip_reason``). Finished pods (Succeeded, Failed) are left alone.
+``inject.pipeline.skip_reason``). Finished pods (Succeeded, Failed), pods without a status (a
+manifest in a file, not created yet: the webhook will see it) and anything being deleted are left
+alone.
 """
 
 from __future__ import annotations
@@ -21,15 +24,20 @@ from meshctl.core.k8s.inject.webhook_config import ISTIO_NAMESPACE_LABEL, NAMESP
 
 from . import codes, selectors
 from .findings import Finding
-from .installation import REVISION_LABEL, Installation, installation, wanted
+from .installation import (
+    MANAGED_BY_LABEL,
+    MESHCTL,
+    PART_OF_LABEL,
+    REVISION_LABEL,
+    Installation,
+    installation,
+    wanted,
+)
 from .snapshot import Item, Snapshot, field, has_sidecar, mapping, sequence
 
 DEFAULT = layout.DEFAULT_REVISION
 # Any of these on a namespace is a decision about the mesh, enabled or not.
 MESH_LABELS = (NAMESPACE_LABEL, ISTIO_NAMESPACE_LABEL, REVISION_LABEL, DATAPLANE_MODE)
-PART_OF_LABEL = "app.kubernetes.io/part-of"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MESHCTL = "meshctl"
 EXISTING = ("Pending", "Running", "Unknown")  # the phases of a pod that exists and is not done
 
 

@@ -28,6 +28,9 @@ from meshctl.core.k8s.inject.webhook_config import (
 from .snapshot import Item, Snapshot
 
 NAME_LABEL = "app.kubernetes.io/name"
+PART_OF_LABEL = "app.kubernetes.io/part-of"  # on every object install renders
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MESHCTL = "meshctl"
 REVISION_LABEL = ann.REVISION_LABEL
 TAG_LABEL = "istio.io/tag"
 CONTROL_PLANE_NAME = layout.CONTROL_PLANE_SERVICE

@@ -16,12 +16,12 @@ from meshctl.core.k8s.inject.pipeline import IGNORED_NAMESPACES
 
 from . import codes
 from .findings import Finding
+from .installation import MESHCTL, PART_OF_LABEL
 from .snapshot import Snapshot, field, mapping, sequence
 
 PROTOCOLS = frozenset(
     {"grpc", "grpc-web", "http", "http2", "https", "mongo", "mysql", "redis", "tcp", "tls", "udp"}
 )
-PART_OF_LABEL, PART_OF = "app.kubernetes.io/part-of", "meshctl"
 APP_PROTOCOLS = PROTOCOLS | {"kubernetes.io/h2c", "kubernetes.io/ws", "kubernetes.io/wss"}
 
 
@@ -42,7 +42,7 @@ def check(snapshot: Snapshot) -> Iterator[Finding]:
             continue
         if field(service.obj, "spec", "type") == "ExternalName":
             continue
-        if service.labels.get(PART_OF_LABEL) == PART_OF:
+        if service.labels.get(PART_OF_LABEL) == MESHCTL:
             continue
         for entry in sequence(field(service.obj, "spec", "ports")):
             port = mapping(entry)
