@@ -66,6 +66,14 @@ def analyze_command(
             help="The lowest level that makes the exit code 3.",
         ),
     ] = "Error",
+    output_threshold: Annotated[
+        str,
+        options.option(
+            "--output-threshold",
+            parse=Choice(LEVELS),
+            help="The lowest level printed (the exit code still counts every finding).",
+        ),
+    ] = "Info",
     list_codes: Annotated[
         bool, typer.Option("--list-codes", help="List every code with its level; analyze nothing.")
     ] = False,
@@ -118,11 +126,10 @@ def analyze_command(
         all_namespaces=all_namespaces, namespace=namespace, files=given, live=not offline
     )
     findings = analyze(layered(live, given), scope)
-    names = [f"{f.code.id} {f.subject.ref}" for f in findings]
-    text = report_text(findings, scope)
-    options.write_output(
-        render(report_data(findings), output, table=text, names=names), output_file
-    )
+    shown = [f for f in findings if f.level >= Level.parse(output_threshold)]
+    names = [f"{f.code.id} {f.subject.ref}" for f in shown]
+    text = report_text(shown, scope, hidden=len(findings) - len(shown))
+    options.write_output(render(report_data(shown), output, table=text, names=names), output_file)
     code = exit_code(findings, Level.parse(failure_threshold))
     if code:
         raise typer.Exit(code)

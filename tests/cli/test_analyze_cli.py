@@ -84,6 +84,26 @@ def test_warnings_exit_0_unless_the_failure_threshold_says_otherwise(capsys, tmp
     assert run(capsys, *args, "--failure-threshold", "Info")[0] == 3
 
 
+def test_output_threshold_hides_lower_levels_but_not_from_the_exit_code(capsys, tmp_path):
+    code, out, _ = run(capsys, *OFFLINE, "--output-threshold", "Error", "-o", "json")
+    assert code == 3
+    assert {f["level"] for f in json.loads(out)} == {"Error"}
+    legacy = tmp_path / "legacy.yaml"  # a namespace with a pod and no mesh label: one Info
+    legacy.write_text(
+        "apiVersion: v1\nkind: Namespace\nmetadata: {name: legacy}\n---\n"
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: a, namespace: legacy}\n"
+        "spec: {containers: [{name: a, image: a}]}\n"
+    )
+    only_info = ("analyze", "--use-kube=false", "-f", "healthy.yaml", "-f", str(legacy))
+    assert run(capsys, *only_info, "-o", "name")[1] == "MSH0206 Namespace legacy\n"
+    code, out, _ = run(capsys, *only_info, "-n", "legacy", "--output-threshold", "Warning")
+    assert code == 0
+    assert out == (
+        "\u2714 No validation issues found when analyzing namespace: legacy "
+        "(1 below --output-threshold not shown).\n"
+    )
+
+
 def test_namespace_limits_the_report_and_default_puts_objects_without_one(capsys, tmp_path):
     code, out, _ = run(capsys, *OFFLINE, "-n", "canary-shop", "-o", "name")
     assert code == 3

@@ -86,10 +86,12 @@ def exit_code(findings: Iterable[Finding], threshold: Level = Level.ERROR) -> in
     return EXIT_FOUND if any(f.level >= threshold for f in findings) else 0
 
 
-def report_text(findings: list[Finding], scope: Scope) -> str:
-    """istioctl's lines, each followed by its fix; a line saying so when nothing was found."""
+def report_text(findings: list[Finding], scope: Scope, hidden: int = 0) -> str:
+    """istioctl's lines, each followed by its fix; a line saying so when nothing was found
+    (``hidden``: findings below ``--output-threshold``, counted there)."""
     if not findings:
-        return f"\u2714 No validation issues found when analyzing {scope.describe()}.\n"
+        below = f" ({hidden} below --output-threshold not shown)" if hidden else ""
+        return f"\u2714 No validation issues found when analyzing {scope.describe()}{below}.\n"
     lines = []
     for finding in findings:
         lines.append(finding.line())
