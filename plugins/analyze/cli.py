@@ -66,12 +66,13 @@ def analyze_command(
             help="The lowest level that makes the exit code 3.",
         ),
     ] = "Error",
-    output_threshold: Annotated[
+    report_threshold: Annotated[
         str,
         options.option(
-            "--output-threshold",
+            "--report-threshold",
             parse=Choice(LEVELS),
-            help="The lowest level printed (the exit code still counts every finding).",
+            help="The lowest level the report shows (istioctl's output threshold); the exit "
+            "code still counts every finding.",
         ),
     ] = "Info",
     list_codes: Annotated[
@@ -126,7 +127,7 @@ def analyze_command(
         all_namespaces=all_namespaces, namespace=namespace, files=given, live=not offline
     )
     findings = analyze(layered(live, given), scope)
-    shown = [f for f in findings if f.level >= Level.parse(output_threshold)]
+    shown = [f for f in findings if f.level >= Level.parse(report_threshold)]
     names = [f"{f.code.id} {f.subject.ref}" for f in shown]
     text = report_text(shown, scope, hidden=len(findings) - len(shown))
     options.write_output(render(report_data(shown), output, table=text, names=names), output_file)

@@ -84,8 +84,8 @@ def test_warnings_exit_0_unless_the_failure_threshold_says_otherwise(capsys, tmp
     assert run(capsys, *args, "--failure-threshold", "Info")[0] == 3
 
 
-def test_output_threshold_hides_lower_levels_but_not_from_the_exit_code(capsys, tmp_path):
-    code, out, _ = run(capsys, *OFFLINE, "--output-threshold", "Error", "-o", "json")
+def test_report_threshold_hides_lower_levels_but_not_from_the_exit_code(capsys, tmp_path):
+    code, out, _ = run(capsys, *OFFLINE, "--report-threshold", "Error", "-o", "json")
     assert code == 3
     assert {f["level"] for f in json.loads(out)} == {"Error"}
     legacy = tmp_path / "legacy.yaml"  # a namespace with a pod and no mesh label: one Info
@@ -96,11 +96,11 @@ def test_output_threshold_hides_lower_levels_but_not_from_the_exit_code(capsys, 
     )
     only_info = ("analyze", "--use-kube=false", "-f", "healthy.yaml", "-f", str(legacy))
     assert run(capsys, *only_info, "-o", "name")[1] == "MSH0206 Namespace legacy\n"
-    code, out, _ = run(capsys, *only_info, "-n", "legacy", "--output-threshold", "Warning")
+    code, out, _ = run(capsys, *only_info, "-n", "legacy", "--report-threshold", "Warning")
     assert code == 0
     assert out == (
         "\u2714 No validation issues found when analyzing namespace: legacy "
-        "(1 below --output-threshold not shown).\n"
+        "(1 below --report-threshold not shown).\n"
     )
 
 

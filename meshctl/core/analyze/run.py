@@ -88,9 +88,9 @@ def exit_code(findings: Iterable[Finding], threshold: Level = Level.ERROR) -> in
 
 def report_text(findings: list[Finding], scope: Scope, hidden: int = 0) -> str:
     """istioctl's lines, each followed by its fix; a line saying so when nothing was found
-    (``hidden``: findings below ``--output-threshold``, counted there)."""
+    (``hidden``: findings below ``--report-threshold``, counted there)."""
     if not findings:
-        below = f" ({hidden} below --output-threshold not shown)" if hidden else ""
+        below = f" ({hidden} below --report-threshold not shown)" if hidden else ""
         return f"\u2714 No validation issues found when analyzing {scope.describe()}{below}.\n"
     lines = []
     for finding in findings:
