@@ -28,6 +28,18 @@ POLICY_UNKNOWN_PORT = Code(
     Level.WARNING,
     "An AuthorizationPolicy names a port that no workload it applies to listens on.",
 )
+POLICY_NOT_ENFORCED_AS_WRITTEN = Code(
+    "MSH0103",
+    "AuthorizationPolicyNotEnforcedAsWritten",
+    Level.WARNING,
+    "Part of an AuthorizationPolicy cannot be enforced at L4: a rule is dropped or widened.",
+)
+POLICY_UNREADABLE = Code(
+    "MSH0104",
+    "AuthorizationPolicyUnreadable",
+    Level.ERROR,
+    "The control plane cannot read an AuthorizationPolicy, so it enforces none of it.",
+)
 INJECTION_WITHOUT_CONTROL_PLANE = Code(
     "MSH0201",
     "InjectionWithoutControlPlane",
@@ -105,6 +117,8 @@ CODES: tuple[Code, ...] = (
     ANALYZER_FAILED,
     POLICY_SELECTS_NOTHING,
     POLICY_UNKNOWN_PORT,
+    POLICY_NOT_ENFORCED_AS_WRITTEN,
+    POLICY_UNREADABLE,
     INJECTION_WITHOUT_CONTROL_PLANE,
     REVISION_NOT_INSTALLED,
     AMBIENT_WITHOUT_NODE_PROXY,

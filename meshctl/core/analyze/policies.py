@@ -1,6 +1,8 @@
 """Checks on AuthorizationPolicies (``security.istio.io``): a selector that matches no workload
-(MSH0101), and ``to.operation.ports`` naming a port no workload in the policy's scope listens on
-(MSH0102).
+(MSH0101), ``to.operation.ports`` naming a port no workload in the policy's scope listens on
+(MSH0102), and what the control plane's own conversion to the node proxy's L4 form leaves out
+(MSH0103: HTTP attributes, invalid values, actions other than ALLOW/DENY) or cannot read at all
+(MSH0104), as ``meshctl.core.k8s.cluster.policies.read_policy`` reports them.
 
 Scope as the control plane applies it (meshctl/core/k8s/cluster/policies.py): a policy with a
 selector applies to the pods it selects in its namespace (in the mesh's root namespace: in every
@@ -17,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from meshctl.core.k8s import layout
+from meshctl.core.k8s.cluster.objects import ObjectError
+from meshctl.core.k8s.cluster.policies import read_policy
 
 from . import codes
 from .findings import Finding
@@ -31,6 +35,7 @@ def check(snapshot: Snapshot) -> Iterator[Finding]:
     workloads = snapshot.workloads()
     services = snapshot.of_kind("Service")
     for policy in snapshot.of_kind(KIND, GROUP):
+        yield from _conversion(policy)
         spec = mapping(policy.obj.get("spec"))
         if spec.get("targetRef") or spec.get("targetRefs"):
             continue
@@ -45,6 +50,29 @@ def check(snapshot: Snapshot) -> Iterator[Finding]:
             yield _selects_nothing(policy, selector)
             continue
         yield from _ports(policy, spec, in_scope, services)
+
+
+def _conversion(policy: Item) -> Iterator[Finding]:
+    try:
+        facts = read_policy(policy.obj, root_namespace=ROOT_NAMESPACE)
+    except ObjectError as exc:
+        yield Finding(
+            codes.POLICY_UNREADABLE,
+            policy.subject,
+            f"The control plane cannot read the policy ({exc}): it enforces none of it",
+            "fix the field named (kubectl explain authorizationpolicy.spec)",
+            (policy.namespace,),
+        )
+        return
+    for warning in facts.warnings:
+        yield Finding(
+            codes.POLICY_NOT_ENFORCED_AS_WRITTEN,
+            policy.subject,
+            f"The node proxy enforces policies at L4: {warning}",
+            "express the rule with L4 attributes only (ports, principals, namespaces, IP "
+            "blocks), or aim an L7 policy at a waypoint with targetRefs",
+            (policy.namespace,),
+        )
 
 
 def _selects_nothing(policy: Item, selector: dict[str, str]) -> Finding:
@@ -93,13 +121,11 @@ def _ports(
         for p in sequence(field(to, "operation", "ports"))
     )
     for text in dict.fromkeys(named):
-        number = int(text) if text.isdigit() else None
-        if number is not None and number in known:
-            continue
+        if not text.isdigit() or int(text) in known:
+            continue  # not a number: the conversion's finding (MSH0103) says so
+        number = int(text)
         listed = ", ".join(str(p) for p in sorted(known))
-        if number is None:
-            message = f"Port {text!r} in to.operation.ports is not a port number"
-        elif number in service_ports:
+        if number in service_ports:
             message = (
                 f"Port {number} is a port of Service {service_ports[number]}, not one the "
                 f"workloads listen on ({listed}): policies match the workload's port"

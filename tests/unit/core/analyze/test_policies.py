@@ -50,7 +50,7 @@ def test_a_policy_port_that_is_the_service_port_not_the_target_is_reported_as_su
 
 def test_a_policy_port_no_workload_has_is_reported_and_a_known_one_is_silent():
     assert codes([*healthy(), policy("p9", selector={"app": "web"}, ports=["9090"])]) == ["MSH0102"]
-    assert codes([*healthy(), policy("p8", selector={"app": "web"}, ports=[8080])]) == []
+    assert codes([*healthy(), policy("p8", selector={"app": "web"}, ports=["8080"])]) == []
 
 
 def test_a_named_target_port_resolves_in_the_pods():
@@ -69,7 +69,36 @@ def test_ports_are_not_judged_when_nothing_declares_any():
     assert codes(objects) == []
 
 
-def test_a_port_that_is_no_number_is_reported():
+def test_a_port_that_is_no_number_drops_the_allow_rule():
     found = run([*healthy(), policy("p", selector={"app": "web"}, ports=["http"])])
-    assert [f.code.id for f in found] == ["MSH0102"]
-    assert "not a port number" in found[0].message
+    assert [f.code.id for f in found] == ["MSH0103"]
+    assert "rules[0] dropped (matches nothing)" in found[0].message
+    assert "'http' is not a port number" in found[0].message
+
+
+def test_http_attributes_drop_an_allow_rule_and_widen_a_deny_rule():
+    allow = policy("allow", selector={"app": "web"}, ports=["8080"])
+    allow["spec"]["rules"][0]["to"][0]["operation"]["paths"] = ["/admin"]
+    deny = policy("deny", selector={"app": "web"}, ports=["8080"])
+    deny["spec"]["action"] = "DENY"
+    deny["spec"]["rules"][0]["to"][0]["operation"]["methods"] = ["POST"]
+    found = run([*healthy(), allow, deny])
+    assert [(f.code.id, f.subject.name) for f in found] == [
+        ("MSH0103", "allow"),
+        ("MSH0103", "deny"),
+    ]
+    assert "dropped (matches nothing): rules[0].to[0].operation.paths" in found[0].message
+    assert "enforced without: rules[0].to[0].operation.methods" in found[1].message
+
+
+def test_an_action_the_node_proxy_does_not_enforce_is_reported():
+    custom = policy("ext", selector={"app": "web"})
+    custom["spec"]["action"] = "CUSTOM"
+    assert codes([*healthy(), custom]) == ["MSH0103"]
+
+
+def test_a_policy_the_control_plane_cannot_read_is_an_error():
+    unquoted = policy("unquoted", selector={"app": "web"}, ports=[8080])  # YAML's 8080, not "8080"
+    found = run([*healthy(), unquoted])
+    assert [(f.code.id, f.level.label) for f in found] == [("MSH0104", "Error")]
+    assert "must be a list of strings" in found[0].message
