@@ -108,6 +108,11 @@ def analyze_command(
     given = read_documents(
         [(s.name, s.text) for s in sources], namespace or DEFAULT_NAMESPACE, limits
     )
+    if files and not given:  # docs/cli.md: -f input with no object at all is an error
+        raise UserError(
+            f"{', '.join(s.name for s in sources)}: no Kubernetes object to analyze",
+            hint="give manifests with apiVersion, kind and metadata.name",
+        )
     live: list[Item] = []
     if not offline:
         from meshctl.kube.client import connect

@@ -148,6 +148,14 @@ def test_bad_input_is_a_usage_error(capsys, args, message):
     assert message in one_error(err)
 
 
+def test_files_without_any_object_are_a_usage_error(capsys, tmp_path):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n---\n")
+    code, _, err = run(capsys, "analyze", "--use-kube=false", "-f", str(empty))
+    assert code == 2, err
+    assert "no Kubernetes object to analyze" in one_error(err)
+
+
 def test_a_document_that_is_no_object_names_its_file_and_line(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: Namespace\napiVersion: v1\nmetadata: {name: a}\n---\n- not an object\n")
