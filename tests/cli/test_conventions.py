@@ -497,6 +497,7 @@ DATA_COMMANDS: dict[str, list[str]] = {
     "gateway explain": ["http://example.com/", "-f", "{gateway}"],
     "image build": ["--tree", "{tree}", "--archive", "{tree}.tar"],  # a tiny tree, Debian base
     "image push": ["127.0.0.1:1/m:1", "--from", "{archive}", "--dry-run"],
+    "analyze": ["--use-kube=false", "-f", "{manifest}"],
 }
 # Data commands whose data needs a cluster that answers: where their -O is proven instead.
 CLUSTER_DATA_COMMANDS = {

@@ -140,6 +140,11 @@ RECIPES: dict[str, Recipe] = {
     "bug-report": Recipe(("-O", "{tmp}/report.tar.gz")),  # the dead cluster: one Error line
     "proxy-status": Recipe(),  # the root's dead --kubeconfig: it fails at its first request
     "proxy-config": Recipe(("workloads", "web-1")),
+    "analyze": Recipe(
+        ("--use-kube=false", "-f", "{manifest}"),
+        files={"-f": "manifest"},
+        blocking=("--use-kube=false", "-f", "-"),
+    ),
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 
