@@ -159,13 +159,17 @@ class Endpoints:
             ],
         }
         hidden = ("listeners", "pod_channel")
+        held = ztunnel_dump.state_sections(store.workloads, store.services, store.policies)
         dump: ConfigDump = {
             "version": __version__,
             "config": {k: v for k, v in _fields(rt.config).items() if k not in hidden},
             # The worker that answered; ``workers`` below lists each one's share.
             "worker": {"index": rt.config.worker, "of": rt.config.workers, "pid": os.getpid()},
             # ztunnel's shapes, so Istio's tooling reads them (``istioctl ztunnel-config``).
-            **ztunnel_dump.state_sections(store.workloads, store.services, store.policies),  # type: ignore[typeddict-item]
+            "workloads": held["workloads"],
+            "services": held["services"],
+            "stagedServices": held["stagedServices"],
+            "policies": held["policies"],
             "certificates": rt.certificate_summary(),
             # The discovery client's view (empty with a local config): connection, per type
             # subscription, ACKed nonce, resources held, NACKs.

@@ -182,6 +182,15 @@ class WorkerFacts(TypedDict):
     pid: int
 
 
+class StateSections(TypedDict):
+    """What the workload store holds, as ztunnel's ``ProxyState`` serializes it."""
+
+    workloads: list[dict[str, object]]
+    services: list[dict[str, object]]
+    stagedServices: dict[str, dict[str, Endpoint]]
+    policies: list[dict[str, object]]
+
+
 class ConfigDump(TypedDict, total=False):
     """``/config_dump``: ztunnel's shape, and each worker's share of the connections (the data
     plane writes every field but the last three's mode-dependent ones; a reader may find any

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
         InboundConnection,
         OutboundConnection,
         PodConnections,
+        StateSections,
     )
 
 _PEM_END = "-----END CERTIFICATE-----"
@@ -135,7 +136,7 @@ def policy(p: Policy) -> dict[str, Any]:
 
 def state_sections(
     workloads: Iterable[Workload], services: Iterable[Service], policies: Iterable[Policy]
-) -> dict[str, Any]:
+) -> StateSections:
     """ztunnel's ``ProxyState`` sections: ``workloads`` (by uid), ``services`` (by hostname),
     ``policies`` (by namespace/name) and ``stagedServices`` (endpoints of services not known
     yet, by namespace/hostname then uid)."""
