@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     )
 
 _PEM_END = "-----END CERTIFICATE-----"
+_LOCALITY = ("region", "zone", "subzone")
 
 
 def workload(w: Workload) -> dict[str, Any]:
@@ -77,9 +78,6 @@ def workload(w: Workload) -> dict[str, Any]:
     capacity = extra.get("capacity")
     out["capacity"] = capacity if isinstance(capacity, int) else 1
     return out
-
-
-_LOCALITY = ("region", "zone", "subzone")
 
 
 def endpoint(w: Workload, ports: Mapping[int, int]) -> Endpoint:
@@ -216,19 +214,24 @@ def identity_certs(
 
 
 def pod_connections(flows: Iterable[FlowFacts], namespace: str, name: str) -> PodConnections:
-    """The open connections of one enrolled pod as ztunnel's ``workloadState`` lists them:
-    ``inbound`` to the pod (``originalDst`` the service asked for, if any), ``outbound`` from it
-    (``actualDst`` the HBONE tunnel's address when there is one)."""
+    """The open connections of one enrolled pod as ztunnel's ``workloadState`` lists them.
+
+    A flow's ``dst`` is where the connection went (a tunnel's :15008) and ``hboneAddr`` the
+    destination inside the tunnel, as in the access log; ztunnel's ``inbound`` entries name the
+    destination the connection was for (``actualDst``: inside the tunnel) and the service the
+    client asked for (``originalDst``), its ``outbound`` ones where the pod sent it
+    (``originalDst``) and where the proxy connected (``actualDst``: the tunnel's address)."""
     who = f"{namespace}/{name}"
     inbound: list[InboundConnection] = []
     outbound: list[OutboundConnection] = []
     for f in flows:
+        tunnel = f["hboneAddr"]
         if f["direction"] == "inbound" and f["dst"]["workload"] == who:
             inbound.append(
                 {
                     "src": f["src"]["addr"],
                     "originalDst": f["service"],
-                    "actualDst": f["dst"]["addr"],
+                    "actualDst": tunnel or f["dst"]["addr"],
                     "protocol": "HBONE" if f["mutualTls"] else "TCP",
                 }
             )
@@ -236,10 +239,11 @@ def pod_connections(flows: Iterable[FlowFacts], namespace: str, name: str) -> Po
             outbound.append(
                 {
                     "src": f["src"]["addr"],
-                    "originalDst": f["dst"]["addr"],
-                    "actualDst": f["hboneAddr"] or f["dst"]["addr"],
-                    "protocol": "HBONE" if f["hboneAddr"] else "TCP",
+                    "originalDst": tunnel or f["dst"]["addr"],
+                    "actualDst": f["dst"]["addr"],
+                    "protocol": "HBONE" if tunnel else "TCP",
                 }
             )
-    key = lambda c: (c["src"], c["actualDst"])  # noqa: E731 - one sort key for both lists
-    return {"inbound": sorted(inbound, key=key), "outbound": sorted(outbound, key=key)}
+    inbound.sort(key=lambda c: (c["src"], c["actualDst"]))
+    outbound.sort(key=lambda c: (c["src"], c["actualDst"]))
+    return {"inbound": inbound, "outbound": outbound}

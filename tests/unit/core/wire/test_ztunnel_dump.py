@@ -121,19 +121,21 @@ def test_a_pods_connections_are_its_inbound_and_outbound_flows() -> None:
             "durationSeconds": 0.0,
         }
 
+    # As the access log has them: dst is where the connection went (the tunnel's :15008),
+    # hboneAddr the destination inside the tunnel.
     flows = [
-        flow("inbound", "b", "a", None, True),
-        flow("outbound", "a", "c", "c:15008", True),
+        flow("inbound", "b", "a", "a:8080", True),
+        flow("outbound", "a", "c", "c:8080", True),
         flow("outbound", "a", "d", None, False),
         flow("outbound", "b", "c", None, False),  # not a's
     ]
     got = ztunnel_dump.pod_connections(flows, "ns", "a")  # type: ignore[arg-type]
     assert got == {
         "inbound": [
-            {"src": "b:1", "originalDst": "s.ns.svc", "actualDst": "a:2", "protocol": "HBONE"}
+            {"src": "b:1", "originalDst": "s.ns.svc", "actualDst": "a:8080", "protocol": "HBONE"}
         ],
         "outbound": [
-            {"src": "a:1", "originalDst": "c:2", "actualDst": "c:15008", "protocol": "HBONE"},
+            {"src": "a:1", "originalDst": "c:8080", "actualDst": "c:2", "protocol": "HBONE"},
             {"src": "a:1", "originalDst": "d:2", "actualDst": "d:2", "protocol": "TCP"},
         ],
     }
