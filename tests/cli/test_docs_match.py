@@ -76,6 +76,7 @@ FOREIGN = {
         "--unsafe-no-fsync",
     },
     "the data plane's and supervisor's hidden argv": {"--channel-fd", "--handover-fd"},
+    "istioctl (ztunnel-config reading a saved dump)": {"--file"},
     "benchmarks and scripts (tests/bench, packaging, build.sh, pytest)": {
         "--smoke",
         "--gateway-api",
@@ -87,6 +88,7 @@ FOREIGN = {
         "--images",
         "--regen",
         "--apiserver",
+        "--istioctl",
         "--python",
         "--test",
         "--send",

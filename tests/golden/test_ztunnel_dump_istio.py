@@ -303,3 +303,20 @@ def test_istioctls_struct_reader_sees_the_fields_of_api_go(configdump_dir: Path)
         "expirationTime": "string",
     }
     assert structs["ZtunnelWorkload"]["workloadIps"] == "[]string"
+
+
+def test_proxy_config_renders_a_real_ztunnels_dump(real_dump: dict[str, Any]) -> None:
+    from meshctl.core.proxystatus import configdump
+
+    workloads = configdump.section(real_dump, "workloads")
+    assert len(workloads) == len(real_dump["workloads"])
+    ratings = next(r for r in workloads if r["NAME"].startswith("ratings-v1"))
+    assert ratings["IDENTITY"] == "spiffe://cluster.local/ns/bookinfo/sa/bookinfo-ratings"
+    services = {r["NAME"]: r for r in configdump.section(real_dump, "services")}
+    assert services["namespace-istio-waypoint"]["VIPS"] == "10.96.65.117"
+    assert services["namespace-istio-waypoint"]["ENDPOINTS"] == "1"
+    policies = configdump.section(real_dump, "policies")
+    assert {r["NAME"] for r in policies} == {"allow-nothing", "allow-waypoint"}
+    certs = configdump.section(real_dump, "certs")
+    first = real_dump["certificates"][0]["certChain"][0]
+    assert certs[0]["SERIAL"] == format(int(first["serialNumber"]), "x")

@@ -32,6 +32,8 @@ class PodRef:
 
 def _list(dump: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     value = dump.get(key)
+    if isinstance(value, Mapping):  # older ztunnels keyed these sections (as istioctl accepts)
+        value = list(value.values())
     if not isinstance(value, list):
         raise DumpError(f"the proxy's config_dump has no {key!r} list")
     return [v for v in value if isinstance(v, Mapping)]

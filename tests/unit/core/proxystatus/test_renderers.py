@@ -278,3 +278,9 @@ def test_a_pods_certs_on_ztunnel_itself_come_from_the_certificates_of_its_identi
     rows = configdump.section(ztunnel, "certs", pod)
     assert {r["IDENTITY"] for r in rows} == {"spiffe://cluster.local/ns/shop/sa/web"}
     assert configdump.raw(ztunnel, "certs", pod)["identity"].endswith("/sa/web")
+
+
+def test_sections_keyed_by_address_as_older_ztunnels_wrote_them_are_read_too():
+    keyed = dump()
+    keyed["workloads"] = {f"/{i}": w for i, w in enumerate(keyed["workloads"])}
+    assert [r["NAME"] for r in configdump.section(keyed, "workloads")] == ["db-0", "web-1"]
