@@ -197,3 +197,8 @@ def test_istioctl_reads_a_node_proxys_dump_with_each_pods_identity_and_connectio
     assert rows[0][:3] == ["WORKLOAD", "DIRECTION", "LOCAL"]
     workloads = json.loads(istioctl(binary, path, "workloads", "-o", "json"))
     assert {w["name"] for w in workloads} == {"client", "server"}
+    rows = table(istioctl(binary, path, "services"))
+    assert rows[1] == ["prod", "echo", m.vip, "None", "1/1"]
+    everything = istioctl(binary, path, "all")
+    assert "Inbound" in everything  # the connections table, from workloadState
+    assert "spiffe://cluster.local/ns/prod/sa/server" in everything
