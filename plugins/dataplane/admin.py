@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from meshctl import __version__
 from meshctl.core.k8s.appprobes import is_probe_path
+from meshctl.core.wire import ztunnel_dump
 from meshctl.core.wire.channel import Certs, CertSource
 from meshctl.proxy.responder import Response
 
@@ -158,14 +159,17 @@ class Endpoints:
             ],
         }
         hidden = ("listeners", "pod_channel")
+        held = ztunnel_dump.state_sections(store.workloads, store.services, store.policies)
         dump: ConfigDump = {
             "version": __version__,
             "config": {k: v for k, v in _fields(rt.config).items() if k not in hidden},
             # The worker that answered; ``workers`` below lists each one's share.
             "worker": {"index": rt.config.worker, "of": rt.config.workers, "pid": os.getpid()},
-            "workloads": [_record(w) for w in store.workloads],
-            "services": [_record(s) for s in store.services],
-            "policies": [_record(p) for p in store.policies],
+            # ztunnel's shapes, so Istio's tooling reads them (``istioctl ztunnel-config``).
+            "workloads": held["workloads"],
+            "services": held["services"],
+            "stagedServices": held["stagedServices"],
+            "policies": held["policies"],
             "certificates": rt.certificate_summary(),
             # The discovery client's view (empty with a local config): connection, per type
             # subscription, ACKed nonce, resources held, NACKs.
@@ -192,7 +196,14 @@ class Endpoints:
         if rt.node_mode:
             # ztunnel's in-pod section: uid -> info, state, plus the netns, listeners and
             # certificate of each enrolled pod.
-            dump["workloadState"] = rt.workload_state()
+            pods = rt.workload_state()
+            for pod in pods.values():
+                if pod["state"] == "Up":  # as ztunnel: a pod's connections while it is served
+                    info = pod["info"]
+                    pod["connections"] = ztunnel_dump.pod_connections(
+                        connections["flows"], info["namespace"], info["name"]
+                    )
+            dump["workloadState"] = pods
             dump["podsSynced"] = rt.pods_synced
         return dump
 
@@ -200,18 +211,15 @@ class Endpoints:
 def certificate_summary(
     certs: Certs, identity: str, source: CertSource | None = None
 ) -> list[CertificateSummary]:
-    """The ``certificates`` section: identity, state, each certificate's validity, and where
-    the certificates come from (files, or the CA with the state of its renewal)."""
-    chain = [f.copy() for f in certs.chain_facts]
+    """The ``certificates`` section (ztunnel's shape): identity, state, each certificate, and
+    where the certificates come from (files, or the CA with the state of its renewal)."""
+    chain = certs.chain_facts
     state = "Available"
     if chain and datetime.fromisoformat(chain[0]["expirationTime"]) <= datetime.now(UTC):
         state = "Expired"
-    entry: CertificateSummary = {
-        "identity": identity,
-        "state": state,
-        "certChain": chain,
-        "rootCerts": [f.copy() for f in certs.root_facts],
-    }
+    entry = ztunnel_dump.identity_certs(
+        identity, state, chain, certs.cert_chain, certs.root_facts, certs.roots
+    )
     if source is not None:
         entry["source"] = {
             "kind": source.source,
@@ -229,30 +237,3 @@ def _fields(obj: Any) -> dict[str, object]:
     from dataclasses import fields
 
     return {f.name: getattr(obj, f.name) for f in fields(obj)}
-
-
-def _record(obj: Any) -> dict[str, object]:
-    """A store record as JSON-friendly camelCase data."""
-    out: dict[str, object] = {}
-    for key, value in _fields(obj).items():
-        if key.startswith("_"):
-            continue
-        out[_camel(key)] = _plain(value)
-    return out
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict) or hasattr(value, "items"):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if hasattr(value, "__dataclass_fields__"):
-        return _record(value)
-    if isinstance(value, bool | int | float | str) or value is None:
-        return value
-    return str(value)
-
-
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(p.title() for p in rest)

@@ -28,7 +28,7 @@ from meshctl.core.mesh.records import LocalConfigError
 from meshctl.core.mesh.render import update_from_plain
 from meshctl.core.mesh.store import Store
 from meshctl.core.pki.identity import parse_workload_ref
-from meshctl.core.wire import channel
+from meshctl.core.wire import channel, ztunnel_dump
 from meshctl.core.wire.hbone import TunnelSettings
 from meshctl.proxy import tls
 from meshctl.proxy.responder import serve
@@ -177,7 +177,7 @@ class Runtime:
                 "identity": str(lo.identity),
                 "certificate": admin.certificate_summary(cert[0], str(lo.identity))[0]
                 if cert
-                else {"identity": str(lo.identity), "state": "Unavailable"},
+                else ztunnel_dump.identity_certs(str(lo.identity), "Unavailable"),
             }
         return out
 

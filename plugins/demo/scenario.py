@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meshctl.core.pki import certs
-from meshctl.core.wire import pcap
+from meshctl.core.wire import pcap, ztunnel_dump
 from meshctl.errors import MeshctlError
 from meshctl.net import netns, packets
 from meshctl.process import self_command
@@ -296,6 +296,7 @@ class Demo:
         """Ambient's identities step: the agent enrolled exactly the meshed pods, and the one
         node proxy holds a certificate for each pod's identity, chained to the CA's root."""
         root = certs.describe((self.ca_dir / "ca-cert.pem").read_bytes())[0].serial
+        root = ztunnel_dump.decimal_serial(root)  # the dump's (ztunnel's) decimal form
         want = {str(mesh.identity(p)) for p in self.meshed()}
         ok_certs: set[str] = set()
         end = time.monotonic() + 15

@@ -103,6 +103,7 @@ def _identity(ctx: Any) -> Result:  # noqa: PLR0911 (one answer per finding)
 
 def _mesh_root_serials(ctx: Any) -> set[str]:
     from meshctl.core.pki import certs
+    from meshctl.core.wire import ztunnel_dump
     from meshctl.kube import objects
     from meshctl.kube.resources import CONFIG_MAPS
 
@@ -110,7 +111,8 @@ def _mesh_root_serials(ctx: Any) -> set[str]:
     bundle = ((live or {}).get("data") or {}).get("root-cert.pem")
     if not bundle:
         return set()
-    return {f.serial for f in certs.describe(bundle.encode())}
+    # Decimal, as the dump (ztunnel's shape) writes serial numbers.
+    return {ztunnel_dump.decimal_serial(f.serial) for f in certs.describe(bundle.encode())}
 
 
 def _mtls(ctx: Any) -> Result:

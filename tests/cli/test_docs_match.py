@@ -77,6 +77,7 @@ FOREIGN = {
         "--unsafe-no-fsync",
     },
     "the data plane's and supervisor's hidden argv": {"--channel-fd", "--handover-fd"},
+    "istioctl (ztunnel-config reading a saved dump)": {"--file"},
     "benchmarks and scripts (tests/bench, packaging, build.sh, pytest)": {
         "--smoke",
         "--gateway-api",
@@ -88,6 +89,7 @@ FOREIGN = {
         "--images",
         "--regen",
         "--apiserver",
+        "--istioctl",
         "--python",
         "--test",
         "--send",

@@ -1,9 +1,10 @@
-"""Istio's own test data, from the pinned Istio Go module (fetched once per machine).
+"""Istio's own test data and istioctl, from the pinned Istio Go module (fetched once per machine).
 
 Owns the one pin and the one fetch: ``go mod download`` of ``ISTIO_MODULE`` into the Go module
-cache (outside the repo), whose folder the reference tests read goldens from. Invariant: a
-machine without the module (or the go command) skips those tests, except under ``CI=true``,
-where a missing download fails the run.
+cache (outside the repo), whose folder the reference tests read goldens from; and where
+istioctl built from it is cached (``tests/kube/build.sh --istioctl`` builds it, reading the pin
+here). Invariant: a machine without the module, the go command or the build skips those
+tests, except under ``CI=true``, where a missing download or build fails the run.
 """
 
 from __future__ import annotations
@@ -45,3 +46,43 @@ def fetch_istio_module() -> Path | str:
             return Path(json.loads(done.stdout)["Dir"])
         why = f"go mod download {ISTIO_MODULE} failed: {(done.stdout + done.stderr)[-400:]}"
     return why
+
+
+BUILD_SCRIPT = Path(__file__).resolve().parent.parent / "kube" / "build.sh"
+
+
+def istioctl_path() -> Path:
+    """Where ``tests/kube/build.sh --istioctl`` puts istioctl built from ``ISTIO_MODULE``."""
+    configured = os.environ.get("MESHCTL_TEST_CACHE")
+    root = Path(configured) if configured else Path.home() / ".cache" / "meshctl-test"
+    return root / "istioctl" / ISTIO_MODULE.partition("@")[2] / "istioctl"
+
+
+def istioctl_binary() -> Path:
+    """istioctl of the pinned module, built once per machine (by build.sh, which CI runs first;
+    here when missing). Skips when it cannot be had, except under ``CI=true``: fails."""
+    found = build_istioctl()
+    if isinstance(found, Path):
+        return found
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"istioctl is required in CI: {found}")
+    pytest.skip(found)
+
+
+def build_istioctl() -> Path | str:
+    """The cached istioctl (a stat when built), or why it cannot be built."""
+    binary = istioctl_path()
+    if os.access(binary, os.X_OK):
+        return binary
+    if not shutil.which("go") and not os.access("/usr/local/go/bin/go", os.X_OK):
+        return "the go command is not installed (istioctl is built from the Istio module)"
+    done = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--istioctl"],
+        capture_output=True,
+        text=True,
+        timeout=3600,  # cold: every dependency of istioctl is fetched and compiled
+        check=False,
+    )
+    if done.returncode == 0 and os.access(binary, os.X_OK):
+        return binary
+    return f"bash {BUILD_SCRIPT} --istioctl failed: {(done.stdout + done.stderr)[-400:]}"

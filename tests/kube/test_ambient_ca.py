@@ -121,8 +121,8 @@ def test_pod_identities_from_the_ca_and_workloads_from_discovery(
     for uid, sa in ((client.uid, "client"), (server.uid, "server")):
         chain = state[uid]["certificate"]["certChain"]
         assert chain[0]["uriSans"] == [f"spiffe://cluster.local/ns/{ns}/sa/{sa}"]
-        assert state[uid]["certificate"]["rootCerts"][0]["serialNumber"] == format(
-            mesh_root.serial_number, "x"
+        assert state[uid]["certificate"]["rootCerts"][0]["serialNumber"] == str(
+            mesh_root.serial_number  # decimal, as ztunnel writes serial numbers
         )
     # Only the pods' identities: the proxy's own account signs nothing and carries nothing.
     assert f"sa/{ZTUNNEL_SA}" not in str(proxy.config_dump())

@@ -192,9 +192,11 @@ def test_sidecars_fed_by_discovery_carry_traffic_and_a_crd_policy_refuses_it(mes
         assert {"client", "server"} <= names
         server = next(w for w in dump["workloads"] if w["name"] == "server")
         assert server["protocol"] == "HBONE"
-        assert server["services"] == {
-            f"{mesh.apps}/echo.{mesh.apps}.svc.cluster.local": {"80": 8080}
-        }
+        # ztunnel's shapes: the workload names its services, each service lists its endpoints.
+        echo_host = f"echo.{mesh.apps}.svc.cluster.local"
+        assert server["services"] == [f"{mesh.apps}/{echo_host}"]
+        echo = next(s for s in dump["services"] if s["hostname"] == echo_host)
+        assert echo["endpoints"][server["uid"]]["port"] == {"80": 8080}
         # Through the mesh: by service VIP (resolved to the server's pod and port) and by pod.
         payload = pattern(256 * 1024)
         assert echo_roundtrip(mesh.a.ns, (mesh.vip, SVC_PORT), payload) == echoed(payload)

@@ -1,5 +1,6 @@
-"""``meshctl proxy-config``: a proxy's ``/config_dump`` (``core.wire.dump``'s shape, which may
-come from a proxy we did not build) as tables, whole or as one pod's view of a node proxy.
+"""``meshctl proxy-config``: a proxy's ``/config_dump`` (ztunnel's shapes, ``core.wire.dump``;
+it may come from a proxy we did not build, ztunnel itself included) as tables, whole or as one
+pod's view of a node proxy.
 
 Owns the five sections: workloads, services, policies, certs, listeners; and the per-pod view
 of a node proxy (ztunnel's): the pod's own certificate and listeners from ``workloadState``, and
@@ -31,6 +32,8 @@ class PodRef:
 
 def _list(dump: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     value = dump.get(key)
+    if isinstance(value, Mapping):  # older ztunnels keyed these sections (as istioctl accepts)
+        value = list(value.values())
     if not isinstance(value, list):
         raise DumpError(f"the proxy's config_dump has no {key!r} list")
     return [v for v in value if isinstance(v, Mapping)]
@@ -82,27 +85,22 @@ def workloads(dump: Mapping[str, Any]) -> list[dict[str, str]]:
 
 
 def services(dump: Mapping[str, Any]) -> list[dict[str, str]]:
-    endpoints: dict[str, int] = {}
-    for w in _list(dump, "workloads"):
-        of = w.get("services")
-        for key in of if isinstance(of, Mapping) else ():
-            endpoints[str(key)] = endpoints.get(str(key), 0) + 1
     rows = []
     for s in _list(dump, "services"):
-        vips = s.get("vips")
+        vips = s.get("vips")  # ztunnel's NetworkAddress: "<network>/<ip>"
         ports = s.get("ports")
-        key = f"{s.get('namespace')}/{s.get('hostname')}"
+        endpoints = s.get("endpoints")
         rows.append(
             {
                 "NAME": _s(s.get("name")),
                 "NAMESPACE": _s(s.get("namespace")),
-                "VIPS": _s([v[-1] for v in vips if isinstance(v, list) and v])
+                "VIPS": _s([str(v).rpartition("/")[2] for v in vips])
                 if isinstance(vips, list)
                 else "-",
                 "PORTS": _s([f"{p}->{t}" for p, t in ports.items()])
                 if isinstance(ports, Mapping)
                 else "-",
-                "ENDPOINTS": str(endpoints.get(key, 0)),
+                "ENDPOINTS": str(len(endpoints)) if isinstance(endpoints, Mapping) else "-",
             }
         )
     return sorted(rows, key=lambda r: (r["NAMESPACE"], r["NAME"]))
@@ -161,7 +159,7 @@ def _cert_rows(summary: Mapping[str, Any]) -> list[dict[str, str]]:
                 {
                     "IDENTITY": _s(summary.get("identity")),
                     "TYPE": "leaf" if role == "chain" and index == 0 else role,
-                    "SERIAL": _s(cert.get("serialNumber")),
+                    "SERIAL": _serial(cert.get("serialNumber")),
                     "NOT BEFORE": _s(cert.get("validFrom")),
                     "NOT AFTER": _s(cert.get("expirationTime")),
                     "STATE": _s(summary.get("state")),
@@ -181,10 +179,32 @@ def _cert_rows(summary: Mapping[str, Any]) -> list[dict[str, str]]:
     return rows
 
 
+def pod_certificates(dump: Mapping[str, Any], pod: PodRef) -> Any:
+    """The certificates of ``pod``'s identity on a node proxy: meshctl puts them in the pod's
+    ``workloadState`` entry; ztunnel only lists them under ``certificates``, by identity."""
+    entry = pod_entry(dump, pod)
+    if "certificate" in entry:
+        return entry.get("certificate")
+    info = entry.get("info")
+    account = info.get("serviceAccount") if isinstance(info, Mapping) else None
+    suffix = f"/ns/{pod.namespace}/sa/{account or 'default'}"
+    for summary in _list(dump, "certificates"):
+        if str(summary.get("identity", "")).endswith(suffix):
+            return summary
+    return {}
+
+
+def _serial(decimal: object) -> str:
+    """ztunnel writes serials in decimal; shown in hexadecimal, as istioctl and the CA do."""
+    try:
+        return format(int(str(decimal)), "x")
+    except ValueError:
+        return _s(decimal)
+
+
 def certs(dump: Mapping[str, Any], pod: PodRef | None = None) -> list[dict[str, str]]:
     if pod is not None:
-        entry = pod_entry(dump, pod)
-        summary = entry.get("certificate")
+        summary = pod_certificates(dump, pod)
         return _cert_rows(summary if isinstance(summary, Mapping) else {})
     return [row for summary in _list(dump, "certificates") for row in _cert_rows(summary)]
 
@@ -224,7 +244,7 @@ def section(dump: Mapping[str, Any], name: str, pod: PodRef | None = None) -> li
 def raw(dump: Mapping[str, Any], name: str, pod: PodRef | None = None) -> Any:
     """The dump's own data behind a section (``-o json|yaml``)."""
     if name == "certs":
-        return pod_entry(dump, pod).get("certificate") if pod else dump.get("certificates")
+        return pod_certificates(dump, pod) if pod else dump.get("certificates")
     if name == "listeners":
         return pod_entry(dump, pod).get("listeners") if pod else dump.get("listeners")
     if name == "policies" and pod is not None:

@@ -15,7 +15,7 @@ from typing import NotRequired, TypedDict
 
 
 class CertificateFacts(TypedDict):
-    """One certificate (ISO 8601 times)."""
+    """One certificate as the supervisor describes it (hexadecimal serial, ISO 8601 times)."""
 
     serialNumber: str
     validFrom: str
@@ -96,14 +96,34 @@ class CertSourceFacts(TypedDict):
     nextRefresh: str
 
 
+class CertDump(TypedDict):
+    """One certificate in ``/config_dump``: ztunnel's ``CertDump`` (base64 of the PEM, decimal
+    serial, RFC 3339 times in UTC) and meshctl's ``uriSans``."""
+
+    pem: str
+    serialNumber: str
+    validFrom: str
+    expirationTime: str
+    uriSans: list[str]
+
+
 class CertificateSummary(TypedDict):
-    """One identity's certificates in ``/config_dump`` (ztunnel's ``certificates`` entries)."""
+    """One identity's certificates in ``/config_dump`` (ztunnel's ``CertsDump``) and, for the
+    sidecar's own, where they come from (``source``, meshctl's)."""
 
     identity: str
     state: str  # Available, Expired, Unavailable (none yet)
-    certChain: NotRequired[list[CertificateFacts]]
-    rootCerts: NotRequired[list[CertificateFacts]]
+    certChain: list[CertDump]
+    rootCerts: list[CertDump]
     source: NotRequired[CertSourceFacts]
+
+
+class Endpoint(TypedDict):
+    """A workload as an endpoint of a service (ztunnel's ``Endpoint``)."""
+
+    workloadUid: str
+    port: dict[str, int]  # service port -> target port
+    status: str  # Healthy | Unhealthy
 
 
 class PodInfo(TypedDict):
@@ -112,11 +132,36 @@ class PodInfo(TypedDict):
     serviceAccount: str
 
 
+class InboundConnection(TypedDict):
+    """An open connection to an enrolled pod (ztunnel's ``InboundConnectionDump``)."""
+
+    src: str
+    originalDst: str | None  # the service the client asked for
+    actualDst: str
+    protocol: str  # HBONE | TCP
+
+
+class OutboundConnection(TypedDict):
+    """An open connection from an enrolled pod (ztunnel's ``OutboundConnection``)."""
+
+    src: str
+    originalDst: str
+    actualDst: str  # the HBONE tunnel's address, or the destination itself
+    protocol: str  # HBONE | TCP
+
+
+class PodConnections(TypedDict):
+    inbound: list[InboundConnection]
+    outbound: list[OutboundConnection]
+
+
 class PodState(TypedDict):
-    """One enrolled pod (node mode): ztunnel's ``workloadState`` entry, with its sockets."""
+    """One enrolled pod (node mode): ztunnel's ``workloadState`` entry (``state``, ``info``)
+    and meshctl's facts of it (netns, listeners, identity and its certificates)."""
 
     info: PodInfo
-    state: str
+    state: str  # Up | Pending
+    connections: NotRequired[PodConnections]  # while Up (``/config_dump`` adds them)
     netns: str
     listeners: dict[str, str]  # role -> address
     identity: str
@@ -137,6 +182,15 @@ class WorkerFacts(TypedDict):
     pid: int
 
 
+class StateSections(TypedDict):
+    """What the workload store holds, as ztunnel's ``ProxyState`` serializes it."""
+
+    workloads: list[dict[str, object]]
+    services: list[dict[str, object]]
+    stagedServices: dict[str, dict[str, Endpoint]]
+    policies: list[dict[str, object]]
+
+
 class ConfigDump(TypedDict, total=False):
     """``/config_dump``: ztunnel's shape, and each worker's share of the connections (the data
     plane writes every field but the last three's mode-dependent ones; a reader may find any
@@ -147,6 +201,7 @@ class ConfigDump(TypedDict, total=False):
     worker: WorkerFacts  # the one that answered
     workloads: list[dict[str, object]]
     services: list[dict[str, object]]
+    stagedServices: dict[str, dict[str, Endpoint]]
     policies: list[dict[str, object]]
     certificates: list[CertificateSummary]
     xds: DiscoveryFacts | dict[str, object]  # {} without a discovery client

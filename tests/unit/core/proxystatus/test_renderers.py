@@ -9,11 +9,11 @@ import json
 from datetime import UTC, datetime
 
 import pytest
-from meshctl_plugins.dataplane.admin import _record
 
 from meshctl.core.mesh.records import Action, Policy, Protocol, Scope, Service, Workload
 from meshctl.core.proxystatus import configdump, report, syncz
 from meshctl.core.proxystatus.configdump import DumpError, PodRef
+from meshctl.core.wire import ztunnel_dump
 
 ADDR = "type.googleapis.com/istio.workload.Address"
 WEB = "spiffe://cluster.local/ns/shop/sa/web"
@@ -189,16 +189,16 @@ def dump(node_mode=False):
         "expirationTime": "2026-12-07T00:00:00+00:00",
         "uriSans": [],
     }
-    summary = {
-        "identity": "spiffe://cluster.local/ns/shop/sa/web",
-        "state": "Available",
-        "certChain": [leaf],
-        "rootCerts": [dict(leaf, serialNumber="01")],
-    }
+    summary = ztunnel_dump.identity_certs(
+        "spiffe://cluster.local/ns/shop/sa/web",
+        "Available",
+        [leaf],  # type: ignore[list-item]
+        "",
+        [dict(leaf, serialNumber="01")],  # type: ignore[list-item]
+        "",
+    )
     out = {
-        "workloads": [_record(w) for w in (web, db)],
-        "services": [_record(svc)],
-        "policies": [_record(p) for p in policies],
+        **ztunnel_dump.state_sections((web, db), (svc,), policies),
         "certificates": [summary],
     }
     if node_mode:
@@ -249,16 +249,16 @@ def test_policies_all_or_those_applying_to_one_pod():
 def test_certs_and_listeners_of_a_sidecar_and_of_a_pod_on_a_node_proxy():
     rows = configdump.section(dump(), "certs")
     assert [(r["TYPE"], r["SERIAL"], r["STATE"]) for r in rows] == [
-        ("leaf", "0a", "Available"),
-        ("root", "01", "Available"),
+        ("leaf", "a", "Available"),
+        ("root", "1", "Available"),
     ]
-    assert rows[0]["NOT AFTER"] == "2026-12-07T00:00:00+00:00"
+    assert rows[0]["NOT AFTER"] == "2026-12-07T00:00:00Z"
     assert configdump.section(dump(), "listeners")[0] == {
         "ADDRESS": "0.0.0.0:15006",
         "SERVES": "inbound",
     }
     pod = PodRef(namespace="shop", name="web-1")
-    assert configdump.section(dump(True), "certs", pod)[0]["SERIAL"] == "0a"
+    assert configdump.section(dump(True), "certs", pod)[0]["SERIAL"] == "a"
     assert [r["SERVES"] for r in configdump.section(dump(True), "listeners", pod)] == [
         "inbound",
         "outbound",
@@ -277,3 +277,22 @@ def test_garbage_dumps_are_errors_not_crashes():
     assert configdump.section({"workloads": [{"name": 3}]}, "workloads")[0]["NAME"] == "3"
     with pytest.raises(DumpError):
         configdump.section([], "workloads")  # type: ignore[arg-type]
+
+
+def test_a_pods_certs_on_ztunnel_itself_come_from_the_certificates_of_its_identity():
+    # ztunnel's workloadState has no per-pod certificate: the pod's identity picks the entry.
+    ztunnel = dump(True)
+    for entry in ztunnel["workloadState"].values():
+        del entry["certificate"]
+    other = dict(ztunnel["certificates"][0], identity="spiffe://cluster.local/ns/shop/sa/db")
+    ztunnel["certificates"].insert(0, other)
+    pod = PodRef(namespace="shop", name="web-1")
+    rows = configdump.section(ztunnel, "certs", pod)
+    assert {r["IDENTITY"] for r in rows} == {"spiffe://cluster.local/ns/shop/sa/web"}
+    assert configdump.raw(ztunnel, "certs", pod)["identity"].endswith("/sa/web")
+
+
+def test_sections_keyed_by_address_as_older_ztunnels_wrote_them_are_read_too():
+    keyed = dump()
+    keyed["workloads"] = {f"/{i}": w for i, w in enumerate(keyed["workloads"])}
+    assert [r["NAME"] for r in configdump.section(keyed, "workloads")] == ["db-0", "web-1"]
