@@ -497,7 +497,7 @@ DATA_COMMANDS: dict[str, list[str]] = {
     "gateway explain": ["http://example.com/", "-f", "{gateway}"],
 }
 # Data commands that need a cluster answering: their -O is proven by their tests/kube tests.
-CLUSTER_DATA_COMMANDS = {"tag set", "tag list", "tag remove"}
+CLUSTER_DATA_COMMANDS = {"tag set", "tag list", "tag remove", "upgrade"}
 
 
 def test_every_command_that_prints_data_takes_output_file():
