@@ -15,7 +15,7 @@ from meshctl.errors import MeshctlError, UserError
 from meshctl.output import yaml_text
 from tests.harness.golden import assert_golden
 
-GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "tags"
+GOLDEN = Path(__file__).resolve().parents[3] / "golden" / "tags"
 PEM = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
 
 
@@ -170,5 +170,10 @@ def test_remove_refuses_a_tag_in_use_unless_forced():
 
 
 def test_golden_documents_are_valid_yaml_objects():
-    for path in GOLDEN.glob("*.golden"):
+    paths = sorted(GOLDEN.glob("*.golden"))
+    assert [p.name for p in paths] == [
+        "default-to-canary.yaml.golden",
+        "prod-to-canary.yaml.golden",
+    ]
+    for path in paths:
         assert yaml.safe_load(path.read_text())["kind"] == "MutatingWebhookConfiguration"
