@@ -75,8 +75,13 @@ def upgrade(
     from .apply import Installer, all_kinds
 
     registry = components.load()
-    # Only the revision and namespace, to find the record; the values come from it.
-    where = registry.resolve(profile=None, revision=revision, namespace=namespace)
+    # Read and validated before anything connects (a bad -f or --set is exit 2, as install's);
+    # the revision and namespace find the record, the values come from it.
+    sources = options.values_sources(files or ())
+    where = registry.resolve(
+        profile=None, files=sources, assignments=list(sets or ()), revision=revision,
+        namespace=namespace,
+    )  # fmt: skip
     kube = _connect(ctx)
     record_name = where.revisioned(mf.RECORD_NAME)
     record = objects.get(kube, CONFIG_MAPS, record_name, where.namespace)
@@ -89,7 +94,7 @@ def upgrade(
     values = up.recorded_values(
         registry,
         record,
-        files=options.values_sources(files or ()),
+        files=sources,
         assignments=list(sets or ()),
     )
     rendered = mf.render(registry, values)

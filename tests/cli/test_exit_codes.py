@@ -129,6 +129,11 @@ RECIPES: dict[str, Recipe] = {
     "ztunnel": Recipe(),
     "cni": Recipe(),
     "controlplane": Recipe(),
+    "tag": Recipe(),
+    "tag set": Recipe(("prod", "--revision", "canary")),
+    "tag list": Recipe(),
+    "tag remove": Recipe(("prod",)),
+    "upgrade": Recipe(("--dry-run",), files={"-f": "values"}, blocking=("--dry-run", "-f", "-")),
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 
