@@ -320,7 +320,7 @@ def test_the_port_cases_cover_every_daemon_with_a_port():
 
 
 # Groups that only hold subcommands: nothing of theirs runs, so nothing to interrupt.
-GROUPS_ONLY = {"ztunnel", "cni", "controlplane", "iptables", "manifest", "gateway"}
+GROUPS_ONLY = {"ztunnel", "cni", "controlplane", "iptables", "manifest", "gateway", "tag"}
 RUNNABLE = [n for n in COMMANDS if n.id not in GROUPS_ONLY]
 
 

@@ -121,6 +121,13 @@ def test_set_list_move_and_remove_a_tag(  # noqa: PLR0915 (one user flow)
         assert f"meshctl-controlplane-{blue}" in refused.value.body, refused.value.body
         assert f"{tag}.rev.namespace.sidecar-injector.meshctl.io" in refused.value.body
 
+        # The revision a tag points at is not uninstalled (the tag's pods would be refused).
+        kept = _meshctl(kube_cluster, "uninstall", "-y", "--revision", blue, "-n", kube_namespace)
+        assert kept.returncode == 1, kept.stderr
+        assert f"revision '{blue}' is still the target of tag(s) {tag}" in kept.stderr
+        assert "meshctl tag set" in kept.stderr
+        assert admission.read_mutating_webhook_configuration(f"meshctl-sidecar-injector-{blue}")
+
         moved = _meshctl(kube_cluster, "tag", "set", tag, "--revision", green)
         assert moved.returncode == 1, moved.stderr
         assert f"already points at revision '{blue}'" in moved.stderr
