@@ -159,8 +159,6 @@ def install(
     from meshctl.kube.inventory import Inventory
 
     from .apply import Installer
-    from .progress import Progress
-    from .wait import wait_ready
 
     kube = _connect(ctx)
     if dry_run == "server":
@@ -175,10 +173,18 @@ def install(
         f"{titles}) into {kube.source} [{kube.api.configuration.host}]. Proceed?",
         yes,
     )
-    inventory = Inventory(kube)
-    installer = Installer(inventory, registry, values, rendered, say=_say)
+    apply_and_wait(Installer(Inventory(kube), registry, values, rendered, say=_say), force, timeout)
+    _say(f"✔ meshctl {values.profile} profile installed (revision {values.revision})")
+
+
+def apply_and_wait(installer: Installer, force: bool, timeout: float) -> None:
+    """What install and upgrade do once confirmed: preflight (refused, or taken over with
+    ``force``), server-side apply, prune, wait until every component is ready."""
+    from .progress import Progress
+    from .wait import wait_ready
+
     problems = installer.preflight()
-    _warn_image(kube, values)
+    _warn_image(installer.inventory.kube, installer.values)
     if problems and not force:
         _refuse(problems)
     if problems:
@@ -190,15 +196,15 @@ def install(
     _say(", ".join(f"{n} {o}" for o, n in counts.items()) + f" ({len(applied)} objects)")
     installer.prune()
     by_component: dict[str, list[mf.Rendered]] = {}
-    for item in rendered:
+    for item in installer.rendered:
         by_component.setdefault(item.component, []).append(item)
+    enabled = installer.registry.enabled(installer.values)
     lines = [(c.name, c.title) for c in enabled if c.name in by_component]
     progress = Progress(lines, verb="ready")
     try:
-        wait_ready(inventory, {n: by_component[n] for n, _ in lines}, progress, timeout)
+        wait_ready(installer.inventory, {n: by_component[n] for n, _ in lines}, progress, timeout)
     finally:
         progress.close()
-    _say(f"✔ meshctl {values.profile} profile installed (revision {values.revision})")
 
 
 def _delete_dry_run(inventory: Any, items: Sequence[Mapping[str, object]], *, server: bool) -> None:
@@ -337,6 +343,8 @@ def uninstall(
     values = registry.resolve(profile=None, revision=revision, namespace=namespace)
     kube = _connect(ctx)
     inventory = Inventory(kube)
+    if not purge:
+        _refuse_while_tagged(kube, values.revision)
     items = remove.targets(inventory, registry, values, purge=purge)
     what = (
         "everything meshctl made (all revisions, CRDs, CA secret)"
@@ -372,4 +380,22 @@ def uninstall(
             f"every connection: {', '.join(left[:10])}{' ...' if len(left) > 10 else ''}",
             hint="restart them ('kubectl delete pod', or 'kubectl rollout restart' of their "
             "workload), or install ambient mode again: its node agent releases them",
+        )
+
+
+def _refuse_while_tagged(kube: Any, revision: str) -> None:
+    """A revision that tags still point at stays: removing it would leave their namespaces'
+    new pods refused (the tags' webhooks call its injector, failurePolicy Fail)."""
+    from meshctl.core.k8s import tags
+    from meshctl.kube import objects
+    from meshctl.kube.resources import MUTATING_WEBHOOK_CONFIGURATIONS
+
+    selector = f"{tags.TAG_LABEL},{tags.REVISION_LABEL}={revision}"
+    found, _ = objects.list_objects(kube, MUTATING_WEBHOOK_CONFIGURATIONS, label_selector=selector)
+    named = sorted(t.name for t in (tags.tag_of(c) for c in found) if t is not None)
+    if named:
+        raise MeshctlError(
+            f"revision {revision!r} is still the target of tag(s) {', '.join(named)}",
+            hint=f"move them first ('meshctl tag set {named[0]} --revision OTHER --overwrite') "
+            f"or remove them ('meshctl tag remove {named[0]}')",
         )

@@ -505,6 +505,10 @@ CLUSTER_DATA_COMMANDS = {
     "top": "tests/kube/test_stat_kube.py",
     "proxy-status": "tests/node/test_proxy_status_on_node.py",
     "proxy-config": "tests/node/test_proxy_status_on_node.py",
+    "tag set": "tests/kube/test_revision_tags.py",
+    "tag list": "tests/kube/test_revision_tags.py",
+    "tag remove": "tests/kube/test_revision_tags.py",
+    "upgrade": "tests/kube/test_upgrade_plan.py",
 }
 
 

@@ -145,6 +145,11 @@ RECIPES: dict[str, Recipe] = {
         files={"-f": "manifest"},
         blocking=("--use-kube=false", "-f", "-"),
     ),
+    "tag": Recipe(),
+    "tag set": Recipe(("prod", "--revision", "canary")),
+    "tag list": Recipe(),
+    "tag remove": Recipe(("prod",)),
+    "upgrade": Recipe(("--dry-run",), files={"-f": "values"}, blocking=("--dry-run", "-f", "-")),
 }
 ROOT_FILES = {"--config": "settings"}  # the root's own input file, for every command
 
@@ -341,7 +346,7 @@ def test_the_port_cases_cover_every_daemon_with_a_port():
 
 
 # Groups that only hold subcommands: nothing of theirs runs, so nothing to interrupt.
-GROUPS_ONLY = {"ztunnel", "cni", "controlplane", "iptables", "manifest", "gateway", "image"}
+GROUPS_ONLY = {"ztunnel", "cni", "controlplane", "iptables", "manifest", "gateway", "image", "tag"}
 RUNNABLE = [n for n in COMMANDS if n.id not in GROUPS_ONLY]
 
 

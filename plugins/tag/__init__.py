@@ -1,0 +1,1 @@
+"""meshctl tag: revision tags (set, list, remove)."""
