@@ -3,6 +3,7 @@ own sidecar injector left on the cluster)."""
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from .objects import codes, healthy, namespace, run
@@ -78,3 +79,34 @@ def test_meshctls_own_webhooks_are_never_foreign():
 def test_without_meshctls_webhook_in_the_snapshot_its_rendered_selectors_are_used():
     objects = [o for o in healthy() if o["kind"] != "MutatingWebhookConfiguration"]
     assert codes([*objects, istio_injector()]) == ["MSH0401"]
+
+
+def test_a_revision_tag_set_by_meshctl_tag_is_meshctls_own_and_serves_its_namespaces():
+    """``meshctl tag set prod --revision canary`` writes a configuration analyze must read as
+    meshctl's (not a foreign webhook, MSH0401) whose tag serves ``istio.io/rev=prod`` (no
+    MSH0202)."""
+    from meshctl.core.k8s import tags
+
+    from .objects import codes, control_plane, injector, namespace, pod
+
+    canary_injector = injector("canary")
+    canary_injector["metadata"]["labels"][tags.COMPONENT_LABEL] = "controlplane"  # as install
+    pem = b"-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    for hook in canary_injector["webhooks"]:
+        hook["clientConfig"]["caBundle"] = base64.b64encode(pem).decode()
+    revision = tags.revision_of(canary_injector)
+    assert revision is not None
+    tag = tags.webhook("prod", revision)
+    objects = [
+        namespace("meshctl-system"),
+        control_plane(revision="canary"),
+        canary_injector,
+        tag,
+        namespace("shop", **{"istio.io/rev": "prod"}),
+        pod("web-1"),
+    ]
+    found = codes(objects)
+    assert "MSH0401" not in found
+    assert "MSH0202" not in found
+    # Without the tag, the same namespace names nothing installed.
+    assert "MSH0202" in codes([o for o in objects if o is not tag])
