@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from meshctl.core.k8s import labelselector
+from meshctl.core.k8s.labelselector import Requirement
+
 from .snapshot import mapping, sequence, string_map
 
 
@@ -18,23 +21,13 @@ def holds(selector: Any, labels: Mapping[str, str]) -> bool:
     if selector is None:
         return True
     selector = mapping(selector)
-    if any(labels.get(k) != v for k, v in string_map(selector.get("matchLabels")).items()):
-        return False
+    requirements: list[Requirement] = [
+        (k, "In", (v,)) for k, v in string_map(selector.get("matchLabels")).items()
+    ]
     for entry in sequence(selector.get("matchExpressions")):
         expression = mapping(entry)
-        key = str(expression.get("key", ""))
-        values = [str(v) for v in sequence(expression.get("values"))]
-        operator = expression.get("operator")
-        if operator == "In":
-            ok = labels.get(key) in values
-        elif operator == "NotIn":
-            ok = labels.get(key) not in values
-        elif operator == "Exists":
-            ok = key in labels
-        elif operator == "DoesNotExist":
-            ok = key not in labels
-        else:
-            ok = False
-        if not ok:
-            return False
-    return True
+        values = tuple(str(v) for v in sequence(expression.get("values")))
+        requirements.append(
+            (str(expression.get("key", "")), str(expression.get("operator")), values)
+        )
+    return labelselector.holds(tuple(requirements), labels)

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshctl.core.k8s import labelselector
 from meshctl.core.k8s.cluster.objects import ObjectError
 
 from . import conditions
@@ -26,7 +27,6 @@ from .gatewayapi import (
     RouteFacts,
     conditions_of,
     read_parent,
-    selector_holds,
 )
 from .gateways import GatewayState, ListenerState
 from .model import Rule
@@ -54,7 +54,7 @@ def _allows(
     if allowed.namespaces == "All":
         return True
     if allowed.namespaces == "Selector":
-        return selector_holds(allowed.selector, labels)
+        return labelselector.holds(allowed.selector, labels)
     if allowed.namespaces == "Same":
         return route_namespace == gateway_namespace
     return False  # None, or a value the API does not define

@@ -17,6 +17,7 @@ from typing import Any
 
 from meshctl.core.k8s.cluster import objects
 from meshctl.core.k8s.cluster.objects import ObjectError
+from meshctl.core.k8s.labelselector import Requirement
 
 from . import eastwest
 from .hostnames import ANY
@@ -28,7 +29,6 @@ HTTPROUTE = (GROUP, "HTTPRoute")
 GRPCROUTE = (GROUP, "GRPCRoute")
 TLSROUTE = (GROUP, "TLSRoute")
 TCPROUTE = (GROUP, "TCPRoute")
-Requirement = tuple[str, str, tuple[str, ...]]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,23 +170,6 @@ def read_selector(obj: Any, *path: str) -> tuple[Requirement, ...]:
         values = tuple(str(v) for v in objects.items(expr, "values"))
         reqs.append((objects.text(expr, "key"), objects.text(expr, "operator"), values))
     return tuple(reqs)
-
-
-def selector_holds(requirements: tuple[Requirement, ...], labels: Mapping[str, str]) -> bool:
-    for key, operator, values in requirements:
-        if operator == "In":
-            ok = labels.get(key) in values
-        elif operator == "NotIn":
-            ok = labels.get(key) not in values
-        elif operator == "Exists":
-            ok = key in labels
-        elif operator == "DoesNotExist":
-            ok = key not in labels
-        else:
-            ok = False
-        if not ok:
-            return False
-    return True
 
 
 def _listener(obj: Any, namespace: str, labels: Mapping[str, str]) -> ListenerSpec:

@@ -9,8 +9,8 @@ from meshctl.core.gateway.gatewayapi import (
     read_gateway,
     read_parent,
     read_selector,
-    selector_holds,
 )
+from meshctl.core.k8s import labelselector
 from meshctl.core.k8s.cluster.objects import ObjectError
 
 
@@ -79,7 +79,7 @@ def test_a_malformed_field_is_an_object_error_naming_it():
 )
 def test_label_selectors(selector, labels, expected):
     reqs = read_selector({"s": selector}, "s")
-    assert selector_holds(reqs, labels) is expected
+    assert labelselector.holds(reqs, labels) is expected
 
 
 def test_grants_allow_by_source_namespace_and_target_kind_and_name():
