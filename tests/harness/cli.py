@@ -34,6 +34,22 @@ def run_meshctl(
     )
 
 
+def run_on_cluster(
+    kubeconfig: Path, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run ``meshctl --kubeconfig KUBECONFIG ARGS`` as a user on that cluster would, with no
+    other kubeconfig or settings file of this machine's environment in the way."""
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "MESHCTL_CONFIG")}
+    return subprocess.run(
+        [*MESHCTL, "--kubeconfig", str(kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=env,
+    )
+
+
 # Read by `meshctl iptables` besides the CaptureSettings fields' own env vars.
 _IPTABLES_ENV = ("MESHCTL_CONFIG", "NETWORK_NAMESPACE", "MESHCTL_IPTABLES_BACKEND")
 

@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from tests.harness.cli import run_on_cluster
 from tests.harness.kube import KubeCluster
 
 pytestmark = pytest.mark.kube
@@ -21,15 +22,7 @@ MINIMAL = ("--profile", "minimal")  # the control plane only: no DaemonSet, no n
 
 
 def _meshctl(cluster: KubeCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "MESHCTL_CONFIG")}
-    return subprocess.run(
-        [sys.executable, "-m", "meshctl", "--kubeconfig", str(cluster.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
+    return run_on_cluster(cluster.kubeconfig, *args, timeout=120)
 
 
 def _deployments(api: k8s.ApiClient, namespace: str) -> list[str]:

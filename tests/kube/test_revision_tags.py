@@ -6,9 +6,7 @@ refusals (no such revision, a move without --overwrite, removing a tag still in 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 
@@ -20,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from meshctl.core.k8s import tags
 from meshctl.core.k8s.inject.webhook_config import WebhookTarget, webhook_configuration
 from meshctl.core.pki.ca import mint_root
+from tests.harness.cli import run_on_cluster
 from tests.harness.kube import KubeCluster, create_namespace, delete_namespace
 
 pytestmark = pytest.mark.kube
@@ -29,15 +28,7 @@ PEM = mint_root(trust_domain="cluster.local", now=datetime.now(UTC))[0].encode()
 
 
 def _meshctl(cluster: KubeCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "MESHCTL_CONFIG")}
-    return subprocess.run(
-        [sys.executable, "-m", "meshctl", "--kubeconfig", str(cluster.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env=env,
-    )
+    return run_on_cluster(cluster.kubeconfig, *args, timeout=120)
 
 
 def revision_configuration(revision: str, namespace: str) -> dict[str, object]:

@@ -6,12 +6,12 @@ what stdout would. A NAME that does not exist is ``Error:`` and exit 1."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 from kubernetes import client as k8s
+
+from tests.harness.cli import run_on_cluster
 
 pytestmark = pytest.mark.kube
 
@@ -19,12 +19,7 @@ UNROUTABLE = "192.0.2.10"  # TEST-NET-1 (RFC 5737): nothing answers there
 
 
 def _meshctl(cluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "MESHCTL_CONFIG")}
-    return subprocess.run(
-        [sys.executable, "-m", "meshctl", "--kubeconfig", str(cluster.kubeconfig),
-         "--request-timeout", "2s", *args],
-        capture_output=True, text=True, timeout=120, check=False, env=env,
-    )  # fmt: skip
+    return run_on_cluster(cluster.kubeconfig, "--request-timeout", "2s", *args)
 
 
 def _pod(api: k8s.ApiClient, namespace: str, name: str, *, sidecar: bool) -> None:

@@ -5,27 +5,18 @@ by field, and a revision that is not installed is one error line."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
+from tests.harness.cli import run_on_cluster
 from tests.harness.kube import KubeCluster
 
 pytestmark = pytest.mark.kube
 
 
 def _meshctl(cluster: KubeCluster, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "MESHCTL_CONFIG")}
-    return subprocess.run(
-        [sys.executable, "-m", "meshctl", "--kubeconfig", str(cluster.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-        env=env,
-    )
+    return run_on_cluster(cluster.kubeconfig, *args, timeout=180)
 
 
 def test_upgrade_plans_nothing_for_an_up_to_date_install_and_names_a_changed_value(
