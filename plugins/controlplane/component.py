@@ -19,6 +19,7 @@ from meshctl.core.k8s.inject.webhook_config import (
     NAMESPACE_LABEL,
     configuration_name,
 )
+from meshctl.core.k8s.inject.webhook_env import webhook_env
 from meshctl.core.k8s.install.checks import Check, Result
 from meshctl.core.k8s.install.components import Component, NoValues, Object, Values
 from meshctl.core.k8s.install.context import CheckContext
@@ -47,6 +48,7 @@ def _controlplane(values: Values, own: ControlPlaneValues) -> list[Object]:
         ("MESHCTL_INJECT_IMAGE", values.image),
         ("MESHCTL_INJECT_IMAGE_PULL_POLICY", values.image_pull_policy),
         ("MESHCTL_INJECT_CNI", "true" if values.enabled("cni") else "false"),
+        *webhook_env(own.inject, "components.controlplane.inject"),
     ]
     return objects(values.install, own, extra_env=env)
 

@@ -45,6 +45,11 @@ class ControlPlaneValues:
     )
     cpu: str = value("100m", help="CPU request of each replica")
     memory: str = value("128Mi", help="memory request of each replica")
+    inject: tuple[str, ...] = value(
+        factory=tuple,
+        help="injector settings NAME=VALUE for every pod this revision injects (the 'inject:' "
+        "settings: network=NET, interception-mode=TPROXY, exclude-ip-ranges=CIDR, ...)",
+    )
 
 
 def objects(
