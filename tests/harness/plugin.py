@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Generator, Iterator
 
 import pytest
@@ -34,6 +35,17 @@ MARKERS = {
 def pytest_configure(config: pytest.Config) -> None:
     for name, text in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {text}")
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        # A run stopped with SIGTERM (CI's timeout, a user's kill) unwinds as Ctrl-C does:
+        # context managers' finally blocks and fixture teardowns run (pytest tears fixtures
+        # down at session finish after an interrupt), so no namespace, veth or process of a
+        # test outlives the run. The default action would end the process with none of that.
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def in_ci() -> bool:
