@@ -68,6 +68,15 @@ RevisionOpt = Annotated[
 ]
 NamespaceOpt = Annotated[str | None, options.namespace("Namespace of the mesh (meshctl-system).")]
 YesOpt = Annotated[bool, typer.Option("--skip-confirmation", "-y", help="Do not ask.")]
+ReadinessTimeoutOpt = Annotated[
+    float,
+    options.option(
+        "--readiness-timeout",
+        parse=Duration(positive=True),
+        help="How long to wait for readiness (default 5m).",
+        show_default=False,
+    ),
+]
 
 
 def resolve(
@@ -140,15 +149,7 @@ def install(
             "webhooks that would inject the same pods (copies are saved first).",
         ),
     ] = False,
-    readiness_timeout: Annotated[
-        float,
-        options.option(
-            "--readiness-timeout",
-            parse=Duration(positive=True),
-            help="How long to wait for readiness (default 5m).",
-            show_default=False,
-        ),
-    ] = 300.0,
+    readiness_timeout: ReadinessTimeoutOpt = 300.0,
 ) -> None:
     """Render the profile with your values, apply it (server-side), prune, wait until ready."""
     timeout = readiness_timeout

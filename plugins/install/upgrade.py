@@ -19,11 +19,11 @@ from meshctl.core.k8s.install import manifest as mf
 from meshctl.core.k8s.install import upgrade as up
 from meshctl.errors import CheckFailedError, MeshctlError
 from meshctl.output import OutputFormat, render
-from meshctl.values import Duration
 
 from .cli import (
     FileOpt,
     NamespaceOpt,
+    ReadinessTimeoutOpt,
     RevisionOpt,
     SetOpt,
     YesOpt,
@@ -55,15 +55,7 @@ def upgrade(
             help="Take over objects in the way, as 'install --force' does (copies saved).",
         ),
     ] = False,
-    readiness_timeout: Annotated[
-        float,
-        options.option(
-            "--readiness-timeout",
-            parse=Duration(positive=True),
-            help="How long to wait for readiness (default 5m).",
-            show_default=False,
-        ),
-    ] = 300.0,
+    readiness_timeout: ReadinessTimeoutOpt = 300.0,
 ) -> None:
     """Upgrade an installed revision in place to this meshctl's version and its recorded
     values: show the plan, apply, wait, check."""
