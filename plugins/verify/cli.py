@@ -10,7 +10,6 @@ for every meshed pod instead, one row per pod (``proxies``).
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -31,7 +30,6 @@ from meshctl.core.k8s.install.checks import (
     selected,
 )
 from meshctl.core.k8s.install.components import PROFILE_HELP
-from meshctl.core.k8s.install.manifest import key_of, lookup
 from meshctl.errors import MeshctlError, UserError
 from meshctl.output import OutputFormat, render
 from meshctl.values import Duration, format_duration
@@ -134,6 +132,7 @@ def verify(
     from meshctl import components
     from meshctl.core.k8s.install import manifest as mf
     from meshctl.core.k8s.install.context import CheckContext
+    from meshctl.core.k8s.install.upgrade import recorded_values
     from meshctl.kube.inventory import Inventory
 
     from . import builtin
@@ -165,7 +164,7 @@ def verify(
     if not pre:
         base = registry.resolve(profile=None, revision=revision, namespace=namespace)
         record = _record(kube, base.revisioned(mf.RECORD_NAME), base.namespace)
-        values = _installed_values(registry, record, revision, namespace) if record else base
+        values = recorded_values(registry, record) if record else base
     checks = list(builtin.CHECKS)
     for component in registry.components:
         checks += component.checks
@@ -314,26 +313,3 @@ def _record(kube: Any, name: str, namespace: str) -> Mapping[str, object] | None
     from meshctl.kube.resources import CONFIG_MAPS
 
     return objects.get(kube, CONFIG_MAPS, name, namespace)
-
-
-def _installed_values(
-    registry: Registry,
-    record: Mapping[str, object],
-    revision: str | None,
-    namespace: str | None,
-) -> Values:
-    """The values the install record holds: its profile, with what the user changed."""
-    name = key_of(record).name
-    try:
-        changed = json.loads(str(lookup(record, "data", "values.json") or "{}"))
-    except ValueError as exc:
-        raise MeshctlError(
-            f"install record {name}: values.json is not JSON",
-            hint="run 'meshctl install' again to rewrite it",
-        ) from exc
-    return registry.resolve(
-        profile=str(lookup(record, "data", "profile") or "default"),
-        files=[(f"install record {name}", changed)],
-        revision=revision,
-        namespace=namespace,
-    )
