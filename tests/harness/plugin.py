@@ -40,11 +40,22 @@ def pytest_configure(config: pytest.Config) -> None:
         # context managers' finally blocks and fixture teardowns run (pytest tears fixtures
         # down at session finish after an interrupt), so no namespace, veth or process of a
         # test outlives the run. The default action would end the process with none of that.
+        global _RUNNER  # noqa: PLW0603 (the one process whose SIGTERM unwinds the run)
+        _RUNNER = os.getpid()
         signal.signal(signal.SIGTERM, _interrupt)
+
+
+_RUNNER = 0  # the pytest process that installed the handler
 
 
 def _interrupt(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends it at once
+    if os.getpid() != _RUNNER:
+        # A fork of the run (pyroute2's netns helper, a test's own fork) inherits the handler;
+        # unwinding there would run the session's teardowns in a copy and stop the shared
+        # apiserver under the real run. It dies as SIGTERM's default makes it.
+        os.kill(os.getpid(), signum)
+        return
     raise KeyboardInterrupt(f"signal {signum}")
 
 

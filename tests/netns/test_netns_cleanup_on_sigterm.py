@@ -66,3 +66,39 @@ def test_a_run_stopped_with_sigterm_removes_its_namespaces(tmp_path):
             proc.kill()
             proc.wait()
     assert [n for n in names if netns_mod.exists(n)] == []
+
+
+FORKED = """
+import os, signal, time
+from pathlib import Path
+
+def test_forks_a_child_and_stops_it():
+    child = os.fork()
+    if child == 0:
+        time.sleep(60)
+        os._exit(0)
+    time.sleep(0.3)
+    os.kill(child, signal.SIGTERM)
+    _, status = os.waitpid(child, 0)
+    Path({out!r}).write_text(str(os.waitstatus_to_exitcode(status)))
+"""
+
+
+def test_a_fork_of_the_run_still_dies_of_sigterm_without_unwinding_the_run(tmp_path):
+    """pyroute2's netns helper is a fork of the test process: SIGTERM must end it as SIGTERM
+    does, not unwind the run's teardowns in the copy (which stopped the shared apiserver)."""
+    out = tmp_path / "status"
+    test_file = tmp_path / "test_forked.py"
+    test_file.write_text(FORKED.format(out=str(out)))
+    done = subprocess.run(
+        [*PYTEST, str(test_file)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert out.read_text() == str(-signal.SIGTERM)
+    assert "KeyboardInterrupt" not in done.stdout + done.stderr
