@@ -17,6 +17,8 @@ from meshctl.errors import ConfigError, KubeError
 
 DEFAULT_KUBECONFIG = Path("~/.kube/config")
 SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
+DEFAULT_NAMESPACE = "default"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 # Long-running watches each hold a pooled connection for minutes; the default pool (5 per core)
 # would leave short requests queueing behind them or opening throwaway connections.
 POOL_SIZE = 32
@@ -38,6 +40,9 @@ class Kube:
     api: Any
     source: str  # "kubeconfig <path> (context <name>)" or "in-cluster", for messages
     request_timeout: float
+    # The context's namespace (kubectl's default for -n): the kubeconfig context's `namespace`,
+    # in a pod the service account's, else "default".
+    namespace: str = DEFAULT_NAMESPACE
 
     @property
     def timeout(self) -> float | None:
@@ -67,7 +72,12 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
                 hint="mount the service-account token or pass --kubeconfig",
             ) from exc
         configuration.connection_pool_maxsize = POOL_SIZE
-        return Kube(client.ApiClient(configuration), "in-cluster", settings.request_timeout)
+        return Kube(
+            client.ApiClient(configuration),
+            "in-cluster",
+            settings.request_timeout,
+            _pod_namespace(SERVICE_ACCOUNT_NAMESPACE),
+        )
 
     paths = _kubeconfig_paths(settings.kubeconfig)
     for path in paths:
@@ -104,7 +114,36 @@ def connect(settings: KubeSettings, env: Mapping[str, str] | None = None) -> Kub
     _one_attempt(configuration)
     configuration.connection_pool_maxsize = POOL_SIZE
     where = f"kubeconfig {source}" + (f" (context {settings.context})" if settings.context else "")
-    return Kube(client.ApiClient(configuration), where, settings.request_timeout)
+    return Kube(
+        client.ApiClient(configuration),
+        where,
+        settings.request_timeout,
+        context_namespace(documents, settings.context),
+    )
+
+
+def context_namespace(documents: list[Any], context: str | None) -> str:
+    """The namespace of the context in use, as kubectl picks it: ``--context`` or the first
+    ``current-context`` set among the files, its first definition among the files."""
+    dicts = [d for d in documents if isinstance(d, dict)]
+    if context is None:
+        context = next((d["current-context"] for d in dicts if d.get("current-context")), None)
+    for document in dicts:
+        for entry in document.get("contexts") or []:
+            if isinstance(entry, dict) and entry.get("name") == context:
+                body = entry.get("context")
+                namespace = body.get("namespace") if isinstance(body, dict) else None
+                return namespace if isinstance(namespace, str) and namespace else DEFAULT_NAMESPACE
+    return DEFAULT_NAMESPACE
+
+
+def _pod_namespace(path: Path) -> str:
+    """The namespace of the pod this runs in (its service account's), else ``default``."""
+    try:
+        namespace = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return DEFAULT_NAMESPACE
+    return namespace or DEFAULT_NAMESPACE
 
 
 def _read_kubeconfig(path: Path) -> Any:

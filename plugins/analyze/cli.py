@@ -42,8 +42,8 @@ def analyze_command(
     namespace: Annotated[
         str | None,
         options.namespace(
-            "Analyze this namespace (default: default and the files' namespaces; with "
-            "--use-kube=false: all)."
+            "Analyze this namespace (default: the context's namespace and the files' "
+            "namespaces; with --use-kube=false: all)."
         ),
     ] = None,
     all_namespaces: Annotated[
@@ -105,21 +105,22 @@ def analyze_command(
         raise UserError("-n and --all-namespaces both given", hint="give one of them")
     limits = inputs.limits()
     sources = options.read_sources(files or (), recursive=recursive)
-    given = read_documents(
-        [(s.name, s.text) for s in sources], namespace or DEFAULT_NAMESPACE, limits
-    )
+    texts = [(s.name, s.text) for s in sources]
+    given = read_documents(texts, namespace or DEFAULT_NAMESPACE, limits)
     if files and not given:  # docs/cli.md: -f input with no object at all is an error
         raise UserError(
             f"{', '.join(s.name for s in sources)}: no Kubernetes object to analyze",
             hint="give manifests with apiVersion, kind and metadata.name",
         )
     live: list[Item] = []
+    context_namespace = DEFAULT_NAMESPACE
     if not offline:
         from meshctl.kube.client import connect
         from meshctl.kube.snapshot import live_objects
 
         try:
-            live = [Item(o) for o in live_objects(connect(options.kube_settings(ctx)))]
+            kube = connect(options.kube_settings(ctx))
+            live = [Item(o) for o in live_objects(kube)]
         except KubeError as exc:
             if not files:
                 raise
@@ -128,8 +129,16 @@ def analyze_command(
                 hint=f"{exc.hint or 'check --kubeconfig and --context'}; or analyze the files "
                 "alone with --use-kube=false",
             ) from exc
+        context_namespace = kube.namespace
+        if namespace is None and context_namespace != DEFAULT_NAMESPACE:
+            # A file's object without a namespace lands where kubectl apply would put it.
+            given = read_documents(texts, context_namespace, limits)
     scope = scope_of(
-        all_namespaces=all_namespaces, namespace=namespace, files=given, live=not offline
+        all_namespaces=all_namespaces,
+        namespace=namespace,
+        files=given,
+        live=not offline,
+        context_namespace=context_namespace,
     )
     findings = analyze(layered(live, given), scope)
     shown = [f for f in findings if f.level >= Level.parse(report_threshold)]

@@ -26,7 +26,9 @@ MeshNamespace = Annotated[
         "--mesh-namespace", metavar="NAME", help="Where the mesh is installed (meshctl-system)."
     ),
 ]
-PodNamespace = Annotated[str, options.namespace("The pod's namespace (default).")]
+PodNamespace = Annotated[
+    str | None, options.namespace("The pod's namespace (default: the context's).")
+]
 
 
 def _kube(ctx: typer.Context) -> Any:
@@ -35,14 +37,19 @@ def _kube(ctx: typer.Context) -> Any:
     return connect(options.kube_settings(ctx))
 
 
-def _split(pod: str, namespace: str) -> tuple[str, str]:
-    """``POD`` with ``-n``, or istioctl's ``POD.NAMESPACE``."""
+def _check_pod(pod: str) -> None:
     if "/" in pod:
         raise UserError(f"{pod!r} is not a pod name", hint="give the pod's namespace with -n")
-    if "." in pod and namespace == "default":
+
+
+def _split(pod: str, namespace: str | None, context_namespace: str) -> tuple[str, str]:
+    """``POD`` with ``-n``, or istioctl's ``POD.NAMESPACE``, else the kubeconfig context's
+    namespace."""
+    _check_pod(pod)
+    if "." in pod and namespace is None:
         name, _, ns = pod.partition(".")
         return ns, name
-    return namespace, pod
+    return namespace or context_namespace, pod
 
 
 @status_app.command("proxy-status")
@@ -51,7 +58,7 @@ def proxy_status(
     pod: Annotated[
         str | None, typer.Argument(metavar="POD", help="Show this pod's proxy in detail.")
     ] = None,
-    namespace: PodNamespace = "default",
+    namespace: PodNamespace = None,
     mesh_namespace: MeshNamespace = layout.MESH_NAMESPACE,
     output: options.OutputOption = OutputFormat.TABLE,
     output_file: options.OutputFileOption = None,
@@ -79,7 +86,7 @@ def proxy_status(
         text = render(data, output, table=report.table(merged, now), names=names)
         options.write_output(text, output_file)
         return
-    ns, name = _split(pod, namespace)
+    ns, name = _split(pod, namespace, kube.namespace)
     chosen = report.select(merged, ns, name)
     if not chosen:
         chosen = _node_proxies_of(kube, merged, ns, name)
@@ -129,7 +136,7 @@ def proxy_config(
         typer.Argument(metavar="workloads|services|policies|certs|listeners", help="What to show."),
     ],
     pod: Annotated[str, typer.Argument(metavar="POD", help="The pod whose proxy to read.")],
-    namespace: PodNamespace = "default",
+    namespace: PodNamespace = None,
     node: Annotated[
         str | None,
         typer.Option(
@@ -152,8 +159,9 @@ def proxy_config(
         raise UserError(
             f"unknown section {section!r}", hint=f"one of: {', '.join(configdump.SECTIONS)}"
         )
-    ns, name = _split(pod, namespace)
+    _check_pod(pod)
     kube = _kube(ctx)
+    ns, name = _split(pod, namespace, kube.namespace)
     target_ns, target, view = _proxy_of(kube, ns, name, node, mesh_namespace)
     dump = fetch.config_dump(kube, target_ns, target, timeout=kube.request_timeout)
     try:

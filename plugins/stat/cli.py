@@ -44,10 +44,14 @@ def _connect(ctx: typer.Context) -> Any:
     return connect(options.kube_settings(ctx))
 
 
-def _namespace(namespace: str | None, all_namespaces: bool) -> str | None:
+def _check_scope(namespace: str | None, all_namespaces: bool) -> None:
     if all_namespaces and namespace:
         raise UserError("-n and -A name the scope twice", hint="give one of them")
-    return None if all_namespaces else (namespace or "default")
+
+
+def _namespace(kube: Any, namespace: str | None, all_namespaces: bool) -> str | None:
+    """None: every namespace; else -n, or the kubeconfig context's namespace (kubectl's)."""
+    return None if all_namespaces else (namespace or kube.namespace)
 
 
 @app.command()
@@ -61,7 +65,7 @@ def stat(
         str | None, typer.Argument(metavar="NAME", help="Only this one.", show_default=False)
     ] = None,
     namespace: Annotated[
-        str | None, options.namespace("Namespace of the workloads (default: default).")
+        str | None, options.namespace("Namespace of the workloads (default: the context's).")
     ] = None,
     all_namespaces: Annotated[
         bool, typer.Option("-A", "--all-namespaces", help="Every namespace.")
@@ -89,8 +93,9 @@ def stat(
         raise UserError(
             f"unknown kind {kind!r}: expected deploy, pod or ns", hint="e.g. meshctl stat deploy"
         )
-    where_ns = _namespace(namespace, all_namespaces)
+    _check_scope(namespace, all_namespaces)
     kube = _connect(ctx)
+    where_ns = _namespace(kube, namespace, all_namespaces)
     where = collect.scope(kube, where_ns)
     deployments = []
     if chosen == "deploy":
@@ -145,7 +150,7 @@ def _write(
 def top(
     ctx: typer.Context,
     namespace: Annotated[
-        str | None, options.namespace("Namespace of the pods (default: default).")
+        str | None, options.namespace("Namespace of the pods (default: the context's).")
     ] = None,
     all_namespaces: Annotated[
         bool, typer.Option("-A", "--all-namespaces", help="Every namespace.")
@@ -169,8 +174,9 @@ def top(
 
     from . import frames
 
-    where_ns = _namespace(namespace, all_namespaces)
+    _check_scope(namespace, all_namespaces)
     kube = _connect(ctx)
+    where_ns = _namespace(kube, namespace, all_namespaces)
     screen = not once and output is OutputFormat.TABLE and output_file is None
     screen = screen and is_terminal(sys.stdout)
     frames.run(

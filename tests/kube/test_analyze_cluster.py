@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from tests.harness.controlplane import install_crds
@@ -23,15 +24,7 @@ pytestmark = pytest.mark.kube
 
 
 def analyze(cluster: KubeCluster, *args: str) -> tuple[int, list[dict[str, Any]], str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "MESHCTL_CONFIG")}
-    done = subprocess.run(
-        [sys.executable, "-m", "meshctl", "--kubeconfig", str(cluster.kubeconfig), "analyze",
-         "-o", "json", *args],
-        capture_output=True, text=True, timeout=120, check=False, env=env,
-    )  # fmt: skip
-    assert "Traceback" not in done.stderr, done.stderr
-    findings = json.loads(done.stdout) if done.stdout else []
-    return done.returncode, findings, done.stdout + done.stderr
+    return analyze_with(cluster.kubeconfig, *args)
 
 
 def about(findings: list[dict[str, Any]], namespace: str) -> set[tuple[str, str, str]]:
@@ -107,3 +100,51 @@ def test_live_objects_are_analyzed_and_files_layer_over_them(
         ("MSH0101", "AuthorizationPolicy", "typo"),
         ("MSH0101", "AuthorizationPolicy", "new"),
     }, printed
+
+
+def test_without_n_a_live_run_analyzes_the_kubeconfig_contexts_namespace(
+    kube_cluster: KubeCluster, kube_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path
+):
+    """kubectl's rule: a context's ``namespace`` is where a command without -n looks, and where
+    a file's object without a namespace lands."""
+    install_crds(kube_cluster)
+    ns = kube_namespace
+    k8s.CustomObjectsApi(kube_api).create_namespaced_custom_object(
+        "security.istio.io", "v1", ns, "authorizationpolicies",
+        {
+            "apiVersion": "security.istio.io/v1",
+            "kind": "AuthorizationPolicy",
+            "metadata": {"name": "typo"},
+            "spec": {"selector": {"matchLabels": {"app": "nothing-here"}}},
+        },
+    )  # fmt: skip
+    config = yaml.safe_load(kube_cluster.kubeconfig.read_text())
+    for entry in config["contexts"]:
+        entry["context"]["namespace"] = ns
+    scoped = tmp_path / "scoped.kubeconfig"
+    scoped.write_text(yaml.safe_dump(config))
+    layer = tmp_path / "policy.yaml"
+    layer.write_text(
+        "apiVersion: security.istio.io/v1\nkind: AuthorizationPolicy\n"
+        "metadata: {name: from-file}\nspec: {selector: {matchLabels: {app: none}}}\n"
+    )
+
+    _code, findings, printed = analyze_with(scoped, "-f", str(layer))
+    assert ("MSH0101", "AuthorizationPolicy", "typo") in about(findings, ns), printed
+    (from_file,) = [f for f in findings if f["object"]["name"] == "from-file"]
+    assert from_file["object"]["namespace"] == ns, printed
+    # With the admin kubeconfig (no namespace in its context) the same run looks at default.
+    _code, findings, printed = analyze(kube_cluster)
+    assert not about(findings, ns), printed
+
+
+def analyze_with(kubeconfig: Path, *args: str) -> tuple[int, list[dict[str, Any]], str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "MESHCTL_CONFIG")}
+    done = subprocess.run(
+        [sys.executable, "-m", "meshctl", "--kubeconfig", str(kubeconfig), "analyze",
+         "-o", "json", *args],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    findings = json.loads(done.stdout) if done.stdout else []
+    return done.returncode, findings, done.stdout + done.stderr

@@ -134,7 +134,18 @@ def test_syncz_is_refused_to_accounts_outside_the_mesh_namespace_and_to_no_token
     asyncio.run(scenario())
 
 
-def test_the_cli_says_what_is_missing_in_one_error_line(mesh):
+def _with_context_namespace(kubeconfig: Any, namespace: str, where: Any) -> Any:
+    import yaml
+
+    config = yaml.safe_load(kubeconfig.read_text())
+    for entry in config["contexts"]:
+        entry["context"]["namespace"] = namespace
+    scoped = where / "scoped.kubeconfig"
+    scoped.write_text(yaml.safe_dump(config))
+    return scoped
+
+
+def test_the_cli_says_what_is_missing_in_one_error_line(mesh, tmp_path):
     from tests.harness.cli import run_meshctl
 
     cluster, _plane, _root, _system, apps = mesh
@@ -146,6 +157,12 @@ def test_the_cli_says_what_is_missing_in_one_error_line(mesh):
     config = run_meshctl(*base, "proxy-config", "certs", "nope", "-n", apps)
     assert config.returncode == 1, config.stderr
     assert config.stderr.startswith(f"Error: pod {apps}/nope not found"), config.stderr
+    # Without -n: the kubeconfig context's namespace (kubectl's rule), else default.
+    scoped = _with_context_namespace(cluster.kubeconfig, apps, tmp_path)
+    by_context = run_meshctl("--kubeconfig", str(scoped), "proxy-config", "certs", "nope")
+    assert by_context.stderr.startswith(f"Error: pod {apps}/nope not found"), by_context.stderr
+    plain = run_meshctl(*base, "proxy-config", "certs", "nope")
+    assert plain.stderr.startswith("Error: pod default/nope not found"), plain.stderr
     for done in (status, config):
         assert "Traceback" not in done.stderr
         assert done.stderr.count("Error: ") == 1

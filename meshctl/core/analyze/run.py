@@ -25,7 +25,7 @@ FAMILIES: tuple[tuple[str, Check], ...] = (
     ("ports", ports.check),
 )
 EXIT_FOUND = 3  # docs/cli.md: a check ran and found problems
-DEFAULT_NAMESPACE = "default"  # what a live run analyzes without -n or -A (istioctl's)
+DEFAULT_NAMESPACE = "default"  # without -n or -A and no context namespace (istioctl's)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,17 +48,23 @@ class Scope:
 
 
 def scope_of(
-    *, all_namespaces: bool, namespace: str | None, files: Iterable[Item], live: bool
+    *,
+    all_namespaces: bool,
+    namespace: str | None,
+    files: Iterable[Item],
+    live: bool,
+    context_namespace: str = DEFAULT_NAMESPACE,
 ) -> Scope:
     """What a run analyzes: ``-A`` everything; ``-n`` that namespace; otherwise the files alone
-    (no cluster) everything in them, and a live cluster the ``default`` namespace plus every
-    namespace the files touch (their objects' and the Namespaces they hold)."""
+    (no cluster) everything in them, and a live cluster the kubeconfig context's namespace
+    (``default`` when it names none) plus every namespace the files touch (their objects' and
+    the Namespaces they hold)."""
     if all_namespaces or (not live and namespace is None):
         return Scope(None)
     if namespace is not None:
         return Scope(frozenset({namespace}))
     touched = {i.name if i.kind == "Namespace" else i.namespace for i in files}
-    return Scope(frozenset({DEFAULT_NAMESPACE, *(n for n in touched if n)}))
+    return Scope(frozenset({context_namespace, *(n for n in touched if n)}))
 
 
 def analyze(

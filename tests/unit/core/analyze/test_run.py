@@ -31,6 +31,11 @@ def test_the_scope_of_a_run_follows_istioctl_and_the_files():
     assert layered == Scope(frozenset({"default", "shop"}))
     bare = scope_of(all_namespaces=False, namespace=None, files=[], live=True)
     assert bare == Scope(frozenset({"default"}))
+    # Without -n a live run reads the kubeconfig context's namespace, as kubectl and istioctl.
+    ctx = scope_of(
+        all_namespaces=False, namespace=None, files=[], live=True, context_namespace="team"
+    )
+    assert ctx == Scope(frozenset({"team"}))
 
 
 def test_errors_come_first_and_decide_the_exit_code():
