@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from meshctl.core.k8s import layout
 from meshctl.core.k8s.inject.webhook_config import (
     WebhookTarget,
-    configuration_name,
     webhook_configuration,
 )
 from meshctl.core.k8s.install.components import InstallValues, Object
@@ -68,7 +67,6 @@ def objects(
     }
     selector = {"app.kubernetes.io/name": SERVICE, "istio.io/rev": revision}
     meta: Object = {"name": name, "namespace": ns, "labels": labels}
-    webhook_name = configuration_name(revision)
     cluster_rules: list[Object] = [
         {"apiGroups": [""], "resources": ["namespaces", "pods"], "verbs": ["get", "list", "watch"]},
         # Discovery watches what becomes workloads, services and policies.
@@ -97,8 +95,8 @@ def objects(
         {
             "apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["mutatingwebhookconfigurations"],
-            # list/watch by name work with a metadata.name field selector, as used.
-            "resourceNames": [webhook_name],
+            # Its own configuration and its revision tags' (named by the user: not listable by
+            # name), selected by the istio.io/rev label; only caBundle fields are patched.
             "verbs": ["get", "list", "watch", "patch"],
         },
         *_gateway_rules(),

@@ -145,7 +145,11 @@ class ControlPlane:
         )
         self.roots = RootPublisher(self.informers, kube, self._bundle)
         self.cabundle = CaBundlePatcher(
-            self.informers, kube, configuration_name(settings.revision), self._bundle
+            self.informers,
+            kube,
+            configuration_name(settings.revision),
+            settings.revision,
+            self._bundle,
         )
         self.leader.add("root distribution", self.roots.run)
         self.leader.add("webhook caBundle", self.cabundle.run)

@@ -127,6 +127,34 @@ def _wait(what: str, check: Any, timeout: float = 20.0) -> Any:
     raise TimeoutError(what)
 
 
+undo_objects: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _delete_made_configurations(kube_api: k8s.ApiClient) -> Iterator[None]:
+    yield
+    admission = k8s.AdmissionregistrationV1Api(kube_api)
+    while undo_objects:
+        with contextlib.suppress(ApiException):
+            admission.delete_mutating_webhook_configuration(undo_objects.pop())
+
+
+def _stale_copy(api: k8s.ApiClient, source: str, name: str, labels: dict[str, str]) -> str:
+    """A copy of ``source``'s webhooks under ``name`` with a stale caBundle, matching no
+    namespace (so it never takes part in another test's admissions)."""
+    admission = k8s.AdmissionregistrationV1Api(api)
+    webhooks = api.sanitize_for_serialization(
+        admission.read_mutating_webhook_configuration(source).webhooks
+    )
+    for hook in webhooks:
+        hook["clientConfig"]["caBundle"] = base64.b64encode(b"old").decode()
+        hook["namespaceSelector"] = {"matchLabels": {"meshctl-test-never": "true"}}
+        hook.pop("objectSelector", None)
+    body = {"metadata": {"name": name, "labels": labels}, "webhooks": webhooks}
+    admission.create_mutating_webhook_configuration(body)
+    return name
+
+
 def test_the_control_plane_works_with_only_the_rbac_its_manifest_grants(
     kube_cluster: KubeCluster,
     kube_api: k8s.ApiClient,
@@ -179,6 +207,26 @@ def test_the_control_plane_works_with_only_the_rbac_its_manifest_grants(
             return all(w.client_config.ca_bundle for w in stored.webhooks)
 
         _wait("caBundle patched", patched)
+
+        # A revision tag's configuration (as `meshctl tag set` writes it, with a stale bundle)
+        # follows the roots too; a configuration of the same revision that meshctl did not write
+        # as a tag is left alone.
+        own = admission.read_mutating_webhook_configuration(name)
+        wanted = own.webhooks[0].client_config.ca_bundle
+        tag_labels = {"istio.io/tag": "t1", "istio.io/rev": revision,
+                      "app.kubernetes.io/managed-by": "meshctl"}  # fmt: skip
+        tag = _stale_copy(kube_api, name, f"meshctl-revision-tag-t1-{revision}", tag_labels)
+        foreign = _stale_copy(kube_api, name, f"foreign-{revision}", {"istio.io/rev": revision})
+        for made in (tag, foreign):
+            undo_objects.append(made)
+
+        def tag_patched() -> bool:
+            stored = admission.read_mutating_webhook_configuration(tag)
+            return all(w.client_config.ca_bundle == wanted for w in stored.webhooks)
+
+        _wait("tag's caBundle patched", tag_patched)
+        stale = admission.read_mutating_webhook_configuration(foreign).webhooks
+        assert all(w.client_config.ca_bundle == base64.b64encode(b"old").decode() for w in stale)
         lease = k8s.CoordinationV1Api(kube_api).read_namespaced_lease(
             f"meshctl-controlplane-{revision}-leader", home
         )
