@@ -1,16 +1,16 @@
 """Revision tags as data: which revision a tag names, its webhook configuration, who uses it.
 
-A tag (``meshctl tag set prod --revision canary``) is one MutatingWebhookConfiguration, ``meshctl-
-revision-tag-<tag>``, whose webhooks select what the revision's own webhooks select for the
-revision's name, but for the tag's (namespaces labelled ``istio.io/rev=<tag>``, or pods so labelled
-in unlabelled namespaces), and send those pods to the revision's injector, with the revision's
-``caBundle`` (the revision's control plane keeps it current afterwards). Moving a namespace between
-revisions is moving its tag, as istioctl's ``istio-revision-tag-<tag>``. The ``default`` tag also
-takes ``meshctl-injection=enabled``, ``istio-injection=enabled`` and
+A tag (``meshctl tag set prod --revision canary``) is one MutatingWebhookConfiguration,
+``meshctl-revision-tag-<tag>``, whose webhooks select what the revision's own webhooks select for
+the revision's name, but for the tag's (namespaces labelled ``istio.io/rev=<tag>``, or pods so
+labelled in unlabelled namespaces), and send those pods to the revision's injector, with the
+revision's ``caBundle`` (the revision's control plane keeps it current afterwards). Moving a
+namespace between revisions is moving its tag, as istioctl's ``istio-revision-tag-<tag>``. The
+``default`` tag also takes ``meshctl-injection=enabled``, ``istio-injection=enabled`` and
 ``sidecar.istio.io/inject=true`` pods, as the default revision's webhook does. Invariants: a tag
 never has the name of an installed revision (both webhooks would match the same namespaces: pods
-injected twice); a tag only names an installed revision whose webhook already carries its CA bundle;
-values in, values out (no cluster access here).
+injected twice); a tag only names an installed revision whose webhook already carries its CA
+bundle; values in, values out (no cluster access here).
 """
 
 from __future__ import annotations
