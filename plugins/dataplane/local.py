@@ -79,7 +79,8 @@ class Local:
         self.certs: channel.Certs | None = None
         self.baggage = ""
         self.stopped = False
-        self.transparent = self.in_pod  # node mode: deliver from the client's address
+        # Node mode and sidecar TPROXY mode: deliver from the client's address.
+        self.transparent = self.in_pod or bool(rt.config.tproxy_mark)
         cfg = rt.config
         self.pool = Pool(
             contexts=self._current_contexts,
@@ -153,6 +154,12 @@ class Local:
             if inbound and self.in_pod:
                 if source and self.transparent:
                     self._bind_transparent(sock, family, source)
+            elif inbound and self.config.tproxy_mark and not parse_ip(ip).is_loopback:
+                # TPROXY: the app sees the client; the mark's connmark routes its replies to lo.
+                if source and self.transparent and self._bind_transparent(sock, family, source):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, self.config.tproxy_mark)
+                else:
+                    _bind_passthrough(sock, family)
             elif inbound and not parse_ip(ip).is_loopback:
                 _bind_passthrough(sock, family)
         except OSError:
@@ -170,9 +177,10 @@ class Local:
             raise ConnectionRefusedError(f"pod {self.ref[0]}/{self.ref[1]} is no longer served")
         return self._inpod.new_socket(self.netns_fd, family)
 
-    def _bind_transparent(self, sock: socket.socket, family: int, source: str) -> None:
+    def _bind_transparent(self, sock: socket.socket, family: int, source: str) -> bool:
+        """Bind ``sock`` to the client's address ``source``; False when it cannot be."""
         if (":" in source) != (family == socket.AF_INET6) or parse_ip(source).is_loopback:
-            return
+            return False
         try:
             if family == socket.AF_INET:
                 sock.setsockopt(socket.SOL_IP, _IP_TRANSPARENT, 1)
@@ -189,6 +197,8 @@ class Local:
                 self.ref[1],
                 exc.strerror or exc,
             )
+            return False
+        return True
 
     def is_local_ip(self, ip: str) -> bool:
         """Whether ``ip`` is an address of this workload's namespace (binding to it succeeds)."""

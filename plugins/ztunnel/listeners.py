@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import socket
 
-from meshctl.errors import MeshctlError, PortInUseError
-from meshctl.net.sockets import listener
+from meshctl.errors import ConfigError, MeshctlError, PortInUseError
+from meshctl.net.sockets import IP_TRANSPARENT, IPV6_TRANSPARENT, SOL_IPV6, listener
 
 from .settings import ZtunnelSettings
 
@@ -31,12 +31,32 @@ def bind_all(settings: ZtunnelSettings, *, proxy: bool = True) -> dict[str, sock
                 six = _listen_optional_v6(port, role)
                 if six is not None:
                     out[role + "6"] = six
+        if proxy and settings.tproxy:
+            for role in ("inbound_plaintext", "inbound_plaintext6"):
+                if role in out:
+                    _transparent(out[role])
         out["admin"] = _listen("127.0.0.1", settings.admin_port, "admin")
     except BaseException:
         for sock in out.values():
             sock.close()
         raise
     return out
+
+
+def _transparent(sock: socket.socket) -> None:
+    """TPROXY hands a connection only to a transparent listener (the kernel drops the rest)."""
+    try:
+        if sock.family == socket.AF_INET:
+            sock.setsockopt(socket.SOL_IP, IP_TRANSPARENT, 1)
+        else:
+            sock.setsockopt(SOL_IPV6, IPV6_TRANSPARENT, 1)
+    except OSError as exc:
+        raise ConfigError(
+            f"TPROXY interception: cannot make the inbound listener transparent "
+            f"({exc.strerror or exc})",
+            hint="the proxy needs CAP_NET_ADMIN in TPROXY mode (the injector adds it), or "
+            "inject with sidecar.istio.io/interceptionMode: REDIRECT",
+        ) from exc
 
 
 def pod_ports(settings: ZtunnelSettings) -> dict[str, int]:

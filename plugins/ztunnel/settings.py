@@ -105,6 +105,21 @@ class ZtunnelSettings:
     mark: int = setting(
         0, env="PACKET_MARK", parse=values.Integer(0, 0xFFFFFFFF, what="a mark", metavar="MARK")
     )
+    # Sidecar inbound interception as the injector sets it (istio-init's -m): TPROXY keeps the
+    # client's address, so inbound capture arrives at a transparent listener and deliveries to
+    # the app leave from the client's address with the TPROXY mark (whose connmark routes the
+    # app's replies back here).
+    interception_mode: str = setting(
+        "REDIRECT",
+        env="ISTIO_META_INTERCEPTION_MODE",
+        parse=values.Choice(("REDIRECT", "TPROXY", "NONE")),
+        hint="the injector writes this variable; re-inject the pod (meshctl inject)",
+    )
+    tproxy_mark: int = setting(
+        1337,
+        env="ISTIO_INBOUND_TPROXY_MARK",
+        parse=values.Integer(1, 0xFFFFFFFF, what="a mark", metavar="MARK"),
+    )
     # Data-plane worker processes (ztunnel's worker threads); they share the listeners.
     workers: int = setting(
         DEFAULT_WORKERS,
@@ -141,6 +156,11 @@ class ZtunnelSettings:
     @property
     def node_mode(self) -> bool:
         return self.mode in ("node", "shared")
+
+    @property
+    def tproxy(self) -> bool:
+        """Sidecar inbound capture by TPROXY (the node proxy's in-pod capture is its own)."""
+        return not self.node_mode and self.interception_mode == "TPROXY"
 
     def workload_ref(self) -> str:
         """NS/NAME/SA from ``--workload`` or the pod env; a clear error when neither is set."""

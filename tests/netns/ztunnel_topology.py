@@ -24,6 +24,7 @@ from pathlib import Path
 from meshctl.core.pki.identity import SpiffeId
 from tests.harness.netns import Node, Pod, node_with_pods
 from tests.netns.ztunnel_harness import (
+    PROXY_GID,
     TD,
     Ca,
     EchoServer,
@@ -119,7 +120,12 @@ def two_pod_mesh(
     binary_a: str | None = None,
     binary_b: str | None = None,
     dual_stack: bool = False,
+    capture_b: tuple[str, ...] | None = None,
+    env_b: dict[str, str] | None = None,
 ) -> Iterator[Mesh]:
+    """Pods a (client) and b (server) with sidecars. ``capture_b``: b's capture flags instead
+    of the default (exempt uid/gid 0, b's proxy running as root), b's proxy then running as
+    Istio's TPROXY sidecar does, uid 0 with gid 1337 (exempt by the default --gid-owner)."""
     with node_with_pods(2) as node:
         a, b = node.pods
         vip = str(node.subnet.network_address + 200)  # an address nobody owns, like a ClusterIP
@@ -145,14 +151,16 @@ def two_pod_mesh(
             config,
             log_path=tmp / "b.log",
             extra=extra_b,
-            group=None,
+            group=None if capture_b is None else PROXY_GID,
             binary=binary_b,
+            env=env_b or {},
         )
         echo = EchoServer(b.ns, b.ip, APP_PORT)
         echo6 = EchoServer(b.ns, v6[1], APP_PORT) if v6 else None
         families = ("--dual-stack",) if v6 else ()
         capture(a.ns, *families)  # proxy uid/gid 1337: the sidecar runs with gid 1337
-        capture(b.ns, "--proxy-uid", uid, "--proxy-gid", uid, *families)
+        flags_b = ("--proxy-uid", uid, "--proxy-gid", uid) if capture_b is None else capture_b
+        capture(b.ns, *flags_b, *families)
         try:
             car_a.start()
             if start_b:

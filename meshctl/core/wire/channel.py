@@ -66,6 +66,9 @@ class ProxyConfig:
     connection_window: int = 16 * 1024 * 1024
     max_frame_size: int = 1024 * 1024
     mark: int = 0  # SO_MARK on upstream sockets, for capture rules that exempt by mark
+    # Sidecar TPROXY interception: inbound deliveries leave from the client's address with this
+    # SO_MARK (istio-iptables' connmark routes the app's replies back); 0: REDIRECT.
+    tproxy_mark: int = 0
     worker: int = 0  # this child's index; worker 0 alone gets the HTTP listeners
     workers: int = 1
     metrics_dir: str = ""  # prometheus-client multiprocess directory shared by all workers

@@ -341,6 +341,7 @@ class _Run:
                 drain_deadline=deadline,
                 handshake_timeout=handshake,
                 mark=self.mark,
+                tproxy_mark=s.tproxy_mark if s.tproxy else 0,
                 worker=worker,
                 workers=s.workers,
                 metrics_dir=metrics_dir,
