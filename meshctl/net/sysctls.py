@@ -14,11 +14,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import os
 import tempfile
 from pathlib import Path
 
 from meshctl.errors import NetError
+
+log = logging.getLogger(__name__)
 
 _PROC_SYS = Path("/proc/sys")
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 0x2, 0x4, 0x8
@@ -74,6 +77,7 @@ class NetSysctls:
                 "allows mount) to set sysctls in pod namespaces",
             )
         self._mounted = target
+        log.info("/proc/sys is read-only here: pod sysctls are set through a procfs at %s", target)
         return target
 
 

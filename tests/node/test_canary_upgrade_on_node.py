@@ -254,6 +254,12 @@ def test_canary_upgrade_with_traffic_throughout(  # noqa: PLR0915 (the user's st
                 timeout=60,
             )
             assert {env_of(p, "CA_ADDRESS") for p in proxies} == {canary_plane}
+            # The new proxy took every pod's listeners beside the old one's, and connections
+            # queued on the old one's move to it (no "may reset connections" warning).
+            (new_proxy,) = proxies
+            proxy_log = wl.pod_logs(api, SYSTEM_NS, new_proxy.metadata.name, container="ztunnel")
+            assert "tcp_migrate_req" not in proxy_log, proxy_log[-3000:]
+            assert "cannot listen on" not in proxy_log, proxy_log[-3000:]
             end("install canary")
             refused = mesh.run("uninstall", "-y", "--revision", "default")
             assert refused.returncode == 1, refused.stderr
