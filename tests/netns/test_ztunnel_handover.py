@@ -108,7 +108,7 @@ class Traffic:
             payload = f"request {n} ".encode() * 50
             started = time.monotonic()
             try:
-                reply = _roundtrip(self.client, self.server, payload, timeout=3)
+                reply = _roundtrip(self.client, self.server, payload, timeout=2)
             except OSError as exc:
                 self.failures.append(f"#{n} after {time.monotonic() - started:.2f}s: {exc!r}")
                 continue
@@ -142,6 +142,8 @@ def proxy(ns: Netns, tmp: Path, name: str, config: Path, socket_path: Path) -> I
         tmp,
         config,
         log_path=tmp / f"proxy-{name}.log",
+        # As the DaemonSet's: longer than the long-lived connection below lasts.
+        extra=("--drain-deadline", "20s"),
         group=None,
         socket_path=socket_path,
         ca_dir=tmp / "ca",
@@ -201,7 +203,9 @@ def test_a_rollout_of_the_node_proxy_loses_no_connection(  # noqa: PLR0915 (one 
                     handover = time.monotonic()
                     a.proc.send_signal(signal.SIGTERM)
                     chunk = b"across the handover " * 100
-                    for _ in range(10):
+                    # Longer than a client waits (2 s): a connection left on A's listener while
+                    # A drains would fail.
+                    for _ in range(15):
                         time.sleep(0.3)
                         long.sendall(chunk)
                         sent += chunk

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -138,3 +139,37 @@ def test_without_request_migration_pods_are_served_and_it_is_logged_once(
     warnings = [r.getMessage() for r in caplog.records if r.name == "meshctl.net.inpod"]
     assert len(warnings) == 1, warnings
     assert said in warnings[0]
+
+
+def test_on_the_drain_the_pods_listeners_close_first_and_adds_are_refused(tmp_path: Path) -> None:
+    from meshctl_plugins.ztunnel.node import Pods
+
+    from meshctl.core.wire import zds
+    from tests.unit.plugins.ztunnel.test_node_pods import (
+        PORTS,
+        StandInIdentities,
+        StandInNetns,
+    )
+
+    pods = Pods(
+        ports=PORTS,
+        mark=0x539,
+        trust_domain="cluster.local",
+        identities=StandInIdentities(),  # type: ignore[arg-type]
+        netns=StandInNetns(),
+    )
+
+    def netns(name: str) -> int:
+        (tmp_path / name).touch()
+        return os.open(tmp_path / name, os.O_RDONLY)
+
+    info = zds.WorkloadInfo("web", "shop", "default")
+    assert pods.add(zds.Add("uid-1", info), netns("one")).ok
+    served = pods.pods["uid-1"]
+    pods.stop_listening()
+    assert all(sock.fileno() == -1 for sock in served.listeners.values())
+    assert os.fstat(served.netns_fd)  # the pod itself is kept: its connections drain
+    refused = pods.add(zds.Add("uid-2", info), netns("two"))
+    assert "shutting down" in (refused.error or "")
+    assert list(pods.pods) == ["uid-1"]
+    pods.close()
