@@ -260,6 +260,8 @@ def test_canary_upgrade_with_traffic_throughout(  # noqa: PLR0915 (the user's st
             proxy_log = wl.pod_logs(api, SYSTEM_NS, new_proxy.metadata.name, container="ztunnel")
             assert "tcp_migrate_req" not in proxy_log, proxy_log[-3000:]
             assert "cannot listen on" not in proxy_log, proxy_log[-3000:]
+            procfs = [line for line in proxy_log.splitlines() if "pod sysctls" in line]
+            print(f"\nnew node proxy, pod sysctls: {procfs or 'written through /proc/sys'}")
             end("install canary")
             refused = mesh.run("uninstall", "-y", "--revision", "default")
             assert refused.returncode == 1, refused.stderr
