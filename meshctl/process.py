@@ -118,6 +118,12 @@ class PodFeed:
     def current(self) -> list[tuple[channel.Message, tuple[int, ...]]]:
         raise NotImplementedError
 
+    def stop_listening(self) -> None:
+        """The drain began: close the supervisor's copies of the pods' listeners (with the
+        workers' copies closed too, the kernel hands what is queued on them to the next proxy's
+        listeners, or refuses new connections when there is none)."""
+        return
+
 
 @dataclass(slots=True)
 class _Child:
@@ -495,6 +501,8 @@ class Supervisor:
                 sock.close()  # the kernel now refuses new connections; open ones carry on
         if self._on_drain is not None:
             self._on_drain()  # the caller's own listener copies (sent over the pod channel)
+        if self._pods is not None:
+            self._pods.stop_listening()
         children = [c for c in self._children.values() if c.proc.poll() is None]
         if not children:
             return

@@ -5,6 +5,11 @@ netns (15001/15006/15008, 15053 for DNS), marked so the pod's capture rules exem
 connections it originates from there. A socket belongs to the namespace it was created in, so
 only creation needs the switch: ``setns(2)`` into the pod, ``socket()``, ``setns(2)`` back; the
 calling thread is never left in a pod's namespace, also when creation fails.
+Listeners are SO_REUSEPORT, so a second node proxy (the next one of a rollout, same uid as the
+kernel requires) can hold them beside the first, and the pod's ``net.ipv4.tcp_migrate_req`` is
+1, so connections queued on a listener the first one closes move to the second one's instead of
+being reset (Linux >= 5.14; without it a handover can reset the few queued at that instant:
+logged once, pods still served).
 """
 
 from __future__ import annotations
@@ -12,15 +17,20 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import logging
 import os
 import socket
 from collections.abc import Iterator, Mapping
 
 from meshctl.errors import NetError
+from meshctl.net.sysctls import NetSysctls
+
+log = logging.getLogger(__name__)
 
 _THREAD_NETNS = "/proc/thread-self/ns/net"
 _CLONE_NEWNET = 0x40000000
 _BACKLOG = 4096
+MIGRATE_SYSCTL = "net.ipv4.tcp_migrate_req"
 
 
 class InPod:
@@ -29,8 +39,11 @@ class InPod:
     def __init__(self) -> None:
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._home = os.open(_THREAD_NETNS, os.O_RDONLY | os.O_CLOEXEC)
+        self._sysctls = NetSysctls()
+        self._migrate_warned = False
 
     def close(self) -> None:
+        self._sysctls.close()
         with contextlib.suppress(OSError):
             os.close(self._home)
 
@@ -59,6 +72,7 @@ class InPod:
         out: dict[str, socket.socket] = {}
         try:
             with self.entered(netns_fd):
+                self._migrate_requests()
                 for role, port in ports.items():
                     out[role] = _listen(socket.AF_INET, "0.0.0.0", port, role, mark)  # noqa: S104 (the pod's own ports)
                     if _has_ipv6():
@@ -68,6 +82,23 @@ class InPod:
                 sock.close()
             raise
         return out
+
+    def _migrate_requests(self) -> None:
+        """``tcp_migrate_req=1`` in the namespace this thread is in; a kernel without it, or a
+        write refused, is logged once and the pod is served all the same."""
+        try:
+            if self._sysctls.set(MIGRATE_SYSCTL, "1"):
+                return
+            problem = f"this kernel has no {MIGRATE_SYSCTL} (Linux >= 5.14)"
+        except NetError as exc:
+            problem = exc.message
+        if not self._migrate_warned:
+            self._migrate_warned = True
+            log.warning(
+                "%s: a handover to the next node proxy may reset connections queued on the "
+                "old one's listeners as it closes them",
+                problem,
+            )
 
     def _setns(self, fd: int) -> None:
         if self._libc.setns(fd, _CLONE_NEWNET) == 0:
@@ -100,6 +131,8 @@ def _listen(family: int, host: str, port: int, role: str, mark: int) -> socket.s
     sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # The next node proxy binds the same ports beside us during a rollout (handover).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if mark:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
         if family == socket.AF_INET6:
@@ -110,6 +143,7 @@ def _listen(family: int, host: str, port: int, role: str, mark: int) -> socket.s
         sock.close()
         raise NetError(
             f"cannot listen on {host}:{port} ({role}) in the pod: {exc.strerror or exc}",
-            hint="is another proxy (a sidecar?) already using the port in this pod?",
+            hint="is another proxy (a sidecar, or a node proxy of an older version that does "
+            "not share its listeners) already using the port in this pod?",
         ) from exc
     return sock

@@ -34,10 +34,15 @@ from meshctl.core.wire.hbone import (
     TunnelSettings,
     Writable,
 )
+from meshctl.core.wire.hbone.frames import ErrorCode
 
 from . import tls
 
 log = logging.getLogger(__name__)
+
+# The reset reason of a stream the peer never processed (REFUSED_STREAM, RFC 9113 §8.7: above the
+# last stream id of its GOAWAY, or beyond its stream limit): safe to open again elsewhere.
+REFUSED_REASON = f"stream reset (code {int(ErrorCode.REFUSED_STREAM)})"
 
 
 class StreamSink(Protocol):
@@ -307,7 +312,7 @@ class TunnelProtocol(asyncio.BufferedProtocol):
         elif isinstance(ev, StreamReset):
             sink = self.sinks.pop(ev.stream_id, None)
             if sink is not None:
-                sink.tunnel_reset(f"stream reset (code {ev.error_code})")
+                sink.tunnel_reset(f"stream reset (code {int(ev.error_code)})")
             self._check_idle()
         elif isinstance(ev, TunnelRejected):
             if self._on_rejected is not None:

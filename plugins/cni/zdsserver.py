@@ -5,7 +5,10 @@ socket, read each proxy's hello, send it the snapshot (an ``add`` with the netns
 captured pod, or a ``keep`` when the descriptor is not at hand, then ``snapshot_sent``), then
 steady-state ``add``/``del``. Invariants: one request at a time per connection, each answered by
 an ack before the next (a missing or malformed answer drops the connection); adds go to the
-newest connection, deletes to all (a restarting proxy overlaps its predecessor); no snapshot is
+newest connection, deletes to all (a restarting proxy overlaps its predecessor, and the next
+proxy of a rollout overlaps the draining one): a proxy takes adds and deletes from the moment its
+snapshot's list is taken, so a pod enrolled or removed while the snapshot is on its way is never
+missed by the new proxy nor handed to it after its removal; no snapshot is
 sent before the agent's own view of the node is complete (``ready``); every packet fits 1024
 bytes; a connection that closes or speaks out of turn is dropped and never takes anything else
 down. The agent sees the node proxies through ``NodeProxies``, so its reconciler can run against
@@ -77,6 +80,15 @@ class _Proxy:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     synced: bool = False
     closed: bool = False
+    # From the moment its snapshot's list is taken: it takes adds and deletes (interleaved with
+    # the snapshot's requests); a pod deleted meanwhile is left out of what remains to send.
+    snapshotting: bool = False
+    deleted: set[str] = field(default_factory=set)
+
+    @property
+    def current(self) -> bool:
+        """Takes adds and deletes: synced, or its snapshot is on its way."""
+        return (self.synced or self.snapshotting) and not self.closed
 
     async def request(self, request: zds.Request, fds: tuple[int, ...] = ()) -> zds.Ack:
         async with self.lock:
@@ -144,8 +156,9 @@ class ZdsServer:
                 Path(self.path).unlink()
 
     async def add(self, uid: str, info: zds.WorkloadInfo, fd: int) -> None:
-        """Hand a pod to the newest synced proxy; ``ProxyUnavailableError`` unless it acked."""
-        proxy = next((p for p in reversed(self._proxies) if p.synced and not p.closed), None)
+        """Hand a pod to the newest proxy (synced, or getting its snapshot: the list it gets
+        was taken before this pod was captured); ``ProxyUnavailableError`` unless it acked."""
+        proxy = next((p for p in reversed(self._proxies) if p.current), None)
         if proxy is None:
             raise ProxyUnavailableError(f"no node proxy connected on {self.path}")
         try:
@@ -157,8 +170,12 @@ class ZdsServer:
             raise ProxyUnavailableError(f"node proxy refused the pod: {ack.error}")
 
     async def delete(self, uid: str) -> None:
-        """Tell every connected proxy to stop serving ``uid`` (best effort)."""
-        for proxy in [p for p in self._proxies if p.synced and not p.closed]:
+        """Tell every connected proxy to stop serving ``uid`` (best effort); one getting its
+        snapshot also skips the pod if it is still in what remains to send (the caller closes
+        the pod's netns descriptor once this returns)."""
+        for proxy in [p for p in self._proxies if p.current]:
+            if not proxy.synced:
+                proxy.deleted.add(uid)
             try:
                 ack = await proxy.request(zds.Delete(uid))
             except (OSError, TimeoutError, zds.ZdsError) as exc:
@@ -199,7 +216,10 @@ class ZdsServer:
 
     async def _send_snapshot(self, proxy: _Proxy) -> None:
         entries = self._snapshot()
+        proxy.snapshotting = True  # no await since the list: every later add and delete is ours
         for entry in entries:
+            if entry.uid in proxy.deleted:
+                continue  # deleted since the list was taken: its descriptor is closed (or soon)
             request: zds.Request = zds.Keep(entry.uid)
             fds: tuple[int, ...] = ()
             if entry.fd is not None:
@@ -217,6 +237,7 @@ class ZdsServer:
         ack = await proxy.request(zds.SnapshotSent())
         if not ack.ok:
             raise zds.ZdsError(f"snapshot_sent refused: {ack.error}")
+        proxy.deleted.clear()
         log.info("node proxy %d has the snapshot (%d pods)", proxy.number, len(entries))
 
     async def _watch(self, proxy: _Proxy) -> None:

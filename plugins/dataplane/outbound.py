@@ -5,13 +5,17 @@ to its target port; a workload that speaks HBONE is reached through a pooled tun
 ``<podIP>:15008`` with ``CONNECT <podIP>:<port>``; a workload without the mesh gets plain TCP; an
 unknown destination passes through. Invariants: a connection to one of our own ports on a local
 address is refused (it would loop through us forever); no byte is read from the client before
-its route exists; every accepted connection ends as exactly one opened or failed ``Flow``.
+its route exists; every accepted connection ends as exactly one opened or failed ``Flow``. A
+tunnel the peer refused unprocessed (REFUSED_STREAM: it sent GOAWAY, draining, as the stream
+left) is opened once more on another pooled connection with the bytes already sent: a node
+proxy handing its pods to the next one must not cost the connections that raced its GOAWAY.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from meshctl.core.mesh.addresses import ip as parse_ip
@@ -21,11 +25,14 @@ from meshctl.proxy.original_dst import original_dst
 from meshctl.proxy.pool import DialError
 from meshctl.proxy.relay import Accepted, AppStream, Splice, dial
 from meshctl.proxy.telemetry import Flow, Peer
+from meshctl.proxy.tunnel import REFUSED_REASON, TunnelProtocol
 
 if TYPE_CHECKING:
     from .served import Served
 
 log = logging.getLogger(__name__)
+
+REPLAY_LIMIT = 256 * 1024  # app bytes kept until the tunnel opens, to open it again if refused
 
 
 class Outbound:
@@ -111,14 +118,24 @@ class Outbound:
             flags = {400: "BAD_REQUEST", 401: "DENY", 503: "CONNECT"}.get(status, f"HTTP_{status}")
             flow.fail(flags, f"peer answered HTTP {status}")
 
-        app = _OutboundStream(flow, refused)
         headers = [
             ("forwarded", format_forwarded(flow.src.addr[0], flow.src.addr[1], host=host)),
             ("baggage", rt.baggage),
         ]
+        authority = format_authority(*addr)
+
+        async def reopen(stream: _OutboundStream) -> None:
+            try:
+                again = await rt.pool.connection(key)
+            except DialError as exc:
+                stream.reopen_failed(exc.flags, str(exc))
+                return
+            stream.bind(again, again.open(authority, headers, stream))
+
+        app = _OutboundStream(flow, refused, reopen=lambda s: rt.spawn(reopen(s)))
         # Open before the first await: the pool promised this connection room for one stream
         # now, and other waiters are handed the same connection.
-        sid = conn.open(format_authority(*addr), headers, app)
+        sid = conn.open(authority, headers, app)
         app.bind(conn, sid)
         try:
             await acc.hand_over(app)
@@ -130,7 +147,12 @@ class Outbound:
 class _OutboundStream(AppStream):
     """The client side's app stream: the flow opens on 200 and fails on a refusal."""
 
-    def __init__(self, flow: Flow, refused: object) -> None:
+    def __init__(
+        self,
+        flow: Flow,
+        refused: object,
+        reopen: Callable[[_OutboundStream], None] | None = None,
+    ) -> None:
         super().__init__(
             from_app=flow.request_bytes,
             to_app=flow.response_bytes,
@@ -138,9 +160,26 @@ class _OutboundStream(AppStream):
         )
         self.flow = flow
         self._refused = refused
+        self._reopen = reopen  # once: a second refusal fails the flow
+        # What went into the tunnel before it opened (None: too much to keep, or opened).
+        self._replay: list[bytes] | None = []
+
+    def bind(self, tunnel: TunnelProtocol, sid: int) -> None:
+        self._keep(self._early)
+        super().bind(tunnel, sid)
+
+    def data_received(self, data: bytes) -> None:
+        if self.tunnel is not None:
+            self._keep([data])
+        super().data_received(data)
 
     def tunnel_opened(self) -> None:
+        self._replay = None
         self.flow.open()
+
+    def reopen_failed(self, flags: str, reason: str) -> None:
+        self.flow.fail(flags, reason)
+        super().tunnel_reset(reason)
 
     def tunnel_refused(self, status: int) -> None:
         if callable(self._refused):
@@ -148,9 +187,32 @@ class _OutboundStream(AppStream):
         super().tunnel_refused(status)
 
     def tunnel_reset(self, reason: str) -> None:
+        reopen, replay = self._reopen, self._replay
+        if (
+            reason == REFUSED_REASON
+            and self.flow.state == "new"
+            and reopen is not None
+            and replay is not None
+        ):
+            # Never processed by the peer: the same bytes on another connection (the pool
+            # no longer hands out one that is going away).
+            self._reopen = None
+            self._release_credit()
+            self.tunnel = None
+            self._early, self._replay = [*replay, *self._early], []
+            log.debug("tunnel refused unprocessed (%s); opening it again", reason)
+            reopen(self)
+            return
         if self.flow.state == "new":
             self.flow.fail(self.tunnel.flags if self.tunnel is not None else "RESET", reason)
         super().tunnel_reset(reason)
+
+    def _keep(self, chunks: list[bytes]) -> None:
+        if self._replay is None or not chunks:
+            return
+        self._replay.extend(chunks)
+        if sum(map(len, self._replay)) > REPLAY_LIMIT:
+            self._replay = None  # a refusal now fails the flow
 
 
 async def splice(

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 
 from meshctl import options
-from meshctl.core.k8s import layout
+from meshctl.core.k8s import ambient, layout
 from meshctl.errors import KubeError, MeshctlError, UserError
 from meshctl.output import OutputFormat, render, render_table
 
@@ -213,7 +213,9 @@ def _proxy_of(
             f"no node proxy on node {on!r} in {mesh_namespace}",
             hint="is the ambient profile installed? (--mesh-namespace names its namespace)",
         )
-    return mesh_namespace, str(proxies[0]["metadata"]["name"]), _pod_ref(namespace, pod)
+    # During a rollout's handover two are there: the one that serves the pods now.
+    serving = ambient.serving_node_proxy(proxies) or proxies[0]
+    return mesh_namespace, str(serving["metadata"]["name"]), _pod_ref(namespace, pod)
 
 
 def _pod_ref(namespace: str, pod: str) -> Any:

@@ -65,8 +65,7 @@ def node_proxy(ctx: Any, pod: Pod) -> Pod | None:
             label_selector=f"app.kubernetes.io/name={NODE_PROXY}",
             field_selector=f"spec.nodeName={node}",
         )
-        running = [p for p in items if (p.get("status") or {}).get("phase") == "Running"]
-        ctx.memo[key] = running[0] if running else None
+        ctx.memo[key] = ambient.serving_node_proxy(items)  # the new one, during a handover
     found: Pod | None = ctx.memo[key]
     return found
 

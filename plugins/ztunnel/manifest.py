@@ -8,6 +8,9 @@ CA honours for impersonation only as the trusted node account ``<namespace>/mesh
 root, but only the capabilities that in-pod listeners and transparent deliveries need
 (SYS_ADMIN to enter pod namespaces, NET_ADMIN for IP_TRANSPARENT and marks, NET_RAW), a read-only
 root filesystem with a ``/tmp`` of its own (the one-file binary unpacks there), never privileged.
+Nothing it holds is node-exclusive (its ports are in its own pod netns, the ZDS socket is the
+agent's, pod listeners are SO_REUSEPORT), so an update surges: the new proxy starts beside the
+old one, takes every pod's listeners too, and the old one drains only once the new one is Ready.
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ NAME = "meshctl-ztunnel"
 READINESS_PORT = 15021
 TOKEN_SECONDS = 43200
 TOKEN_AUDIENCE = "meshctl-ca"  # noqa: S105 -- an audience name, not a secret
+# A rollout hands over (docs/ztunnel.md): the old proxy stops accepting once its successor holds
+# every pod's listeners, then its open connections have DRAIN_SECONDS to end; the supervisor kills
+# what is left 2 s later, inside the pod's grace period.
+GRACE_SECONDS = 30
+DRAIN_SECONDS = 25
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +75,7 @@ def objects(
         {"name": "ALT_CA_HOSTNAME", "value": service},
         {"name": "ALT_XDS_HOSTNAME", "value": service},
         {"name": "ZTUNNEL_WORKER_THREADS", "value": str(own.workers)},
+        {"name": "CONNECTION_TERMINATION_DEADLINE", "value": f"{DRAIN_SECONDS}s"},
     ]
     env += [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}} for n, f in field]
     pull = install.image_pull_policy
@@ -114,6 +123,7 @@ def objects(
             {"name": "istiod-ca-cert", "configMap": {"name": layout.ROOT_CONFIGMAP}},
             {"name": "tmp", "emptyDir": {}},
         ],
-        grace_seconds=30,
+        grace_seconds=GRACE_SECONDS,
+        surge=True,
     )
     return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta}, daemonset]

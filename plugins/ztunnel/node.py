@@ -60,9 +60,12 @@ class ServedPod:
         )
         return add, (self.netns_fd, *(self.listeners[r].fileno() for r in roles))
 
-    def close(self) -> None:
+    def close_listeners(self) -> None:
         for sock in self.listeners.values():
             sock.close()
+
+    def close(self) -> None:
+        self.close_listeners()
         with contextlib.suppress(OSError):
             os.close(self.netns_fd)
 
@@ -122,6 +125,7 @@ class Pods(PodFeed):
         self.pods: dict[str, ServedPod] = {}
         self.synced = False
         self.reason = "waiting for the node agent's snapshot"
+        self.draining = False
         self.send: Callable[[channel.Message, tuple[int, ...]], None] = lambda m, f: None
         self._netns = netns or KernelNetns()
 
@@ -135,6 +139,9 @@ class Pods(PodFeed):
     def add(self, request: zds.Add, fd: int) -> zds.Ack:
         """Serve the pod of ``request`` in the netns of ``fd`` (ours now); the ZDS answer."""
         info = request.info or zds.WorkloadInfo("", "", "")  # ProxySession refuses None
+        if self.draining:
+            os.close(fd)
+            return self._refuse(request.uid, info, "this node proxy is shutting down")
         try:
             identity = SpiffeId(self.trust_domain, info.namespace, info.service_account)
         except IdentityError as exc:
@@ -185,6 +192,14 @@ class Pods(PodFeed):
             return
         self.synced, self.reason = synced, reason or self.reason
         self.send(channel.PodsSynced(synced=synced, reason=reason), ())
+
+    def stop_listening(self) -> None:
+        """The drain began: our listener copies go (the workers close theirs), so the pods'
+        new connections reach the next node proxy, which holds the same ports (SO_REUSEPORT)."""
+        self.draining = True
+        for pod in self.pods.values():
+            pod.close_listeners()
+        log.info("stopped accepting for %d pods; draining", len(self.pods))
 
     def close(self) -> None:
         for pod in self.pods.values():

@@ -149,6 +149,17 @@ def left_captured(pods: Sequence[Pod], served_nodes: Sequence[str]) -> list[str]
     return sorted(out)
 
 
+def serving_node_proxy(pods: Sequence[Pod]) -> Pod | None:
+    """Of a node's node proxy pods, the one that serves its pods: during a rollout's handover
+    there are two, the old one terminating (``deletionTimestamp``) while it drains; the newest
+    running one not being deleted, else the newest running one, else None."""
+    running = [p for p in pods if _mapping(p.get("status")).get("phase") == "Running"]
+    running.sort(key=lambda p: str(_mapping(p.get("metadata")).get("creationTimestamp") or ""))
+    staying = [p for p in running if not _mapping(p.get("metadata")).get("deletionTimestamp")]
+    chosen = staying or running
+    return chosen[-1] if chosen else None
+
+
 def has_sidecar(pod: Pod) -> bool:
     """Injected by a sidecar injector (status annotation) or running an ``istio-proxy``."""
     meta = _mapping(pod.get("metadata"))

@@ -3,8 +3,11 @@
 Invariants: a node component runs as root only for what root owns (host paths, pod namespaces),
 never privileged, never able to gain privileges, with a read-only root filesystem and every
 capability dropped except the ones it names; it runs on every Linux node (every taint
-tolerated, node-critical priority, one node at a time in a rolling update) and is never itself
-injected.
+tolerated, node-critical priority) and is never itself injected. A rolling update replaces one
+node's pod at a time: the old one goes first (``maxUnavailable: 1``), or, for a component that
+can run twice on a node and hand over to its successor (``surge``), the new one starts beside
+it and the old one is stopped only once the new one is Ready (``maxSurge: 1``,
+``maxUnavailable: 0``).
 """
 
 from __future__ import annotations
@@ -40,17 +43,25 @@ def node_daemonset(
     volumes: Sequence[Mapping[str, object]],
     grace_seconds: int,
     host_network: bool = False,
+    surge: bool = False,
 ) -> dict[str, object]:
     """The DaemonSet of a node component: one pod per Linux node, its ServiceAccount named as
-    the DaemonSet, pods selected by the ``app.kubernetes.io/name`` label of ``labels``."""
+    the DaemonSet, pods selected by the ``app.kubernetes.io/name`` label of ``labels``.
+    ``surge``: the update starts the new pod beside the old one (nothing node-exclusive may be
+    held then: no hostNetwork port, no host-path lock or socket it serves)."""
+    if surge and host_network:
+        raise ValueError("a hostNetwork node component cannot run twice on a node (surge)")
     name = labels["app.kubernetes.io/name"]
+    rolling: dict[str, object] = (
+        {"maxSurge": 1, "maxUnavailable": 0} if surge else {"maxUnavailable": 1}
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
         "metadata": meta,
         "spec": {
             "selector": {"matchLabels": {"app.kubernetes.io/name": name}},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
             "template": {
                 "metadata": {
                     "labels": labels,

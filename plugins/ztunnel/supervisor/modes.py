@@ -408,3 +408,7 @@ class _DeferredPods(PodFeed):
 
     def current(self) -> list[tuple[channel.Message, tuple[int, ...]]]:
         return self._run.pods.current() if self._run.pods is not None else []
+
+    def stop_listening(self) -> None:
+        if self._run.pods is not None:
+            self._run.pods.stop_listening()

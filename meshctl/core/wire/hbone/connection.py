@@ -776,9 +776,12 @@ class HboneConnection:
             self._streams.clear()
             return
         # Graceful (§6.8): streams up to last_stream_id may finish; this side opens no more.
-        # Streams above it were never processed by the peer: report them reset.
+        # last_stream_id counts the streams *we* opened (the peer's own need no word: a client's
+        # GOAWAY says 0 with every one of its tunnels still open); ours above it were never
+        # processed by the peer: report them reset.
         self._going_away = True
-        for stream_id in [s for s in self._streams if s > last]:
+        ours = 1 if self.client else 0
+        for stream_id in [s for s in self._streams if s > last and s % 2 == ours]:
             self._forget(stream_id)
             self._events.append(StreamReset(stream_id, ErrorCode.REFUSED_STREAM, remote=True))
 

@@ -189,3 +189,20 @@ def test_pods_left_redirected_are_those_annotated_on_nodes_without_an_agent():
     ]
     assert ambient.left_captured(pods, ["n1"]) == ["shop/b (node n2)", "shop/c (node n2)"]
     assert ambient.left_captured(pods, ["n1", "n2"]) == []
+
+
+def _proxy(name: str, created: str, *, phase: str = "Running", deleting: bool = False) -> dict:
+    meta = {"name": name, "creationTimestamp": created}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:01:00Z"
+    return {"metadata": meta, "status": {"phase": phase}}
+
+
+def test_the_serving_node_proxy_is_the_new_one_during_a_handover():
+    old = _proxy("old", "2026-01-01T00:00:00Z", deleting=True)
+    new = _proxy("new", "2026-01-01T00:00:30Z")
+    starting = _proxy("next", "2026-01-01T00:00:40Z", phase="Pending")
+    assert ambient.serving_node_proxy([old, new, starting]) is new
+    assert ambient.serving_node_proxy([new, old]) is new
+    assert ambient.serving_node_proxy([old, starting]) is old  # still the only one serving
+    assert ambient.serving_node_proxy([starting]) is None

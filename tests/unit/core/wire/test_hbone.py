@@ -355,6 +355,19 @@ def test_graceful_goaway_lets_open_streams_finish_and_refuses_new_ones():
     assert StreamEnded(sid) in p.sev
 
 
+def test_graceful_goaway_from_the_client_lets_its_open_tunnels_finish():
+    # A draining node proxy's pool sends GOAWAY with last_stream_id 0 (no server-opened
+    # streams): the server must keep serving the client's tunnels, not reset them.
+    p = Pair()
+    sid = p.tunnel()
+    p.c.go_away()
+    p.pump()
+    assert not [e for e in p.sev if isinstance(e, StreamReset)], p.sev
+    _both_ways(p, sid, b"after the client's goaway", b"reply")
+    assert StreamEnded(sid) in p.cev
+    assert StreamEnded(sid) in p.sev
+
+
 def test_goaway_from_the_client_side_is_reported_as_remote():
     p = Pair()
     p.pump()
