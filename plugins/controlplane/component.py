@@ -21,15 +21,15 @@ from meshctl.core.k8s.inject.webhook_config import (
 )
 from meshctl.core.k8s.inject.webhook_env import webhook_env
 from meshctl.core.k8s.install.checks import Check, Result
-from meshctl.core.k8s.install.components import Component, NoValues, Object, Values
+from meshctl.core.k8s.install.components import Component, Made, NoValues, Object, Values
 from meshctl.core.k8s.install.context import CheckContext
 from meshctl.core.k8s.install.manifest import count
 from meshctl.core.k8s.install.readiness import readiness
 from meshctl.errors import KubeError
 
 from . import crds, gateway_api
-from .manifest import ControlPlaneValues, objects
-from .roots import ROOT_CONFIGMAP, ROOT_KEY
+from .manifest import ControlPlaneValues, objects, root_config_map_aliases
+from .roots import LABELS, ROOT_CONFIGMAP, ROOT_KEY
 
 CATEGORY = "meshctl-controlplane"
 ALL_PROFILES = ("default", "ambient", "minimal", "demo")
@@ -51,6 +51,22 @@ def _controlplane(values: Values, own: ControlPlaneValues) -> list[Object]:
         *webhook_env(own.inject, "components.controlplane.inject"),
     ]
     return objects(values.install, own, extra_env=env)
+
+
+def _made(values: Values, own: ControlPlaneValues) -> list[Made]:
+    """The root ConfigMaps published under an alias name (Istio's istio-ca-root-cert) go with
+    the revision that publishes them: left behind, a later istiod's proxies would trust our root
+    until istiod rewrote them. Ours (meshctl-ca-root-cert) stays, as Istio's does."""
+    labels = ",".join(f"{k}={v}" for k, v in sorted(LABELS.items()))
+    return [
+        Made(
+            api_version="v1",
+            kind="ConfigMap",
+            label_selector=labels,
+            field_selector=f"metadata.name={name}",
+        )
+        for name in root_config_map_aliases(own)
+    ]
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -268,6 +284,7 @@ controlplane = Component(
     values_type=ControlPlaneValues,
     profiles=dict.fromkeys(ALL_PROFILES, ControlPlaneValues()),
     render=_controlplane,
+    made=_made,
     checks=(
         Check(category=CATEGORY, description="control plane pods are ready", run=_deployment),
         Check(category=CATEGORY, description="CA root certificate is valid", run=_ca_root),

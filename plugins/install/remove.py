@@ -12,11 +12,11 @@ means their pods are gone, so the CNI DaemonSet's cleanup on each node has run).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.install import manifest as mf
-from meshctl.core.k8s.install.components import Registry, Values
+from meshctl.core.k8s.install.components import Made, Registry, Values
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.inventory import Inventory
@@ -53,8 +53,28 @@ def targets(inventory: Inventory, registry: Registry, values: Values, *, purge: 
                 continue
             if mf.component_of(live) not in still_needed:
                 found.append(live)
+        for component in registry.enabled(values):
+            if component.revisioned or component.name not in still_needed:
+                found += _made(inventory, component.made_objects(values))
     unique = {mf.key_of(o): o for o in found if not _owned_by_another(o)}
     return sorted(unique.values(), key=lambda o: mf.kind_rank(str(o.get("kind"))), reverse=True)
+
+
+def _made(inventory: Inventory, made: Sequence[Made]) -> list[Live]:
+    """The objects a component's processes made (e.g. root ConfigMaps under an alias name)."""
+    found: list[Live] = []
+    for selection in made:
+        if not inventory.mapper.served(selection.api_version, selection.kind):
+            continue
+        resource = inventory.mapper.resource(selection.api_version, selection.kind)
+        items, _ = objects.list_objects(
+            inventory.kube,
+            resource,
+            label_selector=selection.label_selector,
+            field_selector=selection.field_selector or None,
+        )
+        found += items
+    return found
 
 
 def _owned_by_another(obj: Live) -> bool:

@@ -40,9 +40,11 @@ def node_daemonset(
     volumes: Sequence[Mapping[str, object]],
     grace_seconds: int,
     host_network: bool = False,
+    service_account: str = "",
 ) -> dict[str, object]:
     """The DaemonSet of a node component: one pod per Linux node, its ServiceAccount named as
-    the DaemonSet, pods selected by the ``app.kubernetes.io/name`` label of ``labels``."""
+    the DaemonSet unless ``service_account`` is given, pods selected by the
+    ``app.kubernetes.io/name`` label of ``labels``."""
     name = labels["app.kubernetes.io/name"]
     return {
         "apiVersion": "apps/v1",
@@ -63,7 +65,7 @@ def node_daemonset(
                         if host_network
                         else {}
                     ),
-                    "serviceAccountName": name,
+                    "serviceAccountName": service_account or name,
                     # Pods cannot start on a node without the mesh's node components in place.
                     "priorityClassName": "system-node-critical",
                     "tolerations": [{"operator": "Exists"}],
