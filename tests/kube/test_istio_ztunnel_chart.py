@@ -1,0 +1,250 @@
+"""Istio's ztunnel chart, with its defaults, on meshctl's control plane (real kube-apiserver).
+
+The chart's ztunnel asks ``istiod.istio-system.svc:15012``, checks that name in the serving
+certificate against the root of ConfigMap ``istio-ca-root-cert`` (``root-cert.pem``), and sends
+a token of ``istio-system/ztunnel`` with audience ``istio-ca`` to get the certificates of the pods
+on its node. The control plane runs with the env ``meshctl install`` renders for
+``components.controlplane.istioNames=true`` (and, to show the test can fail, without it); the
+client is the suite's own CA and Delta xDS clients (tests/harness), written from the protos.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from cryptography import x509
+from kubernetes import client as k8s
+
+from meshctl import components, rpc
+from meshctl.core.k8s.install.manifest import render
+from tests.harness import controlplane as cp
+from tests.harness import xds_client as tc
+from tests.harness.kube import KubeCluster, create_namespace, delete_namespace
+
+pytestmark = pytest.mark.kube
+
+ISTIO_NS = "istio-system"  # the chart's istioNamespace
+ISTIOD = "istiod.istio-system.svc"  # what the chart's ztunnel dials and checks
+ISTIO_ROOT = "istio-ca-root-cert"
+NODE = "node-a"
+# The process settings the install renders (the rest is the harness's: ports, namespace).
+RENDERED = ("CA_TRUSTED_NODE_ACCOUNTS", "MESHCTL_ROOT_CONFIGMAP_ALIASES", "MESHCTL_SERVING_NAMES")
+
+
+def rendered(namespace: str, *assignments: str) -> tuple[dict[str, str], list[Any]]:
+    """The control plane's env as ``meshctl install`` renders it, and the install's objects."""
+    registry = components.load()
+    values = registry.resolve(profile="minimal", namespace=namespace, assignments=assignments)
+    objects = [item.object for item in render(registry, values)]
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"] if e["name"] in RENDERED}
+    return env, objects
+
+
+def start_plane(
+    cluster: KubeCluster, namespace: str, workdir: Path, env: dict[str, str]
+) -> contextlib.AbstractContextManager[cp.ControlPlaneProcess]:
+    """The default revision (the chart's ztunnel, without a revision, dials ``istiod``); the
+    rendered serving names beside the harness's 127.0.0.1 (a flag wins over env)."""
+    names = ",".join(["127.0.0.1", *filter(None, [env.pop("MESHCTL_SERVING_NAMES", "")])])
+    extra = ("--serving-names", names)
+    return cp.running(cluster, namespace, workdir, *extra, revision="default", env=env)
+
+
+def wait_for(what: str, probe: Any, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while (found := probe()) is None:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not come within {timeout}s")
+        time.sleep(0.2)
+    return found
+
+
+def root_of(api: k8s.ApiClient, name: str, namespace: str) -> bytes | None:
+    try:
+        found = k8s.CoreV1Api(api).read_namespaced_config_map(name, namespace)
+    except k8s.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+    data = found.data or {}
+    return data["root-cert.pem"].encode() if "root-cert.pem" in data else None
+
+
+def running_pod(api: k8s.ApiClient, namespace: str, name: str, ip: str) -> None:
+    """The pod's status as its kubelet would write it (Running, Ready, its IP)."""
+    core = k8s.CoreV1Api(api)
+    pod = core.read_namespaced_pod(name, namespace)
+    pod.status = {
+        "phase": "Running",
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": "True"}],
+    }
+    core.replace_namespaced_pod_status(name, namespace, pod)
+
+
+@pytest.fixture(scope="module")
+def cluster_with_istio_ns(kube_cluster: KubeCluster) -> Iterator[KubeCluster]:
+    with kube_cluster.api_client() as api:
+        create_namespace(api, ISTIO_NS)
+        try:
+            yield kube_cluster
+        finally:
+            core = k8s.CoreV1Api(api)
+            for service in core.list_namespaced_service(ISTIO_NS).items:
+                core.delete_namespaced_service(service.metadata.name, ISTIO_NS)
+            delete_namespace(api, ISTIO_NS)
+
+
+@pytest.fixture
+def system(cluster_with_istio_ns: KubeCluster) -> Iterator[str]:
+    """The control plane's namespace; every root it published is removed afterwards."""
+    name = f"zsys-{secrets.token_hex(3)}"
+    with cluster_with_istio_ns.api_client() as api:
+        create_namespace(api, name)
+        try:
+            yield name
+        finally:
+            cp.remove_published_roots(api)
+            core = k8s.CoreV1Api(api)
+            for cm in core.list_config_map_for_all_namespaces(
+                field_selector=f"metadata.name={ISTIO_ROOT}"
+            ).items:
+                core.delete_namespaced_config_map(cm.metadata.name, cm.metadata.namespace)
+            delete_namespace(api, name)
+
+
+class ChartZtunnel:
+    """What Istio's ztunnel chart runs, as far as the control plane sees it: a pod of
+    ``istio-system/ztunnel`` on NODE with a projected ``istio-ca`` token, dialling ``address``
+    and checking ``server_name`` against ``root``."""
+
+    def __init__(self, cluster: KubeCluster, address: str) -> None:
+        self.pod = f"ztunnel-{secrets.token_hex(3)}"
+        self.token = cp.pod_token(cluster, ISTIO_NS, "ztunnel", self.pod, node=NODE)
+        self.address = address
+
+    async def certificate(self, root: bytes, server_name: str, identity: str) -> Any:
+        """The chain for ``identity`` (impersonated), or the refusal as (code, message)."""
+        csr_pem, _key = cp.csr(identity)
+        auth = rpc.CallAuth(token=self.token, cluster_id="Kubernetes")
+        async with rpc.connect(
+            self.address, root_pem=root, auth=auth, server_name=server_name
+        ) as channel:
+            try:
+                return await cp.create_certificate(channel, csr_pem, impersonate=identity)
+            except grpc.aio.AioRpcError as exc:  # the refusal is the answer here
+                return exc.code().name, exc.details() or ""
+
+    async def workloads(self, root: bytes, server_name: str, wanted: str) -> set[str]:
+        """Delta xDS as ztunnel opens it (wildcard Address + Authorization); the workload names
+        of the first Address response that holds ``wanted``."""
+        channel, stream = await tc.open_stream(
+            self.address, root_pem=root, token=self.token, server_name=server_name
+        )
+        try:
+            node = tc.ztunnel_node(pod=self.pod, ns=ISTIO_NS)
+            await stream.subscribe(tc.ADDRESS, node=node)
+            await stream.subscribe(tc.AUTHORIZATION, node=node)
+            deadline = time.monotonic() + 20
+            while True:
+                response = await stream.recv(timeout=max(0.1, deadline - time.monotonic()))
+                await stream.ack(response)
+                names = set(tc.decode(response)) if response.type_url == tc.ADDRESS else set()
+                if wanted in names:
+                    return names
+        finally:
+            await stream.close()
+            await channel.close()
+
+
+def spiffe(namespace: str, account: str) -> str:
+    return f"spiffe://cluster.local/ns/{namespace}/sa/{account}"
+
+
+def test_without_the_values_istios_ztunnel_chart_is_refused_on_all_three_counts(
+    cluster_with_istio_ns: KubeCluster, system: str, kube_namespace: str, tmp_path: Path
+) -> None:
+    """With the default values: no ConfigMap by Istio's name, a certificate without istiod's
+    name (TLS refuses), and the chart's account is no node proxy (impersonation refused)."""
+    env, objects = rendered(system)
+    assert env["CA_TRUSTED_NODE_ACCOUNTS"] == f"{system}/meshctl-ztunnel"
+    assert not any(o["metadata"]["name"] == "istiod" for o in objects)
+    with (
+        cluster_with_istio_ns.api_client() as api,
+        start_plane(cluster_with_istio_ns, system, tmp_path, env) as plane,
+    ):
+        ours = wait_for(
+            "the root in istio-system", lambda: root_of(api, "meshctl-ca-root-cert", ISTIO_NS)
+        )
+        assert root_of(api, ISTIO_ROOT, ISTIO_NS) is None
+        assert root_of(api, ISTIO_ROOT, kube_namespace) is None
+        cp.pod_token(cluster_with_istio_ns, kube_namespace, "web", "web-1", node=NODE)
+        web = spiffe(kube_namespace, "web")
+        zt = ChartZtunnel(cluster_with_istio_ns, f"127.0.0.1:{plane.grpc_port}")
+
+        code, message = asyncio.run(zt.certificate(ours, ISTIOD, web))
+        assert code == "UNAVAILABLE", message  # the handshake: the name is not in the certificate
+        code, message = asyncio.run(zt.certificate(ours, plane.server_name, web))
+        assert code == "UNAUTHENTICATED", message
+        assert message.startswith("request impersonation authentication failure: ")
+
+
+def test_with_istio_names_the_charts_ztunnel_gets_pod_certificates_and_workloads(
+    cluster_with_istio_ns: KubeCluster, system: str, kube_namespace: str, tmp_path: Path
+) -> None:
+    """``components.controlplane.istioNames=true``: the root under Istio's name everywhere, the
+    serving certificate for istiod.istio-system.svc, istio-system/ztunnel trusted for the pods
+    of its node; the alias Service is one the API server takes."""
+    env, objects = rendered(system, "components.controlplane.istioNames=true")
+    alias = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "istiod")
+    with (
+        cluster_with_istio_ns.api_client() as api,
+        start_plane(cluster_with_istio_ns, system, tmp_path, env) as plane,
+    ):
+        created = k8s.CoreV1Api(api).create_namespaced_service(ISTIO_NS, dict(alias))
+        assert created.spec.type == "ExternalName"
+        assert created.spec.external_name == f"meshctl-controlplane.{system}.svc.cluster.local"
+
+        root = wait_for(
+            "istio-ca-root-cert in istio-system", lambda: root_of(api, ISTIO_ROOT, ISTIO_NS)
+        )
+        assert root == cp.root_pem(api, system)
+        assert (
+            wait_for(
+                "istio-ca-root-cert in the app namespace",
+                lambda: root_of(api, ISTIO_ROOT, kube_namespace),
+            )
+            == root
+        )
+
+        cp.pod_token(cluster_with_istio_ns, kube_namespace, "web", "web-1", node=NODE)
+        running_pod(api, kube_namespace, "web-1", "10.30.0.7")
+        cp.pod_token(cluster_with_istio_ns, kube_namespace, "db", "db-1", node="node-b")
+        web, db = spiffe(kube_namespace, "web"), spiffe(kube_namespace, "db")
+        zt = ChartZtunnel(cluster_with_istio_ns, f"127.0.0.1:{plane.grpc_port}")
+
+        chain = asyncio.run(zt.certificate(root, ISTIOD, web))
+        assert isinstance(chain, list), chain
+        assert chain[-1].encode() == root
+        leaf = x509.load_pem_x509_certificate(chain[0].encode())
+        san = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert [str(n.value) for n in san] == [web]
+        # Still only the pods of its own node.
+        code, message = asyncio.run(zt.certificate(root, ISTIOD, db))
+        assert code == "UNAUTHENTICATED", message
+        assert "no pod of service account" in message
+
+        uid = f"Kubernetes//Pod/{kube_namespace}/web-1"
+        names = asyncio.run(zt.workloads(root, ISTIOD, uid))
+        assert uid in names
