@@ -53,11 +53,23 @@ def targets(inventory: Inventory, registry: Registry, values: Values, *, purge: 
                 continue
             if mf.component_of(live) not in still_needed:
                 found.append(live)
-        for component in registry.enabled(values):
+        installed = _installed(inventory, registry, values)
+        for component in registry.enabled(installed):
             if component.revisioned or component.name not in still_needed:
-                found += _made(inventory, component.made_objects(values))
+                found += _made(inventory, component.made_objects(installed))
     unique = {mf.key_of(o): o for o in found if not _owned_by_another(o)}
     return sorted(unique.values(), key=lambda o: mf.kind_rank(str(o.get("kind"))), reverse=True)
+
+
+def _installed(inventory: Inventory, registry: Registry, values: Values) -> Values:
+    """The values the revision was installed with (its install record), else ``values``: what
+    its processes made depends on them (an alias ConfigMap name, for one)."""
+    from meshctl.core.k8s.install.upgrade import recorded_values
+    from meshctl.kube.resources import CONFIG_MAPS
+
+    name = values.revisioned(mf.RECORD_NAME)
+    record = objects.get(inventory.kube, CONFIG_MAPS, name, values.namespace)
+    return recorded_values(registry, record) if record else values
 
 
 def _made(inventory: Inventory, made: Sequence[Made]) -> list[Live]:

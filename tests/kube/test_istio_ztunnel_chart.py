@@ -248,3 +248,53 @@ def test_with_istio_names_the_charts_ztunnel_gets_pod_certificates_and_workloads
         uid = f"Kubernetes//Pod/{kube_namespace}/web-1"
         names = asyncio.run(zt.workloads(root, ISTIOD, uid))
         assert uid in names
+
+
+def test_uninstall_removes_the_root_under_istios_name_and_leaves_ours_and_istiods(
+    cluster_with_istio_ns: KubeCluster, system: str, kube_namespace: str
+) -> None:
+    """The revision's install record says istioNames: uninstall takes the alias ConfigMaps the
+    control plane published (by our labels), not ours (kept, as Istio keeps its own) and not an
+    unlabelled one of that name (istiod's)."""
+    from meshctl_plugins.controlplane.roots import LABELS
+    from meshctl_plugins.install import remove
+
+    from meshctl.kube.client import KubeSettings, connect
+    from meshctl.kube.inventory import Inventory
+
+    registry = components.load()
+    switch = "components.controlplane.istioNames=true"
+
+    def record(*assignments: str) -> dict[str, Any]:
+        values = registry.resolve(profile="minimal", namespace=system, assignments=assignments)
+        items = render(registry, values)
+        return next(
+            dict(i.object) for i in items if i.object["metadata"]["name"] == "meshctl-install"
+        )
+
+    def config_map(namespace: str, name: str, labels: dict[str, str]) -> None:
+        body = {"metadata": {"name": name, "labels": labels}, "data": {"root-cert.pem": "x"}}
+        k8s.CoreV1Api(api).create_namespaced_config_map(namespace, body)
+
+    def removed() -> set[tuple[str, str]]:
+        kube = connect(KubeSettings(kubeconfig=str(cluster_with_istio_ns.kubeconfig)))
+        values = registry.resolve(profile=None, namespace=system)  # as uninstall resolves them
+        items = remove.targets(Inventory(kube), registry, values, purge=False)
+        return {
+            (str(o["metadata"].get("namespace")), str(o["metadata"]["name"]))
+            for o in items
+            if o.get("kind") == "ConfigMap"
+        }
+
+    with cluster_with_istio_ns.api_client() as api:
+        core = k8s.CoreV1Api(api)
+        config_map(kube_namespace, ISTIO_ROOT, dict(LABELS))
+        config_map(kube_namespace, "meshctl-ca-root-cert", dict(LABELS))
+        config_map(ISTIO_NS, ISTIO_ROOT, {})
+        core.create_namespaced_config_map(system, record(switch))
+        gone = removed()
+        assert (kube_namespace, ISTIO_ROOT) in gone
+        assert (ISTIO_NS, ISTIO_ROOT) not in gone
+        assert (kube_namespace, "meshctl-ca-root-cert") not in gone
+        core.replace_namespaced_config_map("meshctl-install", system, record())
+        assert (kube_namespace, ISTIO_ROOT) not in removed()
