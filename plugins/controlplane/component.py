@@ -179,19 +179,26 @@ def _roots_everywhere(ctx: CheckContext) -> Result:
         if not n["metadata"].get("deletionTimestamp")
         and (n.get("status") or {}).get("phase") != "Terminating"
     )
-    maps, _ = kube_objects.list_objects(
-        ctx.kube, CONFIG_MAPS, field_selector=f"metadata.name={ROOT_CONFIGMAP}"
-    )
-    held = {str(m["metadata"]["namespace"]): (m.get("data") or {}).get(ROOT_KEY) for m in maps}
-    missing = [n for n in active if n not in held]
-    stale = [n for n in active if n in held and held[n] != bundle]
-    if missing or stale:
-        details = [
-            f"missing in {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
-        ] * bool(missing)
-        details += [f"a different root in {', '.join(stale[:8])}"] * bool(stale)
+    own = ctx.values.own("controlplane", ControlPlaneValues)
+    details: list[str] = []
+    lacking: set[str] = set()
+    for name in (ROOT_CONFIGMAP, *root_config_map_aliases(own)):
+        maps, _ = kube_objects.list_objects(
+            ctx.kube, CONFIG_MAPS, field_selector=f"metadata.name={name}"
+        )
+        held = {str(m["metadata"]["namespace"]): (m.get("data") or {}).get(ROOT_KEY) for m in maps}
+        missing = [n for n in active if n not in held]
+        stale = [n for n in active if n in held and held[n] != bundle]
+        lacking.update(missing + stale)
+        label = "" if name == ROOT_CONFIGMAP else f"{name}: "
+        if missing:
+            more = " ..." if len(missing) > 8 else ""
+            details.append(f"{label}missing in {', '.join(missing[:8])}{more}")
+        if stale:
+            details.append(f"{label}a different root in {', '.join(stale[:8])}")
+    if lacking:
         return Result.fail(
-            f"{len(missing) + len(stale)} of {len(active)} namespaces lack the current root",
+            f"{len(lacking)} of {len(active)} namespaces lack the current root",
             hint="the control plane's leader writes it into every namespace: is a control plane "
             "pod ready and leading (see its log and the Lease in "
             f"{ctx.values.namespace})?",

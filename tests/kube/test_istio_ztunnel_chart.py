@@ -24,6 +24,7 @@ from cryptography import x509
 from kubernetes import client as k8s
 
 from meshctl import components, rpc
+from meshctl.core.k8s.install.checks import Outcome
 from meshctl.core.k8s.install.manifest import render
 from tests.harness import controlplane as cp
 from tests.harness import xds_client as tc
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.kube
 ISTIO_NS = "istio-system"  # the chart's istioNamespace
 ISTIOD = "istiod.istio-system.svc"  # what the chart's ztunnel dials and checks
 ISTIO_ROOT = "istio-ca-root-cert"
+ISTIO_NAMES = "components.controlplane.istioNames=true"
 NODE = "node-a"
 # The process settings the install renders (the rest is the harness's: ports, namespace).
 RENDERED = ("CA_TRUSTED_NODE_ACCOUNTS", "MESHCTL_ROOT_CONFIGMAP_ALIASES", "MESHCTL_SERVING_NAMES")
@@ -58,6 +60,34 @@ def start_plane(
     names = ",".join(["127.0.0.1", *filter(None, [env.pop("MESHCTL_SERVING_NAMES", "")])])
     extra = ("--serving-names", names)
     return cp.running(cluster, namespace, workdir, *extra, revision="default", env=env)
+
+
+def roots_check(cluster: KubeCluster, namespace: str, *assignments: str) -> Any:
+    """``meshctl verify``'s "root ConfigMap is in every namespace" for these install values."""
+    from meshctl.core.k8s.install.context import CheckContext
+    from meshctl.kube.client import KubeSettings, connect
+    from meshctl.kube.inventory import Inventory
+
+    registry = components.load()
+    values = registry.resolve(profile="minimal", namespace=namespace, assignments=assignments)
+    kube = connect(KubeSettings(kubeconfig=str(cluster.kubeconfig)))
+    context = CheckContext(
+        kube=kube,
+        cluster=Inventory(kube),
+        registry=registry,
+        values=values,
+        rendered=render(registry, values),
+    )
+    (check,) = [
+        c
+        for c in registry.by_name["controlplane"].checks
+        if c.description == "root ConfigMap is in every namespace"
+    ]
+    return check.run(context)
+
+
+def passes(result: Any) -> bool | None:
+    return True if result.outcome is Outcome.OK else None
 
 
 def wait_for(what: str, probe: Any, timeout: float = 30.0) -> Any:
@@ -189,6 +219,11 @@ def test_without_the_values_istios_ztunnel_chart_is_refused_on_all_three_counts(
         )
         assert root_of(api, ISTIO_ROOT, ISTIO_NS) is None
         assert root_of(api, ISTIO_ROOT, kube_namespace) is None
+        # verify, told the install has istioNames, names what is missing.
+        wait_for("verify's root check", lambda: passes(roots_check(cluster_with_istio_ns, system)))
+        found = roots_check(cluster_with_istio_ns, system, ISTIO_NAMES)
+        assert found.outcome is Outcome.FAIL
+        assert any(d.startswith(f"{ISTIO_ROOT}: missing in ") for d in found.details), found
         cp.pod_token(cluster_with_istio_ns, kube_namespace, "web", "web-1", node=NODE)
         web = spiffe(kube_namespace, "web")
         zt = ChartZtunnel(cluster_with_istio_ns, f"127.0.0.1:{plane.grpc_port}")
@@ -206,7 +241,7 @@ def test_with_istio_names_the_charts_ztunnel_gets_pod_certificates_and_workloads
     """``components.controlplane.istioNames=true``: the root under Istio's name everywhere, the
     serving certificate for istiod.istio-system.svc, istio-system/ztunnel trusted for the pods
     of its node; the alias Service is one the API server takes."""
-    env, objects = rendered(system, "components.controlplane.istioNames=true")
+    env, objects = rendered(system, ISTIO_NAMES)
     alias = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "istiod")
     with (
         cluster_with_istio_ns.api_client() as api,
@@ -220,12 +255,14 @@ def test_with_istio_names_the_charts_ztunnel_gets_pod_certificates_and_workloads
             "istio-ca-root-cert in istio-system", lambda: root_of(api, ISTIO_ROOT, ISTIO_NS)
         )
         assert root == cp.root_pem(api, system)
-        assert (
-            wait_for(
-                "istio-ca-root-cert in the app namespace",
-                lambda: root_of(api, ISTIO_ROOT, kube_namespace),
-            )
-            == root
+        in_apps = wait_for(
+            "istio-ca-root-cert in the app namespace",
+            lambda: root_of(api, ISTIO_ROOT, kube_namespace),
+        )
+        assert in_apps == root
+        wait_for(
+            "verify's root check with istioNames",
+            lambda: passes(roots_check(cluster_with_istio_ns, system, ISTIO_NAMES)),
         )
 
         cp.pod_token(cluster_with_istio_ns, kube_namespace, "web", "web-1", node=NODE)
@@ -263,7 +300,6 @@ def test_uninstall_removes_the_root_under_istios_name_and_leaves_ours_and_istiod
     from meshctl.kube.inventory import Inventory
 
     registry = components.load()
-    switch = "components.controlplane.istioNames=true"
 
     def record(*assignments: str) -> dict[str, Any]:
         values = registry.resolve(profile="minimal", namespace=system, assignments=assignments)
@@ -291,7 +327,7 @@ def test_uninstall_removes_the_root_under_istios_name_and_leaves_ours_and_istiod
         config_map(kube_namespace, ISTIO_ROOT, dict(LABELS))
         config_map(kube_namespace, "meshctl-ca-root-cert", dict(LABELS))
         config_map(ISTIO_NS, ISTIO_ROOT, {})
-        core.create_namespaced_config_map(system, record(switch))
+        core.create_namespaced_config_map(system, record(ISTIO_NAMES))
         gone = removed()
         assert (kube_namespace, ISTIO_ROOT) in gone
         assert (ISTIO_NS, ISTIO_ROOT) not in gone
