@@ -309,3 +309,20 @@ def test_the_ambient_istiod_profile_runs_only_the_node_components_pointed_at_ist
         if d["kind"] == "ServiceAccount"
     ]
     assert ("istio-system", "ztunnel") in accounts
+
+
+@pytest.mark.parametrize(
+    ("assignment", "problem"),
+    [
+        ("components.ztunnel.caAddress=istiod.istio-system.svc", "is not HOST:PORT"),
+        ("components.ztunnel.xdsAddress=:99999", "is not HOST:PORT"),
+        ("components.ztunnel.serviceAccountName=Zt", "must be a DNS-1123 label"),
+        ("components.controlplane.trustedZtunnelNamespace=Istio_System", "DNS-1123 label"),
+        ("components.controlplane.rootConfigMapAliases=istio_ca", "DNS-1123 label"),
+    ],
+)
+def test_istio_name_values_are_checked_before_anything_renders(capsys, assignment, problem):
+    assert main(["manifest", "generate", "--set", assignment]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"Error: --set {assignment}: ")
+    assert problem in err
