@@ -28,7 +28,13 @@ from meshctl.core.k8s.install.checks import Outcome
 from meshctl.core.k8s.install.manifest import render
 from tests.harness import controlplane as cp
 from tests.harness import xds_client as tc
-from tests.harness.kube import KubeCluster, create_namespace, delete_namespace
+from tests.harness.kube import (
+    SA_ISSUER,
+    KubeCluster,
+    create_namespace,
+    delete_namespace,
+    request_token,
+)
 
 pytestmark = pytest.mark.kube
 
@@ -53,13 +59,53 @@ def rendered(namespace: str, *assignments: str) -> tuple[dict[str, str], list[An
 
 
 def start_plane(
-    cluster: KubeCluster, namespace: str, workdir: Path, env: dict[str, str]
+    cluster: KubeCluster,
+    namespace: str,
+    workdir: Path,
+    env: dict[str, str],
+    kubeconfig: Path | None = None,
 ) -> contextlib.AbstractContextManager[cp.ControlPlaneProcess]:
     """The default revision (the chart's ztunnel, without a revision, dials ``istiod``); the
     rendered serving names beside the harness's 127.0.0.1 (a flag wins over env)."""
     names = ",".join(["127.0.0.1", *filter(None, [env.pop("MESHCTL_SERVING_NAMES", "")])])
     extra = ("--serving-names", names)
-    return cp.running(cluster, namespace, workdir, *extra, revision="default", env=env)
+    return cp.running(
+        cluster, namespace, workdir, *extra, revision="default", env=env, kubeconfig=kubeconfig
+    )
+
+
+RBAC = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+
+
+@contextlib.contextmanager
+def rendered_rbac(
+    cluster: KubeCluster, namespace: str, objects: list[Any], workdir: Path
+) -> Iterator[Path]:
+    """The install's RBAC for the control plane applied, and a kubeconfig of its ServiceAccount's
+    token: the process then has exactly what the manifest grants (no admin)."""
+    from kubernetes import utils
+
+    from meshctl.core.k8s.cni import netconf
+
+    rbac = [
+        o for o in objects if o["kind"] in RBAC and "meshctl-controlplane" in o["metadata"]["name"]
+    ]
+    with cluster.api_client() as api:
+        try:
+            for body in rbac:
+                utils.create_from_dict(api, dict(body), namespace=namespace)
+            token = request_token(
+                cluster, namespace, "meshctl-controlplane", SA_ISSUER, create=False
+            )
+            path = workdir / "controlplane.kubeconfig"
+            path.write_bytes(netconf.kubeconfig(cluster.server, token, cluster.ca_pem))
+            yield path
+        finally:
+            rbacv1 = k8s.RbacAuthorizationV1Api(api)
+            with contextlib.suppress(k8s.ApiException):
+                rbacv1.delete_cluster_role_binding("meshctl-controlplane")
+            with contextlib.suppress(k8s.ApiException):
+                rbacv1.delete_cluster_role("meshctl-controlplane")
 
 
 def roots_check(cluster: KubeCluster, namespace: str, *assignments: str) -> Any:
@@ -240,12 +286,14 @@ def test_with_istio_names_the_charts_ztunnel_gets_pod_certificates_and_workloads
 ) -> None:
     """``components.controlplane.istioNames=true``: the root under Istio's name everywhere, the
     serving certificate for istiod.istio-system.svc, istio-system/ztunnel trusted for the pods
-    of its node; the alias Service is one the API server takes."""
+    of its node; the alias Service is one the API server takes. The process runs with only the
+    RBAC the install renders: the other node proxy's TokenReviews and pod lookups need no more."""
     env, objects = rendered(system, ISTIO_NAMES)
     alias = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "istiod")
     with (
         cluster_with_istio_ns.api_client() as api,
-        start_plane(cluster_with_istio_ns, system, tmp_path, env) as plane,
+        rendered_rbac(cluster_with_istio_ns, system, objects, tmp_path) as kubeconfig,
+        start_plane(cluster_with_istio_ns, system, tmp_path, env, kubeconfig) as plane,
     ):
         created = k8s.CoreV1Api(api).create_namespaced_service(ISTIO_NS, dict(alias))
         assert created.spec.type == "ExternalName"
