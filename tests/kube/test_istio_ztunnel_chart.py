@@ -31,8 +31,10 @@ from tests.harness import xds_client as tc
 from tests.harness.kube import (
     SA_ISSUER,
     KubeCluster,
+    cache_root,
     create_namespace,
     delete_namespace,
+    free_port,
     request_token,
 )
 
@@ -184,7 +186,7 @@ def cluster_with_istio_ns(kube_cluster: KubeCluster) -> Iterator[KubeCluster]:
 
 @pytest.fixture
 def system(cluster_with_istio_ns: KubeCluster) -> Iterator[str]:
-    """The control plane's namespace; every root it published is removed afterwards."""
+    """The control plane's namespace; every root it published, and the alias, removed after."""
     name = f"zsys-{secrets.token_hex(3)}"
     with cluster_with_istio_ns.api_client() as api:
         create_namespace(api, name)
@@ -193,6 +195,8 @@ def system(cluster_with_istio_ns: KubeCluster) -> Iterator[str]:
         finally:
             cp.remove_published_roots(api)
             core = k8s.CoreV1Api(api)
+            for service in core.list_namespaced_service(ISTIO_NS).items:  # the alias
+                core.delete_namespaced_service(service.metadata.name, ISTIO_NS)
             for cm in core.list_config_map_for_all_namespaces(
                 field_selector=f"metadata.name={ISTIO_ROOT}"
             ).items:
@@ -382,3 +386,105 @@ def test_uninstall_removes_the_root_under_istios_name_and_leaves_ours_and_istiod
         assert (kube_namespace, "meshctl-ca-root-cert") not in gone
         core.replace_namespaced_config_map("meshctl-install", system, record())
         assert (kube_namespace, ISTIO_ROOT) not in removed()
+
+
+# -- the alias through a real cluster DNS ------------------------------------------------------
+
+COREDNS_MOD = Path(__file__).parent / "coredns" / "go.mod"
+
+
+def coredns_binary() -> Path:
+    """CoreDNS as tests/kube/build.sh builds it (for the Gateway API suite), at its pin."""
+    import re
+
+    found = re.search(r"^\s*github\.com/coredns/coredns (v\S+)", COREDNS_MOD.read_text(), re.M)
+    assert found, f"no CoreDNS pin in {COREDNS_MOD}"
+    binary = cache_root() / "coredns" / found.group(1) / "coredns"
+    if not binary.is_file():
+        pytest.skip(f"{binary} is not built: run 'bash tests/kube/build.sh --gateway-api'")
+    return binary
+
+
+def dns_a(port: int, name: str) -> list[tuple[str, str]]:
+    """An A query to 127.0.0.1:port over UDP (RFC 1035 §4), the answers as (type, data):
+    ("CNAME", target) and ("A", address)."""
+    import socket
+    import struct
+
+    query = struct.pack(">HHHHHH", 0x5EED, 0x0100, 1, 0, 0, 0)
+    query += b"".join(bytes([len(p)]) + p.encode() for p in name.rstrip(".").split(".")) + b"\0"
+    query += struct.pack(">HH", 1, 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(2)
+        sock.sendto(query, ("127.0.0.1", port))
+        reply, _ = sock.recvfrom(4096)
+
+    def read_name(at: int) -> tuple[str, int]:
+        labels, end = [], None
+        while reply[at]:
+            if reply[at] & 0xC0 == 0xC0:  # a pointer (RFC 1035 §4.1.4)
+                end = end or at + 2
+                at = struct.unpack(">H", reply[at : at + 2])[0] & 0x3FFF
+                continue
+            labels.append(reply[at + 1 : at + 1 + reply[at]].decode())
+            at += 1 + reply[at]
+        return ".".join(labels), end or at + 1
+
+    _id, flags, _qd, answers, _ns, _ar = struct.unpack(">HHHHHH", reply[:12])
+    assert flags & 0xF == 0, f"{name}: rcode {flags & 0xF}"
+    at = read_name(12)[1] + 4
+    out = []
+    for _ in range(answers):
+        at = read_name(at)[1]
+        kind, _cls, _ttl, length = struct.unpack(">HHIH", reply[at : at + 10])
+        at += 10
+        if kind == 1:
+            out.append(("A", socket.inet_ntoa(reply[at : at + 4])))
+        elif kind == 5:
+            out.append(("CNAME", read_name(at)[0]))
+        at += length
+    return out
+
+
+def test_the_istiod_alias_resolves_to_the_control_planes_service_through_coredns(
+    cluster_with_istio_ns: KubeCluster, system: str, tmp_path: Path
+) -> None:
+    """Istio's ztunnel resolves istiod.istio-system.svc with the cluster DNS: CoreDNS (the
+    version the suite builds) answers the rendered ExternalName with the control plane's
+    Service and its ClusterIP."""
+    import subprocess
+
+    binary = coredns_binary()
+    _env, objects = rendered(system, ISTIO_NAMES)
+    services = [o for o in objects if o["kind"] == "Service"]
+    with cluster_with_istio_ns.api_client() as api:
+        core = k8s.CoreV1Api(api)
+        for service in services:
+            core.create_namespaced_service(service["metadata"]["namespace"], dict(service))
+        cluster_ip = core.read_namespaced_service("meshctl-controlplane", system).spec.cluster_ip
+    port = free_port()
+    corefile = tmp_path / "Corefile"
+    corefile.write_text(
+        f".:{port} {{\n  bind 127.0.0.1\n  kubernetes cluster.local {{\n"
+        f"    kubeconfig {cluster_with_istio_ns.kubeconfig}\n  }}\n}}\n"
+    )
+    log = (tmp_path / "coredns.log").open("wb")
+    process = subprocess.Popen(
+        [str(binary), "-conf", str(corefile)], stdout=log, stderr=subprocess.STDOUT
+    )
+    try:
+        target = f"meshctl-controlplane.{system}.svc.cluster.local"
+
+        def answered() -> list[tuple[str, str]] | None:
+            with contextlib.suppress(OSError, AssertionError):
+                return dns_a(port, f"{ISTIOD}.cluster.local") or None
+            return None
+
+        answers = wait_for("CoreDNS's answer", answered)
+        assert answers == [("CNAME", target), ("A", cluster_ip)], answers
+    finally:
+        process.terminate()
+        process.wait(10)
+        log.close()
+        with cluster_with_istio_ns.api_client() as api:
+            k8s.CoreV1Api(api).delete_namespaced_service("meshctl-controlplane", system)
