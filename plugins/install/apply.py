@@ -256,9 +256,7 @@ class Installer:
         made = {r.key.name for r in self.rendered if r.kind == "Namespace"}
         checked: dict[str, bool] = {}
         for item in self.rendered:
-            if not self.inventory.mapper.served(item.api_version, item.kind):
-                continue
-            namespace = self.inventory.namespace_of(item.object)
+            namespace = item.key.namespace  # rendered objects name one only when namespaced
             if not namespace or namespace in made:
                 continue
             if not checked.setdefault(namespace, self._exists(namespace)):
