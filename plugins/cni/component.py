@@ -107,6 +107,7 @@ cni = Component(
     profiles={
         "default": CniValues(),
         "ambient": CniValues(ambient=True),
+        "ambient-istiod": CniValues(ambient=True),
         "demo": CniValues(),
     },
     render=_render,

@@ -21,15 +21,15 @@ from meshctl.core.k8s.inject.webhook_config import (
 )
 from meshctl.core.k8s.inject.webhook_env import webhook_env
 from meshctl.core.k8s.install.checks import Check, Result
-from meshctl.core.k8s.install.components import Component, NoValues, Object, Values
+from meshctl.core.k8s.install.components import Component, Made, NoValues, Object, Values
 from meshctl.core.k8s.install.context import CheckContext
 from meshctl.core.k8s.install.manifest import count
 from meshctl.core.k8s.install.readiness import readiness
 from meshctl.errors import KubeError
 
 from . import crds, gateway_api
-from .manifest import ControlPlaneValues, objects
-from .roots import ROOT_CONFIGMAP, ROOT_KEY
+from .manifest import ControlPlaneValues, objects, root_config_map_aliases
+from .roots import LABELS, ROOT_CONFIGMAP, ROOT_KEY
 
 CATEGORY = "meshctl-controlplane"
 ALL_PROFILES = ("default", "ambient", "minimal", "demo")
@@ -51,6 +51,22 @@ def _controlplane(values: Values, own: ControlPlaneValues) -> list[Object]:
         *webhook_env(own.inject, "components.controlplane.inject"),
     ]
     return objects(values.install, own, extra_env=env)
+
+
+def _made(values: Values, own: ControlPlaneValues) -> list[Made]:
+    """The root ConfigMaps published under an alias name (Istio's istio-ca-root-cert) go with
+    the revision that publishes them: left behind, a later istiod's proxies would trust our root
+    until istiod rewrote them. Ours (meshctl-ca-root-cert) stays, as Istio's does."""
+    labels = ",".join(f"{k}={v}" for k, v in sorted(LABELS.items()))
+    return [
+        Made(
+            api_version="v1",
+            kind="ConfigMap",
+            label_selector=labels,
+            field_selector=f"metadata.name={name}",
+        )
+        for name in root_config_map_aliases(own)
+    ]
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -163,19 +179,26 @@ def _roots_everywhere(ctx: CheckContext) -> Result:
         if not n["metadata"].get("deletionTimestamp")
         and (n.get("status") or {}).get("phase") != "Terminating"
     )
-    maps, _ = kube_objects.list_objects(
-        ctx.kube, CONFIG_MAPS, field_selector=f"metadata.name={ROOT_CONFIGMAP}"
-    )
-    held = {str(m["metadata"]["namespace"]): (m.get("data") or {}).get(ROOT_KEY) for m in maps}
-    missing = [n for n in active if n not in held]
-    stale = [n for n in active if n in held and held[n] != bundle]
-    if missing or stale:
-        details = [
-            f"missing in {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}"
-        ] * bool(missing)
-        details += [f"a different root in {', '.join(stale[:8])}"] * bool(stale)
+    own = ctx.values.own("controlplane", ControlPlaneValues)
+    details: list[str] = []
+    lacking: set[str] = set()
+    for name in (ROOT_CONFIGMAP, *root_config_map_aliases(own)):
+        maps, _ = kube_objects.list_objects(
+            ctx.kube, CONFIG_MAPS, field_selector=f"metadata.name={name}"
+        )
+        held = {str(m["metadata"]["namespace"]): (m.get("data") or {}).get(ROOT_KEY) for m in maps}
+        missing = [n for n in active if n not in held]
+        stale = [n for n in active if n in held and held[n] != bundle]
+        lacking.update(missing + stale)
+        label = "" if name == ROOT_CONFIGMAP else f"{name}: "
+        if missing:
+            more = " ..." if len(missing) > 8 else ""
+            details.append(f"{label}missing in {', '.join(missing[:8])}{more}")
+        if stale:
+            details.append(f"{label}a different root in {', '.join(stale[:8])}")
+    if lacking:
         return Result.fail(
-            f"{len(missing) + len(stale)} of {len(active)} namespaces lack the current root",
+            f"{len(lacking)} of {len(active)} namespaces lack the current root",
             hint="the control plane's leader writes it into every namespace: is a control plane "
             "pod ready and leading (see its log and the Lease in "
             f"{ctx.values.namespace})?",
@@ -268,6 +291,7 @@ controlplane = Component(
     values_type=ControlPlaneValues,
     profiles=dict.fromkeys(ALL_PROFILES, ControlPlaneValues()),
     render=_controlplane,
+    made=_made,
     checks=(
         Check(category=CATEGORY, description="control plane pods are ready", run=_deployment),
         Check(category=CATEGORY, description="CA root certificate is valid", run=_ca_root),

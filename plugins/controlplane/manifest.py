@@ -20,10 +20,17 @@ from meshctl.core.k8s.inject.webhook_config import (
     webhook_configuration,
 )
 from meshctl.core.k8s.install.components import InstallValues, Object
-from meshctl.core.k8s.install.values import value
+from meshctl.core.k8s.install.values import dns_label, value
 
 from .authority import PLUG_IN_SECRET, SELF_SIGNED_SECRET
 from .settings import DEFAULT_REPLICAS, MAX_REPLICAS, SERVICE
+
+ISTIO_NAMESPACE = "istio-system"  # where Istio's charts put istiod and ztunnel
+ISTIOD_SERVICE = "istiod"
+ISTIO_ROOT_CONFIGMAP = "istio-ca-root-cert"
+ISTIO_ZTUNNEL_ACCOUNT = "ztunnel"  # the ztunnel chart's service account
+NODE_PROXY_ACCOUNT = "meshctl-ztunnel"  # ours (plugins/ztunnel's DaemonSet runs as it)
+CLUSTER_DOMAIN = "cluster.local"
 
 GRPC_PORT = layout.CONTROL_PLANE_PORT
 WEBHOOK_PORT = 15017
@@ -49,6 +56,112 @@ class ControlPlaneValues:
         help="injector settings NAME=VALUE for every pod this revision injects (the 'inject:' "
         "settings: network=NET, interception-mode=TPROXY, exclude-ip-ranges=CIDR, ...)",
     )
+    # For Istio's ztunnel chart (its defaults point at istiod): docs/ztunnel.md.
+    istio_names: bool = value(
+        False,
+        help="serve Istio's ztunnel chart with its defaults: trust istio-system/ztunnel as a "
+        "node proxy, publish the root also as istio-ca-root-cert, and alias "
+        "istiod.istio-system.svc to this control plane",
+    )
+    trusted_ztunnel_namespace: str = value(
+        "",
+        help="namespace of another node proxy to trust (istiod's trustedZtunnelNamespace; "
+        "default with istioNames: istio-system)",
+        check=lambda text: dns_label(text) if text else None,
+    )
+    trusted_ztunnel_name: str = value(
+        "",
+        help="its service account (istiod's trustedZtunnelName; default: ztunnel)",
+        check=lambda text: dns_label(text) if text else None,
+    )
+    root_config_map_aliases: tuple[str, ...] = value(
+        factory=tuple,
+        help="more names for the root ConfigMap in every namespace (istioNames adds "
+        "istio-ca-root-cert)",
+        check=dns_label,
+    )
+    istiod_service_namespace: str = value(
+        "",
+        help="create Service istiod[-<revision>] there for this control plane, whose serving "
+        "certificate then carries that name (default with istioNames: istio-system)",
+        check=lambda text: dns_label(text) if text else None,
+    )
+
+
+def trusted_node_accounts(install: InstallValues, own: ControlPlaneValues) -> list[str]:
+    """``NS/SA`` of every node proxy the CA lets act for pods on its node: ours, and another
+    (Istio's ztunnel) when asked for by istiod's chart names or ``istioNames``."""
+    accounts = [f"{install.namespace}/{NODE_PROXY_ACCOUNT}"]
+    if own.istio_names or own.trusted_ztunnel_namespace or own.trusted_ztunnel_name:
+        # istiod's defaults: the chart's account, in istiod's namespace (here: the alias's).
+        default_namespace = istiod_alias_namespace(own) or install.namespace
+        namespace = own.trusted_ztunnel_namespace or default_namespace
+        accounts.append(f"{namespace}/{own.trusted_ztunnel_name or ISTIO_ZTUNNEL_ACCOUNT}")
+    return list(dict.fromkeys(accounts))
+
+
+def istio_env(install: InstallValues, own: ControlPlaneValues) -> list[tuple[str, str]]:
+    """The process's settings for the aliases (none when no alias is asked for)."""
+    env = []
+    if aliases := root_config_map_aliases(own):
+        env.append(("MESHCTL_ROOT_CONFIGMAP_ALIASES", ",".join(aliases)))
+    if names := istiod_alias_names(install, own):
+        env.append(("MESHCTL_SERVING_NAMES", ",".join(names)))
+    return env
+
+
+def root_config_map_aliases(own: ControlPlaneValues) -> list[str]:
+    names = [*own.root_config_map_aliases, *([ISTIO_ROOT_CONFIGMAP] * own.istio_names)]
+    return [n for n in dict.fromkeys(names) if n != layout.ROOT_CONFIGMAP]
+
+
+def istiod_alias_namespace(own: ControlPlaneValues) -> str:
+    """Where Service ``istiod[-<rev>]`` stands for this control plane ("" for nowhere)."""
+    return own.istiod_service_namespace or (ISTIO_NAMESPACE if own.istio_names else "")
+
+
+def istiod_alias_names(install: InstallValues, own: ControlPlaneValues) -> list[str]:
+    """The alias's DNS names, for the serving certificate (what Istio's ztunnel checks)."""
+    namespace = istiod_alias_namespace(own)
+    if not namespace:
+        return []
+    host = f"{layout.revisioned(ISTIOD_SERVICE, install.revision)}.{namespace}.svc"
+    return [host, f"{host}.{CLUSTER_DOMAIN}"]
+
+
+def istiod_alias(
+    install: InstallValues, own: ControlPlaneValues, selector: Object
+) -> Object | None:
+    """Service ``istiod[-<rev>]`` in the alias namespace, reaching this control plane on
+    istiod's ports: selecting its pods when they run there, else (a Service selects pods of
+    its own namespace only) an ExternalName to its Service, as Istio's chart points istiod
+    at a remote control plane."""
+    namespace = istiod_alias_namespace(own)
+    if not namespace:
+        return None
+    name = layout.revisioned(ISTIOD_SERVICE, install.revision)
+    labels = {"app.kubernetes.io/name": ISTIOD_SERVICE, "app.kubernetes.io/part-of": "meshctl"}
+    target = layout.revisioned(SERVICE, install.revision)
+    ports: list[Object] = [
+        {"name": "grpc-xds", "port": GRPC_PORT, "targetPort": GRPC_PORT},
+        {"name": "https-webhook", "port": 443, "targetPort": WEBHOOK_PORT},
+        {"name": "http-monitoring", "port": MONITORING_PORT, "targetPort": MONITORING_PORT},
+    ]
+    spec: Object = (
+        {"selector": dict(selector), "ports": ports}
+        if namespace == install.namespace
+        else {
+            "type": "ExternalName",
+            "externalName": f"{target}.{install.namespace}.svc.{CLUSTER_DOMAIN}",
+            "ports": ports,
+        }
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": spec,
+    }
 
 
 def objects(
@@ -147,6 +260,11 @@ def objects(
             env_field("POD_NAMESPACE", "metadata.namespace"),
             {"name": "REVISION", "value": revision},
             {"name": "TRUST_DOMAIN", "value": install.trust_domain},
+            {
+                "name": "CA_TRUSTED_NODE_ACCOUNTS",
+                "value": ",".join(trusted_node_accounts(install, own)),
+            },
+            *({"name": k, "value": v} for k, v in istio_env(install, own)),
             *({"name": k, "value": v} for k, v in extra_env),
         ],
         "ports": [
@@ -235,6 +353,7 @@ def objects(
         target=WebhookTarget(service=name, namespace=ns, port=443),
         revision=revision,
     )
+    alias = istiod_alias(install, own, selector)
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
         {
@@ -252,6 +371,7 @@ def objects(
         },
         binding("RoleBinding"),
         service,
+        *([alias] if alias is not None else []),
         deployment,
         budget,
         configuration,

@@ -143,7 +143,9 @@ class ControlPlane:
             timing=Timing(lease_duration=lease, renew_deadline=renew, retry=retry),
             on_change=lambda leading: self.metrics.leader.set(1 if leading else 0),
         )
-        self.roots = RootPublisher(self.informers, kube, self._bundle)
+        self.roots = RootPublisher(
+            self.informers, kube, self._bundle, names=settings.root_configmaps
+        )
         self.cabundle = CaBundlePatcher(
             self.informers,
             kube,

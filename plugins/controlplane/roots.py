@@ -1,4 +1,5 @@
-"""Root distribution: the ConfigMap ``meshctl-ca-root-cert`` (key ``root-cert.pem``) everywhere.
+"""Root distribution: the ConfigMap ``meshctl-ca-root-cert`` (key ``root-cert.pem``) everywhere,
+and under each alias name asked for (Istio's ``istio-ca-root-cert``, for Istio's ztunnel chart).
 
 Owns, while this replica leads, making every namespace hold the mesh's trust bundle as Istio
 does with ``istio-ca-root-cert``: created in a namespace as soon as the namespace informer
@@ -8,7 +9,7 @@ come from the plane's shared informer (discovery's too: one watch, one cache). I
 level-triggered (each namespace is reconciled from the informers' caches, so any event order
 converges);
 writes are create-only or guarded by the resourceVersion read; namespaces being deleted are
-left alone; only ConfigMaps of this name are ever written.
+left alone; only ConfigMaps of the names given are ever written.
 """
 
 from __future__ import annotations
@@ -38,15 +39,25 @@ LABELS = {"app.kubernetes.io/managed-by": "meshctl", "meshctl.io/config": "true"
 
 
 class RootPublisher:
-    """Reconciles ``meshctl-ca-root-cert`` in every namespace to ``bundle()``."""
+    """Reconciles ``meshctl-ca-root-cert`` (and each of ``names``) in every namespace to
+    ``bundle()``."""
 
-    def __init__(self, informers: Informers, kube: Kube, bundle: Callable[[], str | None]) -> None:
+    def __init__(
+        self,
+        informers: Informers,
+        kube: Kube,
+        bundle: Callable[[], str | None],
+        *,
+        names: tuple[str, ...] = (ROOT_CONFIGMAP,),
+    ) -> None:
         self._kube = kube
         self._bundle = bundle
         self._namespaces = informers.informer(NAMESPACES)
-        self._maps = informers.informer(
-            CONFIG_MAPS, field_selector=f"metadata.name={ROOT_CONFIGMAP}"
-        )
+        # One watch per name: a field selector names one object name.
+        self._maps = {
+            name: informers.informer(CONFIG_MAPS, field_selector=f"metadata.name={name}")
+            for name in dict.fromkeys(names)
+        }
         self._queue: WorkQueue[str] | None = None
         self.synced = asyncio.Event()
 
@@ -65,18 +76,18 @@ class RootPublisher:
         self._queue = queue
         self.synced.clear()
         try:
-            async with subscribe([self._namespaces, self._maps]) as events:
+            async with subscribe([self._namespaces, *self._maps.values()]) as events:
                 await asyncio.gather(self._follow(events, queue), queue.run())
         finally:
             self._queue = None
 
     async def _follow(self, events: AsyncIterator[WatchEvent[Any]], queue: WorkQueue[str]) -> None:
-        listed: set[str] = set()
         async for event in events:
             plural = event.resource.plural if event.resource is not None else ""
             if event.type == "SYNCED":
-                listed.add(plural)
-                if len(listed) == 2:  # a full view (the first, or after a relist): all
+                # A full view (the first, or after a relist) once every informer has listed.
+                maps_synced = all(i.synced for i in self._maps.values())
+                if self._namespaces.synced and maps_synced:
                     self.synced.set()
                     for namespace in self._namespaces.objects():
                         queue.add(_name(namespace))
@@ -93,12 +104,17 @@ class RootPublisher:
         ns = self._namespaces.get(namespace)
         if bundle is None or ns is None or _terminating(ns):
             return
-        current = self._maps.get(ROOT_CONFIGMAP, namespace)
+        for name, informer in self._maps.items():
+            await self._publish(name, informer.get(name, namespace), namespace, bundle)
+
+    async def _publish(
+        self, name: str, current: dict[str, Any] | None, namespace: str, bundle: str
+    ) -> None:
         if current is None:
             body = {
                 "apiVersion": "v1",
                 "kind": "ConfigMap",
-                "metadata": {"name": ROOT_CONFIGMAP, "namespace": namespace, "labels": LABELS},
+                "metadata": {"name": name, "namespace": namespace, "labels": LABELS},
                 "data": {ROOT_KEY: bundle},
             }
             try:
@@ -107,13 +123,11 @@ class RootPublisher:
                 if not objects.is_conflict(exc):
                     raise
             else:
-                log.info("root certificate published in %s", namespace)
+                log.info("root certificate published in %s (%s)", namespace, name)
                 return
-            current = await asyncio.to_thread(
-                objects.get, self._kube, CONFIG_MAPS, ROOT_CONFIGMAP, namespace
-            )
+            current = await asyncio.to_thread(objects.get, self._kube, CONFIG_MAPS, name, namespace)
             if current is None:
-                raise RuntimeError(f"{ROOT_CONFIGMAP} in {namespace} came and went; again")
+                raise RuntimeError(f"{name} in {namespace} came and went; again")
         labels = (current.get("metadata") or {}).get("labels") or {}
         if current.get("data") == {ROOT_KEY: bundle} and labels.items() >= LABELS.items():
             return
@@ -122,7 +136,7 @@ class RootPublisher:
         repaired["data"] = {ROOT_KEY: bundle}
         repaired.pop("binaryData", None)
         await asyncio.to_thread(objects.replace, self._kube, CONFIG_MAPS, repaired, namespace)
-        log.info("root certificate repaired in %s", namespace)
+        log.info("root certificate repaired in %s (%s)", namespace, name)
 
 
 def _name(obj: KubeObject) -> str:

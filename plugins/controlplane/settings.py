@@ -99,6 +99,9 @@ class ControlPlaneSettings:
     # rootNamespace; empty: --namespace), and Service host names end in the cluster's domain.
     root_namespace: str = setting("", env="MESHCTL_ROOT_NAMESPACE")
     domain_suffix: str = setting("cluster.local", env="DOMAIN_SUFFIX")
+    # More names the root ConfigMap is published under in every namespace, e.g. Istio's
+    # istio-ca-root-cert for proxies (Istio's ztunnel chart) that mount that one.
+    root_configmap_aliases: tuple[str, ...] = setting((), env="MESHCTL_ROOT_CONFIGMAP_ALIASES")
 
     def __post_init__(self) -> None:
         for name, value in (("namespace", self.namespace), ("revision", self.revision)):
@@ -144,6 +147,7 @@ class ControlPlaneSettings:
                 f"root namespace {self.root_namespace!r} is not a DNS-1123 label",
                 hint="the namespace whose policies apply mesh-wide, e.g. meshctl-system",
             )
+        _check_configmap_names(self.root_configmap_aliases)
         if not _DNS_NAME.match(self.domain_suffix):
             raise ConfigError(
                 f"domain suffix {self.domain_suffix!r} is not a DNS name", hint="e.g. cluster.local"
@@ -164,6 +168,11 @@ class ControlPlaneSettings:
     @property
     def mesh_root_namespace(self) -> str:
         return self.root_namespace or self.namespace
+
+    @property
+    def root_configmaps(self) -> tuple[str, ...]:
+        """Every name the root ConfigMap is published under: ours first, then the aliases."""
+        return tuple(dict.fromkeys((layout.ROOT_CONFIGMAP, *self.root_configmap_aliases)))
 
     @property
     def service_name(self) -> str:
@@ -200,6 +209,15 @@ class ControlPlaneSettings:
                 hint="the defaults are 15s, 10s and 2s",
             )
         return lease, renew, retry
+
+
+def _check_configmap_names(names: tuple[str, ...]) -> None:
+    for name in names:
+        if not _DNS_NAME.match(name) or name.startswith("*"):
+            raise ConfigError(
+                f"root ConfigMap alias {name!r} is not a ConfigMap name",
+                hint="a DNS subdomain name, e.g. istio-ca-root-cert",
+            )
 
 
 def is_dns_name(text: str) -> bool:

@@ -83,7 +83,9 @@ class Installer:
     # -- preflight -------------------------------------------------------------------------
 
     def preflight(self) -> list[Problem]:
-        """Objects with our names that are not ours, and foreign webhooks overlapping ours."""
+        """Objects with our names that are not ours, and foreign webhooks overlapping ours;
+        an object for a namespace that neither exists nor comes with the install stops it."""
+        self._namespaces_exist()
         problems: list[Problem] = []
         for item in list(self.rendered):
             if not self.inventory.mapper.served(item.api_version, item.kind):
@@ -247,6 +249,22 @@ class Installer:
             answer.get("metadata", {}).pop("managedFields", None)
             answers.append(answer)
         return answers, unchecked
+
+    def _namespaces_exist(self) -> None:
+        """Objects outside the mesh's namespace (the istiod alias in istio-system) need their
+        namespace first: install makes only its own, never one another tool may own."""
+        made = {r.key.name for r in self.rendered if r.kind == "Namespace"}
+        checked: dict[str, bool] = {}
+        for item in self.rendered:
+            namespace = item.key.namespace  # rendered objects name one only when namespaced
+            if not namespace or namespace in made:
+                continue
+            if not checked.setdefault(namespace, self._exists(namespace)):
+                raise MeshctlError(
+                    f"{item.key} goes into namespace {namespace}, which does not exist "
+                    "(install creates only its own namespace)",
+                    hint=f"create it first: kubectl create namespace {namespace}",
+                )
 
     def _exists(self, namespace: str) -> bool:
         found = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}

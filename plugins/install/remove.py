@@ -12,11 +12,11 @@ means their pods are gone, so the CNI DaemonSet's cleanup on each node has run).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.install import manifest as mf
-from meshctl.core.k8s.install.components import Registry, Values
+from meshctl.core.k8s.install.components import Made, Registry, Values
 from meshctl.errors import KubeError
 from meshctl.kube import objects
 from meshctl.kube.inventory import Inventory
@@ -53,8 +53,40 @@ def targets(inventory: Inventory, registry: Registry, values: Values, *, purge: 
                 continue
             if mf.component_of(live) not in still_needed:
                 found.append(live)
+        installed = _installed(inventory, registry, values)
+        for component in registry.enabled(installed):
+            if component.revisioned or component.name not in still_needed:
+                found += _made(inventory, component.made_objects(installed))
     unique = {mf.key_of(o): o for o in found if not _owned_by_another(o)}
     return sorted(unique.values(), key=lambda o: mf.kind_rank(str(o.get("kind"))), reverse=True)
+
+
+def _installed(inventory: Inventory, registry: Registry, values: Values) -> Values:
+    """The values the revision was installed with (its install record), else ``values``: what
+    its processes made depends on them (an alias ConfigMap name, for one)."""
+    from meshctl.core.k8s.install.upgrade import recorded_values
+    from meshctl.kube.resources import CONFIG_MAPS
+
+    name = values.revisioned(mf.RECORD_NAME)
+    record = objects.get(inventory.kube, CONFIG_MAPS, name, values.namespace)
+    return recorded_values(registry, record) if record else values
+
+
+def _made(inventory: Inventory, made: Sequence[Made]) -> list[Live]:
+    """The objects a component's processes made (e.g. root ConfigMaps under an alias name)."""
+    found: list[Live] = []
+    for selection in made:
+        if not inventory.mapper.served(selection.api_version, selection.kind):
+            continue
+        resource = inventory.mapper.resource(selection.api_version, selection.kind)
+        items, _ = objects.list_objects(
+            inventory.kube,
+            resource,
+            label_selector=selection.label_selector,
+            field_selector=selection.field_selector or None,
+        )
+        found += items
+    return found
 
 
 def _owned_by_another(obj: Live) -> bool:

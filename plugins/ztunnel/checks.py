@@ -107,7 +107,13 @@ def _mesh_root_serials(ctx: Any) -> set[str]:
     from meshctl.kube import objects
     from meshctl.kube.resources import CONFIG_MAPS
 
-    live = objects.get(ctx.kube, CONFIG_MAPS, layout.ROOT_CONFIGMAP, ctx.values.namespace)
+    from .manifest import NodeProxyValues
+
+    # The node proxy's own root ConfigMap (beside an istiod: istiod's istio-ca-root-cert).
+    name = layout.ROOT_CONFIGMAP
+    if ctx.values.enabled("ztunnel"):
+        name = ctx.values.own("ztunnel", NodeProxyValues).trust_bundle_name or name
+    live = objects.get(ctx.kube, CONFIG_MAPS, name, ctx.values.namespace)
     bundle = ((live or {}).get("data") or {}).get("root-cert.pem")
     if not bundle:
         return set()

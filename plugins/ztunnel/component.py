@@ -12,6 +12,17 @@ from meshctl.core.k8s.install.context import CheckContext, rollout
 
 from .manifest import NodeProxyValues, objects
 
+# The ambient-istiod profile: the node proxy of an istiod, with the defaults of Istio's ztunnel
+# chart (its address, its root ConfigMap, its token audience). istiod must trust the proxy's
+# account as a node proxy: its chart's trustedZtunnelNamespace/trustedZtunnelName.
+ISTIOD_ADDRESS = "istiod.istio-system.svc:15012"
+BESIDE_ISTIOD = NodeProxyValues(
+    ca_address=ISTIOD_ADDRESS,
+    xds_address=ISTIOD_ADDRESS,
+    trust_bundle_name="istio-ca-root-cert",
+    token_audience="istio-ca",  # noqa: S106 -- an audience name, not a secret
+)
+
 
 def _render_node_proxy(values: Values, own: NodeProxyValues) -> list[Object]:
     # The control plane of the installed revision is CA and discovery.
@@ -35,7 +46,7 @@ node_proxy = Component(
     phase=20,
     revisioned=False,
     values_type=NodeProxyValues,
-    profiles={"ambient": NodeProxyValues()},
+    profiles={"ambient": NodeProxyValues(), "ambient-istiod": BESIDE_ISTIOD},
     render=_render_node_proxy,
     checks=(
         Check(

@@ -172,7 +172,7 @@ def test_zsh_and_fish_print_nothing_for_a_mistyped_word(tmp_path):
 
 VALUES = {
     "meshctl ztunnel run --mode ": "sidecar dedicated node shared",
-    "meshctl install --profile ": "default ambient minimal demo",
+    "meshctl install --profile ": "default ambient minimal demo ambient-istiod",
     "meshctl version -o ": "json yaml table name",
     "meshctl --log-level ": "debug info warning error",
     "meshctl ztunnel run --log-level w": "warning",
@@ -196,7 +196,7 @@ def test_zsh_and_fish_complete_option_values():
     probe = 'compdef() { : }\n_arguments() { print -rl -- "$@" }\nsource /dev/stdin\n'
     probe += "words=(meshctl install --profile ''); CURRENT=4; _meshctl_completion\n"
     done = _complete_in(["zsh", "-c"], probe, zsh)
-    assert done == ['*: :(("default" "ambient" "minimal" "demo"))']
+    assert done == ['*: :(("default" "ambient" "minimal" "demo" "ambient-istiod"))']
     fish = meshctl("completion", "fish").stdout
     lines = _complete_in(["fish", "-c"], 'source; complete -C "meshctl --log-level "', fish)
     assert sorted(lines) == ["debug", "error", "info", "warning"]

@@ -431,7 +431,7 @@ def test_the_root_profile_and_mode_options_show_their_choices():
     assert shown[("(root)", "--log-format")] == "text|json"
     assert shown[("demo", "--mode")] == "ambient|sidecar"
     for where in (("install", "--profile"), ("verify", "--profile")):
-        assert shown[where] == "default|ambient|minimal|demo"
+        assert shown[where] == "default|ambient|minimal|demo|ambient-istiod"
 
 
 @by_id(TREE)

@@ -71,7 +71,7 @@ def test_every_printed_manifest_runs_the_default_image_unless_told_otherwise(cap
     assert images(list(yaml.safe_load_all(injected))) == {"registry.example/m:2"}
 
 
-@pytest.mark.parametrize("profile", ["default", "ambient", "minimal", "demo"])
+@pytest.mark.parametrize("profile", ["default", "ambient", "minimal", "demo", "ambient-istiod"])
 def test_install_manifest_of_each_profile(capsys, profile):
     """``meshctl manifest generate`` is ``install --dry-run``: the same text, no anchors."""
     text = printed(capsys, "manifest", "generate", "--profile", profile)
@@ -85,7 +85,8 @@ def test_install_manifest_of_each_profile(capsys, profile):
     assert set(kinds[:first]) <= {"CustomResourceDefinition", "Namespace"}, kinds
     assert images(documents) == {default_image()}
     upstream = [d["metadata"]["name"] for d in documents if _upstream_crd(d)]
-    assert len(upstream) == 10, upstream  # the Gateway API's standard channel, v1.6.3
+    # The Gateway API's standard channel, v1.6.3 (none beside an istiod: Istio's base chart).
+    assert len(upstream) == (0 if profile == "ambient-istiod" else 10), upstream
     assert_golden(DATA / f"install-{profile}.yaml.golden", _without_upstream_crds(text))
 
 
@@ -181,3 +182,147 @@ def test_the_stand_alone_manifests_are_what_install_renders_from_the_same_defaul
     installed = list(yaml.safe_load_all(printed(capsys, "manifest", "generate", "-p", profile)))
     alone = [d for c in commands for d in yaml.safe_load_all(printed(capsys, *c))]
     assert _as_installed(alone) == _as_installed(installed)
+
+
+def _not_crds(text: str) -> str:
+    """The manifest without CRDs (the profile goldens hold them)."""
+    kept = [
+        document
+        for document in re.split(r"(?m)^---\n", text)
+        if document.strip() and yaml.safe_load(document).get("kind") != "CustomResourceDefinition"
+    ]
+    return "---\n".join(kept)
+
+
+def test_istio_names_render_the_trusted_ztunnel_the_root_alias_and_an_istiod_service(capsys):
+    """For Istio's ztunnel chart with its defaults: the control plane trusts istio-system/ztunnel
+    beside our node proxy, publishes the root also as istio-ca-root-cert, answers to
+    istiod.istio-system.svc in its certificate, and that name reaches it (an ExternalName: a
+    Service selects only pods of its own namespace)."""
+    switch = "components.controlplane.istioNames=true"
+    text = printed(capsys, "manifest", "generate", "-p", "ambient", "--set", switch)
+    assert_golden(DATA / "install-ambient-istio-names.yaml.golden", _not_crds(text))
+    documents = list(yaml.safe_load_all(text))
+    deployment = next(d for d in documents if d["kind"] == "Deployment")
+    env = {
+        e["name"]: e.get("value")
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["CA_TRUSTED_NODE_ACCOUNTS"] == "meshctl-system/meshctl-ztunnel,istio-system/ztunnel"
+    assert env["MESHCTL_ROOT_CONFIGMAP_ALIASES"] == "istio-ca-root-cert"
+    assert env["MESHCTL_SERVING_NAMES"].split(",")[0] == "istiod.istio-system.svc"
+    alias = next(
+        d for d in documents if d["kind"] == "Service" and d["metadata"]["name"] == "istiod"
+    )
+    assert alias["metadata"]["namespace"] == "istio-system"
+    assert alias["spec"]["type"] == "ExternalName"
+    assert alias["spec"]["externalName"] == "meshctl-controlplane.meshctl-system.svc.cluster.local"
+    assert {p["port"] for p in alias["spec"]["ports"]} >= {15012, 443}
+    # Without the switch: none of it.
+    plain = printed(capsys, "manifest", "generate", "-p", "ambient")
+    assert "istiod" not in plain.replace("istiod-ca-cert", "")
+    assert "istio-ca-root-cert" not in plain
+
+
+def test_each_istio_name_alone_and_a_service_that_selects_when_in_the_same_namespace(capsys):
+    """The values one by one (istiod's chart names for the trusted ztunnel), a revision's
+    istiod-<rev> name, and the alias as a plain Service when the control plane runs in its
+    namespace."""
+
+    def generate(*sets: str, namespace: str = "meshctl-system") -> list[Any]:
+        args = [a for s in sets for a in ("--set", f"components.controlplane.{s}")]
+        text = printed(capsys, "manifest", "generate", "-p", "minimal", "-n", namespace, *args)
+        return list(yaml.safe_load_all(text))
+
+    def env_of(documents: list[Any]) -> dict[str, str]:
+        deployment = next(d for d in documents if d["kind"] == "Deployment")
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    env = env_of(generate("trustedZtunnelNamespace=kube-system"))
+    assert env["CA_TRUSTED_NODE_ACCOUNTS"] == "meshctl-system/meshctl-ztunnel,kube-system/ztunnel"
+    assert "MESHCTL_ROOT_CONFIGMAP_ALIASES" not in env
+    assert "MESHCTL_SERVING_NAMES" not in env
+    env = env_of(generate("trustedZtunnelName=zt"))
+    assert env["CA_TRUSTED_NODE_ACCOUNTS"] == "meshctl-system/meshctl-ztunnel,meshctl-system/zt"
+    env = env_of(generate("rootConfigMapAliases=istio-ca-root-cert"))
+    assert env["MESHCTL_ROOT_CONFIGMAP_ALIASES"] == "istio-ca-root-cert"
+    assert env["CA_TRUSTED_NODE_ACCOUNTS"] == "meshctl-system/meshctl-ztunnel"
+    # Our node proxy's account follows the install's namespace (was meshctl-system always).
+    env = env_of(generate(namespace="mesh"))
+    assert env["CA_TRUSTED_NODE_ACCOUNTS"] == "mesh/meshctl-ztunnel"
+
+    documents = generate("istiodServiceNamespace=istio-system", namespace="istio-system")
+    alias = next(d for d in documents if d["metadata"]["name"] == "istiod")
+    assert alias["spec"]["selector"] == {
+        "app.kubernetes.io/name": "meshctl-controlplane",
+        "istio.io/rev": "default",
+    }
+    assert "type" not in alias["spec"]
+    assert env_of(documents)["MESHCTL_SERVING_NAMES"] == (
+        "istiod.istio-system.svc,istiod.istio-system.svc.cluster.local"
+    )
+    switch = "components.controlplane.istioNames=true"
+    text = printed(capsys, "manifest", "generate", "-p", "minimal", "-r", "canary", "--set", switch)
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(text) if d["kind"] == "Service"]
+    assert "istiod-canary" in names
+
+
+def test_the_ambient_istiod_profile_runs_only_the_node_components_pointed_at_istiod(capsys):
+    """Beside an istiod: no control plane, no CRDs (Istio's base chart has them), and the node
+    proxy with the defaults of Istio's ztunnel chart: istiod's address (checked by that name),
+    its root ConfigMap and token audience."""
+    documents = list(
+        yaml.safe_load_all(printed(capsys, "manifest", "generate", "-p", "ambient-istiod"))
+    )
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in documents}
+    assert ("DaemonSet", "meshctl-ztunnel") in kinds
+    assert ("DaemonSet", "meshctl-cni-node") in kinds
+    assert not any(k in ("Deployment", "CustomResourceDefinition") for k, _ in kinds)
+    proxy = next(
+        d
+        for d in documents
+        if d["metadata"]["name"] == "meshctl-ztunnel" and d["kind"] == "DaemonSet"
+    )
+    pod = proxy["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["CA_ADDRESS"] == env["XDS_ADDRESS"] == "istiod.istio-system.svc:15012"
+    assert "ALT_CA_HOSTNAME" not in env
+    assert "ALT_XDS_HOSTNAME" not in env
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["istiod-ca-cert"]["configMap"]["name"] == "istio-ca-root-cert"
+    token = volumes["istio-token"]["projected"]["sources"][0]["serviceAccountToken"]
+    assert token["audience"] == "istio-ca"
+    # The account istiod's default CA_TRUSTED_NODE_ACCOUNTS trusts, by value.
+    args = ["-p", "ambient-istiod", "-n", "istio-system"]
+    args += ["--set", "components.ztunnel.serviceAccountName=ztunnel"]
+    renamed = list(yaml.safe_load_all(printed(capsys, "manifest", "generate", *args)))
+    proxy = next(
+        d
+        for d in renamed
+        if d["kind"] == "DaemonSet" and d["metadata"]["name"] == "meshctl-ztunnel"
+    )
+    assert proxy["spec"]["template"]["spec"]["serviceAccountName"] == "ztunnel"
+    accounts = [
+        (d["metadata"]["namespace"], d["metadata"]["name"])
+        for d in renamed
+        if d["kind"] == "ServiceAccount"
+    ]
+    assert ("istio-system", "ztunnel") in accounts
+
+
+@pytest.mark.parametrize(
+    ("assignment", "problem"),
+    [
+        ("components.ztunnel.caAddress=istiod.istio-system.svc", "is not HOST:PORT"),
+        ("components.ztunnel.xdsAddress=:99999", "is not HOST:PORT"),
+        ("components.ztunnel.serviceAccountName=Zt", "must be a DNS-1123 label"),
+        ("components.controlplane.trustedZtunnelNamespace=Istio_System", "DNS-1123 label"),
+        ("components.controlplane.rootConfigMapAliases=istio_ca", "DNS-1123 label"),
+    ],
+)
+def test_istio_name_values_are_checked_before_anything_renders(capsys, assignment, problem):
+    assert main(["manifest", "generate", "--set", assignment]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"Error: --set {assignment}: ")
+    assert problem in err

@@ -107,3 +107,23 @@ def test_uninstall_dry_run_lists_what_it_would_delete_and_deletes_nothing(
         done.stdout.splitlines()
     )
     assert core.read_namespaced_service_account("meshctl-controlplane", kube_namespace)
+
+
+def test_an_object_for_a_namespace_nobody_creates_stops_the_install_before_anything_is_applied(
+    kube_cluster, kube_api
+):
+    """The istiod alias goes into the namespace Istio's charts use; install creates only its
+    own namespace, so a missing one is named, with the command that creates it."""
+    fresh, elsewhere = f"meshctl-ns-{os.getpid()}", f"istio-{os.getpid()}"
+    done = _meshctl(
+        kube_cluster, "install", *MINIMAL, "-n", fresh, "--dry-run=server", "--set",
+        f"components.controlplane.istiodServiceNamespace={elsewhere}",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert (
+        f"namespace {elsewhere}, which does not exist (install creates only its own" in done.stderr
+    )
+    assert f"Hint: create it first: kubectl create namespace {elsewhere}" in done.stderr
+    with pytest.raises(ApiException) as absent:
+        k8s.CoreV1Api(kube_api).read_namespace(fresh)
+    assert absent.value.status == 404

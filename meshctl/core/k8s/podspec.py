@@ -44,11 +44,13 @@ def node_daemonset(
     grace_seconds: int,
     host_network: bool = False,
     surge: bool = False,
+    service_account: str = "",
 ) -> dict[str, object]:
     """The DaemonSet of a node component: one pod per Linux node, its ServiceAccount named as
-    the DaemonSet, pods selected by the ``app.kubernetes.io/name`` label of ``labels``.
-    ``surge``: the update starts the new pod beside the old one (nothing node-exclusive may be
-    held then: no hostNetwork port, no host-path lock or socket it serves)."""
+    the DaemonSet unless ``service_account`` is given, pods selected by the
+    ``app.kubernetes.io/name`` label of ``labels``. ``surge``: the update starts the new pod
+    beside the old one (nothing node-exclusive may be held then: no hostNetwork port, no
+    host-path lock or socket it serves)."""
     if surge and host_network:
         raise ValueError("a hostNetwork node component cannot run twice on a node (surge)")
     name = labels["app.kubernetes.io/name"]
@@ -74,7 +76,7 @@ def node_daemonset(
                         if host_network
                         else {}
                     ),
-                    "serviceAccountName": name,
+                    "serviceAccountName": service_account or name,
                     # Pods cannot start on a node without the mesh's node components in place.
                     "priorityClassName": "system-node-critical",
                     "tolerations": [{"operator": "Exists"}],

@@ -35,6 +35,7 @@ PROFILE_HELP = {
     "ambient": "the default profile plus the node proxy (ambient enrollment)",
     "minimal": "the control plane only",
     "demo": "the default profile plus an ingress gateway",
+    "ambient-istiod": "only the ambient data plane (CNI node agent, node proxy) for an istiod",
 }
 DEFAULT_PROFILE = "default"
 DEFAULT_REVISION = layout.DEFAULT_REVISION
@@ -165,6 +166,18 @@ class Values:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Made:
+    """Objects a component's processes make at run time (not in its manifest, so without the
+    install's labels) that uninstall removes with the component: those of ``kind`` matching
+    both selectors, in every namespace."""
+
+    api_version: str
+    kind: str
+    label_selector: str
+    field_selector: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Component(Generic[V]):
     """One plugin's contribution to install and verify."""
 
@@ -179,6 +192,7 @@ class Component(Generic[V]):
     profiles: Mapping[str, V]  # the profiles that enable it -> its values there
     render: Callable[[Values, V], Sequence[Object]]
     checks: Sequence[Check] = field(default_factory=tuple)
+    made: Callable[[Values, V], Sequence[Made]] | None = None  # what uninstall also removes
 
     def full_schema(self) -> v.Schema:
         enabled = v.Field(kind="bool", default=False, help=f"install the {self.title.lower()}")
@@ -187,6 +201,12 @@ class Component(Generic[V]):
     def objects(self, values: Values) -> Sequence[Object]:
         """Its objects for ``values``, rendered from its own values."""
         return self.render(values, values.own(self.name, self.values_type))
+
+    def made_objects(self, values: Values) -> Sequence[Made]:
+        """What its processes make that uninstall removes with it (see ``Made``)."""
+        if self.made is None:
+            return ()
+        return self.made(values, values.own(self.name, self.values_type))
 
 
 def global_schema() -> v.Schema:

@@ -55,9 +55,28 @@ def test_the_pods_roots_are_matched_with_the_mesh_root_by_serial(monkeypatch, sa
     )
     node_proxy = {"metadata": {"name": "ztunnel-abc", "namespace": "meshctl-system"}}
     monkeypatch.setattr(ambient_checks, "node_proxy", lambda ctx, pod: node_proxy)
-    values = SimpleNamespace(namespace="meshctl-system", trust_domain="cluster.local")
+    values = SimpleNamespace(
+        namespace="meshctl-system", trust_domain="cluster.local", enabled=lambda name: False
+    )
     ctx = SimpleNamespace(kube=None, values=values, memo={})
     result = ambient_checks.identity(ctx, POD, lambda: checks._mesh_root_serials(ctx))
     assert (result.outcome is Outcome.OK) is same_root, result
     if not same_root:
         assert "root other than the mesh's" in result.message
+
+
+@pytest.mark.parametrize(
+    ("profile", "expected"),
+    [("ambient", "meshctl-ca-root-cert"), ("ambient-istiod", "istio-ca-root-cert")],
+)
+def test_the_mesh_root_is_read_from_the_configmap_the_node_proxy_mounts(
+    monkeypatch, profile, expected
+):
+    """Beside an istiod the node proxy trusts istiod's root ConfigMap: verify compares with it."""
+    from meshctl import components
+
+    asked: list[str] = []
+    monkeypatch.setattr("meshctl.kube.objects.get", lambda kube, res, name, ns: asked.append(name))
+    values = components.load().resolve(profile=profile)
+    checks._mesh_root_serials(SimpleNamespace(kube=None, values=values, memo={}))
+    assert asked == [expected]
