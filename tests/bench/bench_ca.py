@@ -58,6 +58,7 @@ from meshctl.core.pki.identity import SpiffeId
 from meshctl.kube.client import KubeSettings, connect
 from meshctl.kube.tokens import review_token
 from meshctl.proto import citadel_pb2, citadel_pb2_grpc
+from tests.bench.pyspy import profiled
 from tests.harness import controlplane as cp
 from tests.harness.kube import (
     CertificateAuthority,
@@ -394,9 +395,9 @@ def run_burst(
     for phase in ("cold", "warm"):
         csrs = [cp.csr(f"spiffe://cluster.local/ns/{namespace}/sa/{sa}")[0] for sa in accounts]
         reviews = plane.metric("meshctl_ca_token_reviews_total", result="accepted")
-        got = asyncio.run(
-            burst(plane, root, list(zip(tokens, csrs, strict=True)), args.burst_channels)
-        )
+        calls = list(zip(tokens, csrs, strict=True))
+        with profiled(plane.process.pid, args.profile_burst if phase == "cold" else None):
+            got = asyncio.run(burst(plane, root, calls, args.burst_channels))
         got["reviews"] = plane.metric("meshctl_ca_token_reviews_total", result="accepted") - reviews
         out[phase] = got
     return out
@@ -489,6 +490,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--burst", type=int, default=2000, help="pods at once (0: no burst)")
     parser.add_argument("--burst-accounts", type=int, default=100)
     parser.add_argument("--burst-channels", type=int, default=50)
+    parser.add_argument(
+        "--profile-burst", type=Path, help="py-spy the control plane during the cold burst"
+    )
     parser.add_argument("--smoke", action="store_true", help="a few calls; figures only")
     parser.add_argument("--serve-fixed", nargs=2, metavar=("PORT", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()

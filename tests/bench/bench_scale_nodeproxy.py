@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import ctypes
 import os
-import signal
 import socket
 import ssl
 import statistics
@@ -53,7 +52,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tests.bench.smoke import figures_produced  # noqa: E402 (after the path set-up)
+from tests.bench.pyspy import profiled  # noqa: E402 (after the path set-up)
+from tests.bench.smoke import figures_produced  # noqa: E402
 from tests.harness.netns import NetnsFactory, destroy  # noqa: E402
 
 PORTS = (15001, 15006, 15008)  # the node proxy's listeners in every pod (outbound, in, HBONE)
@@ -295,8 +295,15 @@ class Scale:
     def add(self, uid: str, ns: Any, sa: str) -> float:
         """Milliseconds from the add's send to its ack."""
         started = time.perf_counter()
-        error = self.agent.add(uid, ns.path, uid, "bench", sa)
-        assert error == "", error
+        try:
+            error = self.agent.add(uid, ns.path, uid, "bench", sa)
+        except OSError as exc:
+            error = str(exc)
+        if error:
+            raise RuntimeError(
+                f"the add of pod {uid} ({len(self.pods)} served) failed: {error}\n"
+                f"the node proxy's log ends:\n{self.proxy.log_text(3000)}"
+            )
         return (time.perf_counter() - started) * 1000
 
     def grow(self, count: int) -> list[float]:
@@ -457,26 +464,6 @@ def report(
         "restart_probe_pass_s": restart.probe_pass,
     }
     return figures
-
-
-@contextlib.contextmanager
-def profiled(pid: int, out: Path | None) -> Iterator[None]:
-    """py-spy (sampling, its own process) records ``pid`` and its children's stacks into
-    ``out`` (collapsed stacks, one file) while the block runs."""
-    if out is None:
-        yield
-        return
-    spy = subprocess.Popen(
-        ["py-spy", "record", "--pid", str(pid), "--subprocesses", "--format", "raw",
-         "--rate", "250", "--output", str(out)],
-        stdout=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        time.sleep(1.0)
-        yield
-    finally:
-        spy.send_signal(signal.SIGINT)
-        spy.wait(60)
 
 
 def _met(value: float, goal: float) -> str:
