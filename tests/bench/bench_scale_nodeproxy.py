@@ -56,8 +56,7 @@ from tests.bench.pyspy import profiled  # noqa: E402 (after the path set-up)
 from tests.bench.smoke import figures_produced  # noqa: E402
 from tests.harness.netns import NetnsFactory, destroy  # noqa: E402
 
-PORTS = (15001, 15006, 15008)  # the node proxy's listeners in every pod (outbound, in, HBONE)
-HBONE = 15008
+HBONE = 15008  # of the proxy's three listeners in each pod (15001, 15006, 15008)
 RSS_GOALS_MB = {100: 80.0, 250: 150.0}
 ENROLL_P99_GOAL_MS = 100.0
 _CLONE_NEWNET = 0x40000000
@@ -255,7 +254,7 @@ class Scale:
     agent: Any = None
     pods: list[tuple[str, Any, str]] = field(default_factory=list)  # (uid, netns, account)
     probe: PodSockets = field(default_factory=PodSockets)
-    _next_sa: int = 10_000
+    _sampled: int = 0
 
     @contextlib.contextmanager
     def running(self) -> Iterator[Scale]:
@@ -328,8 +327,8 @@ class Scale:
 
     def enroll_once(self, sa: str) -> tuple[float, float]:
         """(add to ack, add to accepting) in ms for one more pod, deleted again after."""
-        self._next_sa += 1
-        uid = f"sample{self._next_sa}"
+        self._sampled += 1
+        uid = f"sample{self._sampled}"
         ns = self.factory("s")
         try:
             started = time.perf_counter()
