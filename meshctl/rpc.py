@@ -42,6 +42,7 @@ ServicerContext: TypeAlias = grpc.aio.ServicerContext
 # Istio's limits and keepalives (ztunnel: 200 MiB decoded messages, ping every 30 s, 10 s timeout).
 DEFAULT_MAX_MESSAGE = 200 * 1024 * 1024
 KEEPALIVE_MS = 30_000
+MAX_PENDING_CALLS = 10_000  # calls waiting for this process before grpc starts to shed them
 KEEPALIVE_TIMEOUT_MS = 10_000
 
 
@@ -136,6 +137,11 @@ class Server:
                 ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.so_reuseport", 0),
+                # Calls this process has not picked up yet: past grpc's soft limit (1,000) it
+                # cancels new ones at random (all past 3,000). A burst of pods starting at once
+                # reaches that (2,000 at once: ~10 % CANCELLED, bench_ca --burst); queue them.
+                ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                ("grpc.server.max_pending_requests_hard_limit", 2 * MAX_PENDING_CALLS),
                 *options,
             ]
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -213,3 +214,48 @@ def test_translate_names_what_where_and_status() -> None:
     assert "\n" not in error.message
     assert error.hint is not None
     assert "reachable" in error.hint
+
+
+class BusyCA(citadel_pb2_grpc.IstioCertificateServiceServicer):
+    """Holds the event loop a moment per call, as signing does: calls queue in grpc meanwhile."""
+
+    async def CreateCertificate(  # noqa: N802 (gRPC method name)
+        self, request: citadel_pb2.IstioCertificateRequest, context: Any
+    ) -> citadel_pb2.IstioCertificateResponse:
+        time.sleep(0.001)  # the point: a busy loop, as a CPU-bound signer makes it
+        return citadel_pb2.IstioCertificateResponse(cert_chain=["leaf"])
+
+
+def test_a_burst_of_calls_beyond_grpcs_default_backlog_is_queued_not_cancelled() -> None:
+    """2,000 calls at once (pods starting together) while the server is busy: grpc's defaults
+    cancel calls at random once 1,000 wait unanswered; every one of them must be served."""
+    ca = CertificateAuthority("rpc-burst")
+
+    async def scenario() -> list[str]:
+        server = rpc.Server(serving(ca))
+        server.add(citadel_pb2_grpc.add_IstioCertificateServiceServicer_to_server, BusyCA())
+        port = server.listen("127.0.0.1:0")
+        await server.start()
+        channels = [
+            rpc.connect(f"127.0.0.1:{port}", root_pem=ca.cert_pem, server_name="ca.test")
+            for _ in range(25)
+        ]
+        await asyncio.gather(*(ch.channel_ready() for ch in channels))
+
+        async def one(i: int) -> str:
+            stub = citadel_pb2_grpc.IstioCertificateServiceStub(channels[i % len(channels)])
+            try:
+                await stub.CreateCertificate(citadel_pb2.IstioCertificateRequest(), timeout=120)
+            except grpc.aio.AioRpcError as exc:
+                return exc.code().name
+            return "OK"
+
+        try:
+            return await asyncio.gather(*(one(i) for i in range(2000)))
+        finally:
+            for ch in channels:
+                await ch.close()
+            await server.stop(0)
+
+    codes = run(scenario())
+    assert {c: codes.count(c) for c in set(codes)} == {"OK": 2000}

@@ -61,6 +61,7 @@ def supervise(handover: Handover) -> int:
     # First, before this process starts a thread or an event loop: a fork of it that keeps what
     # it has imported and imports the data plane while this process builds its sources (side by
     # side on two cores); the workers are then forks of that, not fresh starts.
+    raise_fd_limit()  # before the fork server: it and the workers inherit it
     server: ForkServer | None = None
     try:
         server = start_fork_server(DATAPLANE_COMMAND)
@@ -71,3 +72,18 @@ def supervise(handover: Handover) -> int:
     if handover.settings.node_mode:
         return modes.run_node(handover, server)
     return modes.run_sidecar(handover, server)
+
+
+def raise_fd_limit() -> None:
+    """Take the hard descriptor limit as the soft one. In node mode this process holds every
+    served pod's netns and listeners (4 descriptors a pod, 7 with IPv6), and a descriptor it
+    cannot receive drops the node agent's connection: under systemd's default soft limit of 1024
+    a node stopped at 250 pods (bench_scale_nodeproxy)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (OSError, ValueError) as exc:  # an unlimited hard limit above fs.nr_open
+            log.warning("descriptor limit left at %d (cannot raise it: %s)", soft, exc)
