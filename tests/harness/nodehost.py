@@ -524,6 +524,8 @@ def cleanup(state: Mapping[str, Any]) -> None:
     unmount_all([str(workdir), *HOST_PATHS])
     remove_cgroups()
     remove_links(state["bridge"])
+    for link in state.get("extra_links", []):  # a second node's link (tests/harness/node2.py)
+        _run(["ip", "link", "del", link], check=False)
     _run(["ip", "route", "del", state["service_cidr"]], check=False)  # gone with the bridge too
     remove_new_iptables_chains(before.iptables)
     remove_new_nft_tables(before.nft_tables)
