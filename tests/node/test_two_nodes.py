@@ -15,8 +15,10 @@ ambient`` (the default profile plus the node proxy: sidecar injection and ambien
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -24,8 +26,10 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from meshctl import rpc
 from meshctl.core.k8s import ambient
 from meshctl.core.k8s.cni.spec import PLUGIN_TYPE
+from tests.harness import controlplane as cp
 from tests.harness import nodehost
 from tests.harness import workloads as wl
 from tests.harness.mesh_install import Mesh, failing, installed
@@ -69,8 +73,17 @@ def mesh(kube_node: TestNode, two_nodes: SecondNode) -> Iterator[Mesh]:
 
 
 def echo_server(name: str, image: str, node: str, **spec: Any) -> dict[str, Any]:
-    """Answers one line with ``served-<line>`` (nc hands the connection to sh)."""
-    command = ["nc", "-ll", "-p", str(APP_PORT), "-e", "sh", "-c", "read l; echo served-$l"]
+    """Answers one line with ``served-<line> by <pod>`` (nc hands the connection to sh)."""
+    command = [
+        "nc",
+        "-ll",
+        "-p",
+        str(APP_PORT),
+        "-e",
+        "sh",
+        "-c",
+        "read l; echo served-$l by $HOSTNAME",
+    ]
     return wl.busybox_pod(name, image, command, nodeName=node, **spec)
 
 
@@ -206,18 +219,24 @@ def mtls_connections(api: Any, namespace: str, pod_port: str, client_id: str, se
 
 
 def talk_across(api: Any, namespace: str, client_ip: str, server_ip: str, container: str) -> None:
-    token = secrets.token_hex(8)
-    deadline = time.monotonic() + 90  # until discovery carries both pods as meshed
-    while not answered(api, namespace, "client", server_ip, token, container=container):
-        assert time.monotonic() < deadline, "the client on node 1 never reached node 2's server"
-        time.sleep(1)
-    token = secrets.token_hex(8)
+    """The client asks until it is answered (discovery carries both pods as meshed), then once
+    more; the capture spans all of it, so it holds the connection's TLS handshake (the proxies
+    pool HBONE connections) and every request and answer."""
+    tokens: list[str] = []
     sniffer = Sniffer(None, LINK_HOST)
     try:
-        assert answered(api, namespace, "client", server_ip, token, container=container)
+        deadline = time.monotonic() + 90
+        while True:
+            tokens.append(secrets.token_hex(8))
+            if answered(api, namespace, "client", server_ip, tokens[-1], container=container):
+                break
+            assert time.monotonic() < deadline, "the client on node 1 never reached node 2's server"
+            time.sleep(1)
+        tokens.append(secrets.token_hex(8))
+        assert answered(api, namespace, "client", server_ip, tokens[-1], container=container)
     finally:
         segments = sniffer.stop()
-    assert_tls_only(segments, client_ip, server_ip, [token, f"served-{token}"])
+    assert_tls_only(segments, client_ip, server_ip, [*tokens, *(f"served-{t}" for t in tokens)])
 
 
 def test_ambient_pods_on_two_nodes_talk_only_mtls_on_the_link(
@@ -291,3 +310,141 @@ def test_sidecar_pods_on_two_nodes_talk_only_mtls_on_the_link(
         server_id = f"spiffe://cluster.local/ns/{node_namespace}/sa/server"
         opened = mtls_connections(api, node_namespace, "server:15020", client_id, server_id)
         assert opened > 0
+
+
+def node_proxy_token(api: Any, pod: Any) -> str:
+    """What the kubelet projects into the node proxy: a token of its ServiceAccount for the
+    CA's audience, bound to that very pod (so the CA learns the pod's node)."""
+    request = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {
+            "audiences": ["istio-ca"],
+            "expirationSeconds": 600,
+            "boundObjectRef": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.metadata.name,
+                "uid": pod.metadata.uid,
+            },
+        },
+    }
+    answer = k8s.CoreV1Api(api).create_namespaced_service_account_token(
+        pod.spec.service_account_name, SYSTEM_NS, request
+    )
+    return str(answer.status.token)
+
+
+def test_a_node_proxy_gets_certificates_only_for_pods_on_its_own_node(
+    kube_node: TestNode, two_nodes: SecondNode, mesh: Mesh, node_namespace: str
+):
+    image = kube_node.image("busybox")
+    nodes = {"one": NODE_NAME, "two": two_nodes.name}
+    with kube_node.cluster.api_client() as api:
+        core = k8s.CoreV1Api(api)
+        for sa in nodes:
+            core.create_namespaced_service_account(node_namespace, {"metadata": {"name": sa}})
+        start_pods(
+            api,
+            node_namespace,
+            [client(f"on-{sa}", image, node, serviceAccountName=sa) for sa, node in nodes.items()],
+        )
+        proxies = {
+            p.spec.node_name: p
+            for p in wl.pods(api, SYSTEM_NS, "app.kubernetes.io/name=meshctl-ztunnel")
+        }
+        tokens = {node: node_proxy_token(api, proxies[node]) for node in nodes.values()}
+        (ca,) = wl.pods(api, SYSTEM_NS, "app.kubernetes.io/name=meshctl-controlplane")
+        root = (
+            core.read_namespaced_config_map("meshctl-ca-root-cert", SYSTEM_NS)
+            .data["root-cert.pem"]
+            .encode()
+        )
+
+    async def ask_ca(token: str, account: str) -> tuple[str, str]:
+        identity = f"spiffe://cluster.local/ns/{node_namespace}/sa/{account}"
+        csr_pem, _ = cp.csr(identity)
+        auth = rpc.CallAuth(token=token, cluster_id="Kubernetes")
+        channel = rpc.connect(
+            f"{ca.status.pod_ip}:15012",
+            root_pem=root,
+            auth=auth,
+            server_name=f"meshctl-controlplane.{SYSTEM_NS}.svc",
+        )
+        async with channel:
+            return await cp.status_of(channel, csr_pem, impersonate=identity)
+
+    for sa, node in nodes.items():
+        # Its own node's pod: issued; the other node's pod: refused, naming the caller's node.
+        assert asyncio.run(ask_ca(tokens[node], sa)) == ("OK", ""), (node, sa)
+        other = "two" if sa == "one" else "one"
+        code, message = asyncio.run(ask_ca(tokens[node], other))
+        assert code == "UNAUTHENTICATED", (node, other, code, message)
+        assert message.startswith("request impersonation authentication failure: "), message
+        assert "no pod of service account" in message, message
+        assert node in message, message
+
+
+def test_draining_node_2_loses_no_request_of_a_client_on_node_1(
+    kube_node: TestNode, two_nodes: SecondNode, mesh: Mesh, node_namespace: str, request
+):
+    """An ambient client on node 1 asks a Service backed by a pod on each node, one request at
+    a time, while node 2 is drained (cordoned, its pod deleted with a grace period in which it
+    still serves, as a preStop hook would have it): at most the one request in flight fails,
+    node 2's pod answered before and only node 1's after."""
+    report_namespace(request.node, SYSTEM_NS)
+    image = kube_node.image("busybox")
+    with kube_node.cluster.api_client() as api:
+        core = k8s.CoreV1Api(api)
+        core.patch_namespace(
+            node_namespace, {"metadata": {"labels": {ambient.DATAPLANE_MODE: ambient.MODE_AMBIENT}}}
+        )
+        core.create_namespaced_service_account(node_namespace, {"metadata": {"name": "web"}})
+        servers = [
+            echo_server(f"web-{n}", image, node, serviceAccountName="web",
+                        terminationGracePeriodSeconds=10)
+            for n, node in (("1", NODE_NAME), ("2", two_nodes.name))
+        ]  # fmt: skip
+        for server in servers:
+            server["metadata"]["labels"] = {"app": "web"}
+        start_pods(api, node_namespace, [*servers, client("client", image, NODE_NAME)])
+        service = {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "web"},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": APP_PORT}]},
+        }
+        vip = core.create_namespaced_service(node_namespace, service).spec.cluster_ip
+        seen: set[str] = set()
+        deadline = time.monotonic() + 90  # until discovery carries the Service and both pods
+        while seen != {"web-1", "web-2"}:
+            assert time.monotonic() < deadline, f"answers only from {seen}"
+            answer = ask(api, node_namespace, "client", vip, secrets.token_hex(4))
+            seen.update(w for w in ("web-1", "web-2") if answer.strip().endswith(f"by {w}"))
+        loop = (
+            "i=0; while [ $i -lt 80 ]; do"
+            f' echo "$i $(echo $i | nc -w 2 {vip} {APP_PORT})"; i=$((i+1)); sleep 0.1; done'
+        )
+        answers: list[str] = []
+
+        def ask_in_a_loop() -> None:
+            done = wl.pod_exec(api, node_namespace, "client", ["sh", "-c", loop], timeout=180)
+            answers.extend(done.stdout.splitlines())
+
+        asker = threading.Thread(target=ask_in_a_loop)
+        asker.start()
+        time.sleep(3)
+        core.patch_node(two_nodes.name, {"spec": {"unschedulable": True}})
+        try:
+            core.delete_namespaced_pod("web-2", node_namespace)
+            asker.join(200)
+        finally:
+            core.patch_node(two_nodes.name, {"spec": {"unschedulable": False}})
+    assert len(answers) == 80, answers
+    by = [line.split(" by ")[-1] if " by " in line else "" for line in answers]
+    failed = [a for a, b in zip(answers, by, strict=True) if not b]
+    assert len(failed) <= 1, failed  # only the one in flight may be lost
+    assert "web-2" in by[:10], by  # node 2 served before the drain...
+    last_web2 = max(i for i, b in enumerate(by) if b == "web-2")
+    assert set(by[last_web2 + 1 :]) <= {"web-1", ""}, by  # ...and node 1 alone after it
+    assert by[-20:] == ["web-1"] * 20, by
