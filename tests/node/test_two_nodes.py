@@ -10,7 +10,12 @@ ambient`` (the default profile plus the node proxy: sidecar injection and ambien
   into *its own* node's CNI config, and ``meshctl verify`` is all green counting two nodes;
 - an ambient client on node 1 reaches a server on node 2, and a sidecar client on node 1 a
   sidecar server on node 2: on the link only HBONE to :15008, every byte inside TLS records, no
-  byte of the request or the answer; the proxies count the connection as mutual TLS.
+  byte of the request or the answer; the proxies count the connection as mutual TLS;
+- the CA's node check with two real node proxies: each gets the certificate of a pod on its own
+  node and is refused that of a pod on the other node (the refusal names its node);
+- draining node 2 (cordon, its server pod deleted with a grace period) loses at most the one
+  request in flight of an ambient client on node 1 asking a Service backed by both nodes;
+- node 2 stops without a trace, node 1 running on.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,7 +47,16 @@ from tests.harness.node import (
     TestNode,
     report_namespace,
 )
-from tests.harness.node2 import LINK_HOST, NODE2_NETWORK, SecondNode, private_dir
+from tests.harness.node2 import (
+    CGROUP_PARENT,
+    GUARD_COMMENT,
+    LINK_HOST,
+    NODE2_NETWORK,
+    PRIVATE_PATHS,
+    WORKDIR2,
+    SecondNode,
+    private_dir,
+)
 from tests.netns.ztunnel_harness import Segment, Sniffer
 from tests.node.test_webhook_on_node import tls_records
 
@@ -448,3 +463,24 @@ def test_draining_node_2_loses_no_request_of_a_client_on_node_1(
     last_web2 = max(i for i, b in enumerate(by) if b == "web-2")
     assert set(by[last_web2 + 1 :]) <= {"web-1", ""}, by  # ...and node 1 alone after it
     assert by[-20:] == ["web-1"] * 20, by
+
+
+def test_node_2_stops_without_leaving_anything(kube_node: TestNode, two_nodes: SecondNode):
+    """Node 2's mounts never reached the host; its stop (the fixture's, run early here) leaves
+    no process, link, guard rule, cgroup, directory, pod or Node object of it; node 1 runs on."""
+    assert nodehost.mounts_under([*PRIVATE_PATHS, str(WORKDIR2)]) == []
+    assert two_nodes.ns is not None
+    holder = two_nodes.ns.pid
+    two_nodes.stop()
+    assert not Path(f"/proc/{holder}").exists()
+    assert not Path(f"/sys/class/net/{LINK_HOST}").exists()
+    guard = nodehost._run(["nft", "list", "table", "inet", nodehost.GUARD_TABLE]).stdout
+    assert GUARD_COMMENT not in guard, guard
+    assert nodehost.guard_in_place()  # node 1's guard, as it was before node 2
+    assert not WORKDIR2.exists()
+    assert not any((h / CGROUP_PARENT).exists() for h in nodehost.hierarchies())
+    with kube_node.cluster.api_client() as api:
+        core = k8s.CoreV1Api(api)
+        assert [n.metadata.name for n in core.list_node().items] == [NODE_NAME]
+        left = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={two_nodes.name}")
+        assert left.items == []
