@@ -407,18 +407,25 @@ class SecondNode:
         nodehost.unmount_all([str(WORKDIR2)])
         shutil.rmtree(WORKDIR2, ignore_errors=True)
 
-    def _forget(self) -> None:
-        """Its pods (grace 0: no kubelet confirms them any more) and its Node object."""
+    def _forget(self, timeout: float = 30) -> None:
+        """Its Node object, then its pods (grace 0: no kubelet confirms them any more). The Node
+        goes first: while it exists, the DaemonSet controller replaces a deleted pod there."""
         with self.node.cluster.api_client() as api:
             core = k8s.CoreV1Api(api)
-            selector = f"spec.nodeName={NODE2_NAME}"
-            for pod in core.list_pod_for_all_namespaces(field_selector=selector).items:
-                with contextlib.suppress(ApiException):
-                    core.delete_namespaced_pod(
-                        pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0
-                    )
             with contextlib.suppress(ApiException):
                 core.delete_node(NODE2_NAME)
+            selector = f"spec.nodeName={NODE2_NAME}"
+            deadline = time.monotonic() + timeout
+            while pods := core.list_pod_for_all_namespaces(field_selector=selector).items:
+                if time.monotonic() > deadline:
+                    names = [f"{p.metadata.namespace}/{p.metadata.name}" for p in pods]
+                    raise RuntimeError(f"pods of node 2 still in the API: {names}")
+                for pod in pods:
+                    with contextlib.suppress(ApiException):
+                        core.delete_namespaced_pod(
+                            pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0
+                        )
+                time.sleep(0.5)
 
 
 def _delete_guard_rules() -> None:

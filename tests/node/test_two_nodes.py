@@ -72,6 +72,7 @@ NODE_PROXY_CHECK = "meshctl-ztunnel: node proxy is ready on every node"
 @pytest.fixture(scope="module")
 def two_nodes(kube_node: TestNode) -> Iterator[SecondNode]:
     second = SecondNode(kube_node).start()
+    print(f"node 2 Ready and its kube-proxy serving {second.start_seconds:.1f} s after its start")
     try:
         yield second
     finally:
@@ -458,6 +459,7 @@ def test_draining_node_2_loses_no_request_of_a_client_on_node_1(
     assert len(answers) == 80, answers
     by = [line.split(" by ")[-1] if " by " in line else "" for line in answers]
     failed = [a for a, b in zip(answers, by, strict=True) if not b]
+    print(f"drain of node 2: {len(failed)} of {len(answers)} requests failed: {failed}")
     assert len(failed) <= 1, failed  # only the one in flight may be lost
     assert "web-2" in by[:10], by  # node 2 served before the drain...
     last_web2 = max(i for i, b in enumerate(by) if b == "web-2")
