@@ -165,9 +165,9 @@ class SecondNode:
         return proc
 
     def start(self) -> SecondNode:
-        started = time.monotonic()
         cluster = self.node.cluster
         first = self.node.started
+        started = time.monotonic()  # node 1 is up: what follows is node 2's own cost
         self.node.before_stop.append(self.stop)
         try:
             self._namespaces()
