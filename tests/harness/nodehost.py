@@ -5,7 +5,9 @@ containerd and CNI write to, cgroup tops), written to a state file *before* anyt
 node bridge, its unreachable service route and the forwarding guard; and one idempotent cleanup
 derived from the snapshot, run at teardown and by the next start after a killed run.
 Invariants: forwarding is on only while the guard table is in place, and the guard accepts only
-traffic from a port of the node bridge to a port of it (no pod traffic can leave the machine);
+traffic from a port of the node bridge to a port of it, and while a second node runs
+(tests/harness/node2.py) between the bridge and that node's link (no pod traffic can leave the
+machine);
 cleanup never removes an entry that existed before the start (the machine's own CNI files stay).
 """
 
