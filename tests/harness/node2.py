@@ -459,3 +459,42 @@ def _healthz_at(host: str, port: int) -> bool:
         return conn.getresponse().status == 200
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# `python -m tests.harness.node2 --start-then-wait`: a two-node run for the killed-run test
+
+
+def _main(argv: list[str]) -> int:
+    import sys
+
+    from tests.harness import workloads as wl
+    from tests.harness.node import locate_node_binaries
+
+    if argv != ["--start-then-wait"]:
+        print("usage: python -m tests.harness.node2 --start-then-wait", file=sys.stderr)
+        return 2
+    binaries = locate_node_binaries()
+    if isinstance(binaries, str):
+        print(binaries, file=sys.stderr)
+        return 1
+    node = TestNode(binaries, lock_timeout=1200)
+    cluster = node.start()
+    SecondNode(node).start()
+    with cluster.api_client() as api:
+        pod = wl.busybox_pod(
+            "leftover", cluster.images["busybox"], ["sleep", "3600"], nodeName=NODE2_NAME
+        )
+        k8s.CoreV1Api(api).create_namespaced_pod("default", pod)
+        wl.wait_pod_ready(api, "default", "leftover", timeout=120)
+    print("ready", flush=True)
+    # Nothing stops this run but SIGKILL: what it leaves is the next start's to clean up.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(3600)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main(sys.argv[1:]))
