@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -423,6 +423,10 @@ class _Start:
         self.binaries = binaries
         self.children: list[_Child] = []
         self.stack = contextlib.ExitStack()
+        self.server_ca: CertificateAuthority | None = None
+        self.client_ca: CertificateAuthority | None = None
+        self.pki = Path()
+        self.kubeconfigs: Mapping[str, Path] = {}
 
     def child(self, name: str, argv: list[str]) -> _Child:
         logs = nodehost.WORKDIR / "logs"
@@ -452,6 +456,9 @@ class _Start:
         server_ca.issue(NODE_NAME, server=True, ip_sans=[NODE_IP], dns_sans=[NODE_NAME]).write(
             pki, "kubelet-serving"
         )
+        # A second node (tests/harness/node2.py) gets its identities from the same CAs.
+        self.server_ca, self.client_ca, self.pki = server_ca, client_ca, pki
+        self.kubeconfigs = kubeconfigs
         self._cluster_dns(cluster, workdir)
         # containerd first: the images must be there before kubelet asks for the sandbox.
         socket, tags = self._containerd(workdir, image_archives)
@@ -778,6 +785,15 @@ class TestNode:
         self.archives: dict[str, Path] = {}
         self._on_demand: dict[str, str] = {}  # role -> tag, imported into the running node
         self.cleaned_dead_run = False
+        # Stopped before this node stops (a second node: tests/harness/node2.py).
+        self.before_stop: list[Callable[[], None]] = []
+
+    @property
+    def started(self) -> _Start:
+        """The running start (its CAs and kubeconfigs), starting the node if it is not."""
+        self.cluster  # noqa: B018 -- starts it
+        assert self._start is not None
+        return self._start
 
     @property
     def cluster(self) -> NodeCluster:
@@ -861,6 +877,8 @@ class TestNode:
         if self._lock is None:
             return
         try:
+            while self.before_stop:
+                self.before_stop.pop()()
             if self._start is not None:
                 self._start.stop()
             state = nodehost.read_state()

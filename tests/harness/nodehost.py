@@ -5,7 +5,9 @@ containerd and CNI write to, cgroup tops), written to a state file *before* anyt
 node bridge, its unreachable service route and the forwarding guard; and one idempotent cleanup
 derived from the snapshot, run at teardown and by the next start after a killed run.
 Invariants: forwarding is on only while the guard table is in place, and the guard accepts only
-traffic from a port of the node bridge to a port of it (no pod traffic can leave the machine);
+traffic from a port of the node bridge to a port of it, and while a second node runs
+(tests/harness/node2.py) between the bridge and that node's link (no pod traffic can leave the
+machine);
 cleanup never removes an entry that existed before the start (the machine's own CNI files stay).
 """
 
@@ -524,6 +526,8 @@ def cleanup(state: Mapping[str, Any]) -> None:
     unmount_all([str(workdir), *HOST_PATHS])
     remove_cgroups()
     remove_links(state["bridge"])
+    for link in state.get("extra_links", []):  # a second node's link (tests/harness/node2.py)
+        _run(["ip", "link", "del", link], check=False)
     _run(["ip", "route", "del", state["service_cidr"]], check=False)  # gone with the bridge too
     remove_new_iptables_chains(before.iptables)
     remove_new_nft_tables(before.nft_tables)
