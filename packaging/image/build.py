@@ -22,7 +22,8 @@ rebuilt, only copied. Exits 1 with a one-line reason when an input is missing.
 - ``istio-cni`` -> ``localhost/istio-install-cni:<module version>``: Istio's CNI node agent
   (``install-cni``, the ambient node agent with its ZDS server) and the plugin it installs
   (``/opt/cni/bin/istio-cni``), built by tests/kube/build.sh --istio-cni from the Istio Go module
-  tests/harness/istio.py pins, over the Debian iptables files the agent runs in pods.
+  tests/harness/istio.py pins, over the Debian iptables files the agent runs in pods; /host/proc
+  is the container's own /proc (see ``istio_cni_image``).
 """
 
 from __future__ import annotations
@@ -334,6 +335,12 @@ def istio_cni_image() -> oci.Image:
     app = (
         oci.file_from("/usr/local/bin/install-cni", built / "install-cni", 0o755),
         oci.file_from("/opt/cni/bin/istio-cni", built / "istio-cni", 0o755),
+        # The agent finds the node's netns as /host/proc/1/ns/net (the chart mounts the node's
+        # /proc there). The test machine's pid 1 lets no one read that link, so the image points
+        # /host/proc at the container's own /proc, whose pid 1 is the agent itself: in a
+        # hostNetwork pod, in the node's netns.
+        oci.directory("/host"),
+        oci.symlink("/host/proc", "/proc"),
     )
     return oci.Image(
         repository="localhost/istio-install-cni",
