@@ -369,6 +369,11 @@ IMAGES: dict[str, Callable[[Path], oci.Image]] = {
 ON_REQUEST = frozenset({"istio-cni"})
 
 
+def default_names() -> list[str]:
+    """What ``build.py`` builds when no NAME is given."""
+    return [n for n in IMAGES if n not in ON_REQUEST]
+
+
 # --- the cache and the CLI -----------------------------------------------------------------------
 
 
@@ -438,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="write every tarball afresh")
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(IMAGES)}")
     args = parser.parse_args(argv)
-    names = args.names or [n for n in IMAGES if n not in ON_REQUEST]
+    names = args.names or default_names()
     unknown = [n for n in names if n not in IMAGES]
     if unknown:
         parser.error(f"unknown image {unknown[0]!r}: choose from {', '.join(IMAGES)}")
