@@ -13,17 +13,19 @@ removed from the proxy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from meshctl_plugins.controlplane import crds
 
 from tests.harness import istio_cni, nodehost
@@ -90,17 +92,18 @@ def stack(kube_node: TestNode, tmp_path_factory: pytest.TempPathFactory) -> Iter
             wl.delete(api, list(reversed(applied)))
             # The DaemonSet first, and its pod given its grace: the agent, seeing its DaemonSet
             # deleted, removes its plugin, kubeconfig and host rules (an upgrade would keep them).
-            shutdown = follow_agent_log()
             wl.delete(api, agent[-1:], wait=120)
+            # Its pod outlives the DaemonSet object; forcing the namespace away now would kill
+            # the agent before its cleanup (and its RBAC must still let it read the DaemonSet).
+            shutdown = wait_agent_gone(api)
             wl.delete(api, agent[:-1])
             wl.delete_namespace_now(api, SYSTEM_NS)
             left = istio_cni.remove_host_rules()
             for folder in made:
                 shutil.rmtree(folder, ignore_errors=True)
-            # Removed all the same, but an agent that did not clean up after itself is a failure.
             if left:
                 # Istio's to fix, not meshctl's (the agent's own cleanup): reported, not failed.
-                last_words = "\n".join(shutdown().splitlines()[-30:])
+                last_words = "\n".join(shutdown.splitlines()[-30:])
                 warnings.warn(
                     f"Istio's agent left {left} on the node (removed): {last_words}", stacklevel=1
                 )
@@ -118,19 +121,17 @@ def pods_ns(kube_node: TestNode, stack: Any) -> Iterator[str]:
         wl.delete_namespace_now(stack, name)
 
 
-def follow_agent_log() -> Callable[[], str]:
-    """The agent's log file as the kubelet writes it, opened now: read when called, also after
-    the pod (and with it the file's name) is gone, so its shutdown is there to see."""
-    files = sorted(nodehost.WORKDIR.glob(f"pod-logs/*{istio_cni.DAEMONSET}*/**/*.log"))
-    handles = [f.open(errors="replace") for f in files]
-
-    def read() -> str:
-        text = "".join(h.read() for h in handles)
-        for h in handles:
-            h.close()
-        return text
-
-    return read
+def wait_agent_gone(api: Any, timeout: float = 90) -> str:
+    """Waits until the agent's pod is gone; returns its log as last read (its shutdown)."""
+    last = ""
+    deadline = time.monotonic() + timeout
+    while agents := wl.pods(api, SYSTEM_NS, AGENT_SELECTOR):
+        with contextlib.suppress(ApiException):
+            last = wl.pod_logs(api, SYSTEM_NS, agents[0].metadata.name)
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return last
 
 
 def live_proxies(api: Any) -> list[Any]:
