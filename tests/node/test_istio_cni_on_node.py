@@ -90,12 +90,15 @@ def stack(kube_node: TestNode, tmp_path_factory: pytest.TempPathFactory) -> Iter
             pytest.fail(f"{exc}\n{wl.describe_namespace(api, SYSTEM_NS)}")
         finally:
             wl.delete(api, list(reversed(applied)))
-            # The DaemonSet first, and its pod given its grace: the agent, seeing its DaemonSet
-            # deleted, removes its plugin, kubeconfig and host rules (an upgrade would keep them).
-            wl.delete(api, agent[-1:], wait=120)
-            # Its pod outlives the DaemonSet object; forcing the namespace away now would kill
-            # the agent before its cleanup (and its RBAC must still let it read the DaemonSet).
+            # The DaemonSet first, and its pod given its grace (RBAC still in place): the agent,
+            # seeing its DaemonSet deleted, is to remove its plugin, kubeconfig and host rules
+            # (an upgrade would keep them). Its log is read until the pod is gone.
+            with contextlib.suppress(ApiException):
+                k8s.AppsV1Api(api).delete_namespaced_daemon_set(
+                    istio_cni.DAEMONSET, SYSTEM_NS, propagation_policy="Foreground"
+                )
             shutdown = wait_agent_gone(api)
+            wl.delete(api, agent[-1:], wait=120)
             wl.delete(api, agent[:-1])
             wl.delete_namespace_now(api, SYSTEM_NS)
             left = istio_cni.remove_host_rules()
@@ -103,7 +106,7 @@ def stack(kube_node: TestNode, tmp_path_factory: pytest.TempPathFactory) -> Iter
                 shutil.rmtree(folder, ignore_errors=True)
             if left:
                 # Istio's to fix, not meshctl's (the agent's own cleanup): reported, not failed.
-                last_words = "\n".join(shutdown.splitlines()[-30:])
+                last_words = "\n".join(shutdown.splitlines()[-30:]) or "(no log could be read)"
                 warnings.warn(
                     f"Istio's agent left {left} on the node (removed): {last_words}", stacklevel=1
                 )
