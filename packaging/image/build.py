@@ -2,8 +2,8 @@
 
 Usage: python packaging/image/build.py --out DIR [--tree dist/meshctl-tree] [--no-cache] [NAME...]
 
-NAME is one of ``IMAGES`` (default: all). For each, writes ``DIR/<name>.tar`` (an OCI layout that
-is also a ``docker save`` archive; see oci.py), importable with
+NAME is one of ``IMAGES`` (default: all but ``ON_REQUEST``). For each, writes ``DIR/<name>.tar``
+(an OCI layout that is also a ``docker save`` archive; see oci.py), importable with
 ``ctr -n k8s.io images import DIR/<name>.tar`` under the tag below, and ``DIR/images.json``
 (name -> ref, file, digest). Tarballs are cached by a digest of everything in them under
 ``$MESHCTL_BUILD_CACHE/images`` (default ``~/.cache/meshctl-build``): unchanged inputs are never
@@ -19,6 +19,11 @@ rebuilt, only copied. Exits 1 with a one-line reason when an input is missing.
   the suite's Go module (so the node never pulls).
 - ``coredns`` -> the ``registry.k8s.io/coredns/coredns:<tag>`` of the suite's base manifests, built
   by tests/kube/build.sh from CoreDNS's Go module.
+- ``istio-cni`` -> ``localhost/istio-install-cni:<module version>``: Istio's CNI node agent
+  (``install-cni``, the ambient node agent with its ZDS server) and the plugin it installs
+  (``/opt/cni/bin/istio-cni``), built by tests/kube/build.sh --istio-cni from the Istio Go module
+  tests/harness/istio.py pins, over the Debian iptables files the agent runs in pods; /host/proc
+  is the container's own /proc (see ``istio_cni_image``).
 """
 
 from __future__ import annotations
@@ -304,13 +309,69 @@ def coredns_image() -> oci.Image:
     return static_program_image(refs, program, "/coredns", "coredns", source)
 
 
+def istio_module_version() -> str:
+    """The version of the Istio module tests/harness/istio.py pins (build.sh reads it so)."""
+    pin = ROOT / "tests" / "harness" / "istio.py"
+    for line in pin.read_text().splitlines():
+        if line.startswith('ISTIO_MODULE = "'):
+            return line.split('"')[1].partition("@")[2]
+    raise BuildError(f"{pin} pins no ISTIO_MODULE")
+
+
+def istio_cni_image() -> oci.Image:
+    """Istio's CNI agent as the istio-cni chart runs it: ``install-cni`` on PATH, the plugin at
+    /opt/cni/bin (what it copies to the node), iptables for the rules it writes in each pod."""
+    version = istio_module_version()
+    built = test_cache() / "istio-cni" / version
+    if not (built / "install-cni").is_file() or not (built / "istio-cni").is_file():
+        raise BuildError(
+            f"{built} has no install-cni/istio-cni: run 'bash tests/kube/build.sh --istio-cni'"
+        )
+    packages = rootfs.closure(rootfs.ROOTS)
+    base = rootfs.entries(packages)
+    base += rootfs.alternatives({e.path for e in base}) + rootfs.system_files()
+    listed = ", ".join(f"{p.name}={p.version}" for p in packages)
+    source = f"istio.io/istio {version} ./cni/cmd/install-cni ./cni/cmd/istio-cni, CGO_ENABLED=0"
+    app = (
+        oci.file_from("/usr/local/bin/install-cni", built / "install-cni", 0o755),
+        oci.file_from("/opt/cni/bin/istio-cni", built / "istio-cni", 0o755),
+        # The agent finds the node's netns as /host/proc/1/ns/net (the chart mounts the node's
+        # /proc there). The test machine's pid 1 lets no one read that link, so the image points
+        # /host/proc at the container's own /proc, whose pid 1 is the agent itself: in a
+        # hostNetwork pod, in the node's netns.
+        oci.directory("/host"),
+        oci.symlink("/host/proc", "/proc"),
+    )
+    return oci.Image(
+        repository="localhost/istio-install-cni",
+        tag=version,
+        layers=(oci.Layer(f"debian files: {listed}", tuple(base)), oci.Layer(source, app)),
+        entrypoint=("/usr/local/bin/install-cni",),
+        env=("PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",),
+        labels={
+            "org.opencontainers.image.title": "istio-install-cni",
+            "org.opencontainers.image.description": f"Built from {source} for meshctl's tests.",
+            "org.opencontainers.image.licenses": "Apache-2.0",
+        },
+    )
+
+
 IMAGES: dict[str, Callable[[Path], oci.Image]] = {
     "meshctl": meshctl_image,
     "pause": lambda _tree: pause_image(),
     "testapp": lambda _tree: testapp_image(),
     "echo-basic": lambda _tree: echo_basic_image(),
     "coredns": lambda _tree: coredns_image(),
+    "istio-cni": lambda _tree: istio_cni_image(),
 }
+# Built only when named: the one node test that runs Istio's agent asks for it (its binaries come
+# from tests/kube/build.sh --istio-cni, which that test runs on demand).
+ON_REQUEST = frozenset({"istio-cni"})
+
+
+def default_names() -> list[str]:
+    """What ``build.py`` builds when no NAME is given."""
+    return [n for n in IMAGES if n not in ON_REQUEST]
 
 
 # --- the cache and the CLI -----------------------------------------------------------------------
@@ -382,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="write every tarball afresh")
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(IMAGES)}")
     args = parser.parse_args(argv)
-    names = args.names or list(IMAGES)
+    names = args.names or default_names()
     unknown = [n for n in names if n not in IMAGES]
     if unknown:
         parser.error(f"unknown image {unknown[0]!r}: choose from {', '.join(IMAGES)}")

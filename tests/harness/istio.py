@@ -1,10 +1,11 @@
-"""Istio's own test data and istioctl, from the pinned Istio Go module (fetched once per machine).
+"""Istio's own test data, istioctl and CNI agent, from the pinned Istio Go module (fetched once).
 
 Owns the one pin and the one fetch: ``go mod download`` of ``ISTIO_MODULE`` into the Go module
-cache (outside the repo), whose folder the reference tests read goldens from; and where
-istioctl built from it is cached (``tests/kube/build.sh --istioctl`` builds it, reading the pin
-here). Invariant: a machine without the module, the go command or the build skips those
-tests, except under ``CI=true``, where a missing download or build fails the run.
+cache (outside the repo), whose folder the reference tests read goldens from; and where istioctl
+and Istio's CNI agent built from it are cached (``tests/kube/build.sh --istioctl`` and
+``--istio-cni`` build them, reading the pin here). Invariant: a machine without the module, the
+go command or the build skips those tests, except under ``CI=true``, where a missing download or
+build fails the run.
 """
 
 from __future__ import annotations
@@ -86,3 +87,44 @@ def build_istioctl() -> Path | str:
     if done.returncode == 0 and os.access(binary, os.X_OK):
         return binary
     return f"bash {BUILD_SCRIPT} --istioctl failed: {(done.stdout + done.stderr)[-400:]}"
+
+
+ISTIO_CNI_BINARIES = ("install-cni", "istio-cni")
+
+
+def istio_cni_dir() -> Path:
+    """Where ``tests/kube/build.sh --istio-cni`` puts Istio's CNI agent and plugin."""
+    configured = os.environ.get("MESHCTL_TEST_CACHE")
+    root = Path(configured) if configured else Path.home() / ".cache" / "meshctl-test"
+    return root / "istio-cni" / ISTIO_MODULE.partition("@")[2]
+
+
+def istio_cni_binaries() -> Path:
+    """The folder of ``install-cni`` and ``istio-cni`` of the pinned module, built once per
+    machine (by build.sh, which CI runs first; here when missing). Skips when they cannot be
+    had, except under ``CI=true``: fails."""
+    found = build_istio_cni()
+    if isinstance(found, Path):
+        return found
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"Istio's CNI agent is required in CI: {found}")
+    pytest.skip(found)
+
+
+def build_istio_cni() -> Path | str:
+    """The cached binaries' folder (a stat when built), or why they cannot be built."""
+    folder = istio_cni_dir()
+    if all(os.access(folder / name, os.X_OK) for name in ISTIO_CNI_BINARIES):
+        return folder
+    if not shutil.which("go") and not os.access("/usr/local/go/bin/go", os.X_OK):
+        return "the go command is not installed (Istio's CNI agent is built from the Istio module)"
+    done = subprocess.run(
+        ["bash", str(BUILD_SCRIPT), "--istio-cni"],
+        capture_output=True,
+        text=True,
+        timeout=3600,  # cold: every dependency of the agent is fetched and compiled
+        check=False,
+    )
+    if done.returncode == 0 and all(os.access(folder / n, os.X_OK) for n in ISTIO_CNI_BINARIES):
+        return folder
+    return f"bash {BUILD_SCRIPT} --istio-cni failed: {(done.stdout + done.stderr)[-400:]}"

