@@ -37,14 +37,17 @@ Not part of the test suite: figures, not a gate.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import secrets
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -191,7 +194,7 @@ def burst(
     }
 
 
-def restart(run: Run) -> dict[str, float]:
+def restart(run: Run, py_spy: Path | None = None) -> dict[str, float]:
     """Stop the control plane, start it again on its port; every stream reconnects at once."""
     port, revision = run.plane.grpc_port, run.plane.revision
     run.plane.stop()
@@ -199,12 +202,16 @@ def restart(run: Run) -> dict[str, float]:
     run.plane = run.start_plane(grpc_port=port, revision=revision)
     t_ready = time.monotonic()
     peak = sc.PeakRss(run.plane.process.pid)
-    facts = run.fleet.wait_synced(t_start, 900)
+    with profiled(py_spy, "reconnect", run.plane.process.pid):
+        facts = run.fleet.wait_synced(t_start, 900)
     # From ready (streams that connected earlier wait for the caches; a few may be answered
     # between ready and our poll of /ready, up to 0.1 s: clipped at 0).
     synced = [max(0.0, max(f["address_at"], f["authz_at"]) - t_ready) for f in facts]
+    done = sorted(max(f["address_at"], f["authz_at"]) for f in facts)
     return {
         "start to ready s": t_ready - t_start,
+        "start to all streams synced s": done[-1] - t_start,
+        "first stream synced to last s": done[-1] - done[0],
         "first full push after ready p50 s": statistics.median(synced),
         "first full push after ready p99 s": pct(synced, 0.99),
         "all streams synced after ready s": max(synced),
@@ -260,6 +267,24 @@ def failover(run: Run, changes: int, count: int) -> dict[str, float]:
         for p in planes:
             p.stop()
         run.plane = a  # stopped: the caller only reads its facts
+
+
+@contextlib.contextmanager
+def profiled(directory: Path | None, name: str, pid: int) -> Iterator[None]:
+    """py-spy (a measurement tool, not a dependency: ``pip install py-spy``) samples ``pid``
+    while the block runs, its collapsed stacks written to ``directory/name.txt``."""
+    if directory is None:
+        yield
+        return
+    directory.mkdir(parents=True, exist_ok=True)
+    argv = ["py-spy", "record", "--pid", str(pid), "--rate", "50", "--nonblocking"]
+    argv += ["--format", "raw", "--output", str(directory / f"{name}.txt")]
+    spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(60)
 
 
 def fit(sizes: list[int], costs: list[float]) -> tuple[float, float, float]:
@@ -349,7 +374,8 @@ def phases(
         facts = run.fleet.wait_synced(0.0, 900)
         joined = [max(f["address_at"], f["authz_at"]) for f in facts if f["connected_at"] >= t0]
         figures = {"streams": float(size), "connect: new streams synced s": max(joined) - t0}
-        figures |= one_change_each(run, [run.plane.process.pid], args.changes)
+        with profiled(args.py_spy, f"changes-{size}", run.plane.process.pid):
+            figures |= one_change_each(run, [run.plane.process.pid], args.changes)
         figures["RSS MB"] = sc.rss_mb(run.plane.process.pid)
         costs.append(figures["CPU ms per change"])
         out["streams"][size] = figures
@@ -363,7 +389,7 @@ def phases(
     show("cost per change vs streams (least squares; exponent between extremes)", out["cost fit"])
     out["burst"] = burst(run, [run.plane.process.pid], args.burst)
     show(f"{sizes[-1]} streams: a burst of {args.burst} changes", out["burst"])
-    out["restart"] = restart(run)
+    out["restart"] = restart(run, args.py_spy)
     show(f"{sizes[-1]} streams: control plane restart, all streams reconnecting", out["restart"])
     if not args.no_failover:
         out["failover"] = failover(run, args.changes, args.burst)
@@ -395,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=0, help="client processes (0: by size)")
     parser.add_argument("--no-failover", action="store_true", help="skip the two-replica phase")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--py-spy", type=Path, help="profile the control plane into this dir")
     parser.add_argument("--smoke", action="store_true", help="tiny run; asserts figures only")
     args = parser.parse_args(argv)
     # SIGTERM unwinds as Ctrl-C does: the control plane and the client processes are stopped.
