@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench import scale_cluster as sc
-from tests.bench.bench_discovery import PodWatch
 from tests.bench.xds_fleet import Fleet, Target
 from tests.harness import controlplane as cp
 from tests.harness.kube import (
@@ -89,7 +88,7 @@ class Run:
     workdir: Path
     plane: cp.ControlPlaneProcess
     fleet: Fleet
-    watch: PodWatch
+    watch: sc.PodIpWatch
     extra: tuple[str, ...]
     moved: int = 0  # IPs handed out so far (each move gets a fresh one)
     figures: dict[str, Any] = field(default_factory=dict)
@@ -340,7 +339,7 @@ def measure(args: argparse.Namespace, sizes: list[int]) -> dict[str, Any]:
         target = Target((f"127.0.0.1:{plane.grpc_port}",), root, token, plane.server_name)
         workers = args.workers or max(2, min(6, math.ceil(sizes[-1] / 100)))
         fleet = Fleet(target, workers)
-        watch = PodWatch(cluster, apps)
+        watch = sc.PodIpWatch(cluster, apps)
         run = Run(
             cluster,
             sc.Api(cluster),

@@ -206,6 +206,55 @@ def populate(
     return {"populate s": seconds, "API writes/s": writes / seconds}
 
 
+class PodIpWatch:
+    """The baseline: a plain watch of the namespace's pods (raw JSON lines, in a thread),
+    stamping when each (pod, IP) was first seen; re-watched from the last resourceVersion when
+    the API server ends a watch (it does every few minutes), so a long run keeps its baseline."""
+
+    def __init__(self, cluster: KubeCluster, namespace: str) -> None:
+        self._api = Api(cluster)
+        self._path = f"/api/v1/namespaces/{namespace}/pods"
+        self._seen: dict[tuple[str, str], float] = {}
+        self._stop = threading.Event()
+        listed = self._api.call("GET", f"{self._path}?limit=1")
+        self._version = listed["metadata"]["resourceVersion"]
+        self._thread = threading.Thread(target=self._run, args=(cluster,), daemon=True)
+        self._thread.start()
+
+    def _run(self, cluster: KubeCluster) -> None:
+        host, _, port = cluster.server.removeprefix("https://").rpartition(":")
+        while not self._stop.is_set():
+            conn = http.client.HTTPSConnection(host, int(port), context=cluster.ssl_context())
+            try:
+                query = f"watch=1&resourceVersion={self._version}&timeoutSeconds=300"
+                conn.request("GET", f"{self._path}?{query}")
+                response = conn.getresponse()
+                for line in response:
+                    event = json.loads(line)
+                    obj = event["object"]
+                    now = time.monotonic()
+                    self._version = obj["metadata"].get("resourceVersion", self._version)
+                    ip = obj.get("status", {}).get("podIP", "")
+                    self._seen.setdefault((obj["metadata"]["name"], ip), now)
+                    if self._stop.is_set():
+                        break
+            except (OSError, http.client.HTTPException, ValueError, KeyError):
+                time.sleep(0.2)  # the API server went away (the end of a run) or ended the watch
+            finally:
+                conn.close()
+
+    def first(self, name: str, ip: str, since: float, wait: float = 5.0) -> float | None:
+        """When the watch first saw pod ``name`` at ``ip`` (None: not seen after ``since``
+        within ``wait`` seconds from now: the watch's thread may still be reading it)."""
+        deadline = time.monotonic() + wait
+        while (at := self._seen.get((name, ip))) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return at if at is not None and at >= since else None
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
 # -- the control plane's process ------------------------------------------------------------------
 
 _TICK = os.sysconf("SC_CLK_TCK")
