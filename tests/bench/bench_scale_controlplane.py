@@ -21,9 +21,10 @@ Then, at the largest size:
 - a restart: the control plane stopped and started again on the same port with every stream
   reconnecting at once; the time from ready to each stream's first full push (Address and
   Authorization), p50/p99 and until all are synced;
-- two replicas of one revision (the streams alternate between them): one change to every stream
-  again, then a burst with the leader SIGKILLed in the middle of the writes; every stream must
-  end holding every new IP (none stale), its streams reconnecting to the survivor.
+- a second replica of the revision beside the restarted one (the leader, holding every
+  stream): one change to every stream again, then a burst with the leader SIGKILLed in the
+  middle of the writes; every stream reconnects to the survivor and must end holding every new
+  IP (none stale); the survivor must take the lease.
 Cost per change vs streams is printed as a least-squares slope (CPU ms per change per stream)
 and as the exponent between the smallest and largest fleet (1.0: linear).
 
@@ -59,13 +60,11 @@ from tests.harness.kube import (
     ControlPlaneOptions,
     KubeCluster,
     create_namespace,
-    free_port,
     locate_binaries,
     running_cluster,
 )
 
 CHANGE_P99_MS = 1000.0
-RECONNECT_TARGET_S = 30.0
 RSS_TARGET_MB = 1024.0
 MS = 1000.0
 
@@ -91,6 +90,7 @@ class Run:
     watch: sc.PodIpWatch
     extra: tuple[str, ...]
     moved: int = 0  # IPs handed out so far (each move gets a fresh one)
+    killed_at: float = 0.0  # when ``burst`` killed a replica
     figures: dict[str, Any] = field(default_factory=dict)
 
     def next_ip(self) -> str:
@@ -165,6 +165,7 @@ def burst(
     if kill is not None:
         kill.process.send_signal(signal.SIGKILL)
         kill.process.wait()
+        run.killed_at = time.monotonic()
         sc.parallel(
             lambda i=i, ip=ip: sc.set_ip(run.api, run.apps, i, ip) for i, ip in items[half:]
         )
@@ -224,20 +225,15 @@ def restart(run: Run, py_spy: Path | None = None) -> dict[str, float]:
 
 
 def failover(run: Run, changes: int, count: int) -> dict[str, float]:
-    """Two replicas of one revision, the streams alternating; one change to every stream, then
-    a burst with the leader killed in the middle."""
-    port, revision, other = run.plane.grpc_port, run.plane.revision, free_port()
-    # Reconnecting streams alternate between the two (each tries the other when one refuses).
-    run.fleet.point_at([f"127.0.0.1:{port}", f"127.0.0.1:{other}"])
-    run.plane.stop()
-    t_start = time.monotonic()
-    a = run.start_plane(grpc_port=port, revision=revision, wait=False)
-    b = run.start_plane(grpc_port=other, revision=revision, wait=False)
+    """A second replica of the revision beside the running one (the leader, holding every
+    stream); one change to every stream, then a burst with the leader SIGKILLed in the middle:
+    every stream fails over to the other replica, which must also take the lease."""
+    a = run.plane
+    b = run.start_plane(grpc_port=None, revision=a.revision)
     planes = [a, b]
     try:
-        for p in planes:
-            cp.wait_until_ready(p, 900)
-        run.fleet.wait_synced(t_start, 900)
+        # A stream cut from its replica reconnects to the next address: the survivor.
+        run.fleet.point_at([f"127.0.0.1:{a.grpc_port}", f"127.0.0.1:{b.grpc_port}"])
         deadline = time.monotonic() + 60
         while (
             len(leaders := [p for p in planes if p.metric("meshctl_controlplane_leader") == 1]) != 1
@@ -253,14 +249,20 @@ def failover(run: Run, changes: int, count: int) -> dict[str, float]:
             split[planes.index(leader)]
         )
         before = {i: f["connects"] for i, f in enumerate(run.fleet.facts())}
-        t_kill = time.monotonic()
         figures |= {
             f"failover burst: {k}": v for k, v in burst(run, pids, count, kill=leader).items()
         }
+        survivor = b if leader is a else a
+        while survivor.metric("meshctl_controlplane_leader") != 1:
+            if time.monotonic() > run.killed_at + 120:
+                raise SystemExit("the surviving replica did not take the lease within 120 s")
+            time.sleep(0.2)
+        figures["failover: survivor leads after kill s"] = time.monotonic() - run.killed_at
         moved = [f for i, f in enumerate(run.fleet.facts()) if f["connects"] > before[i]]
-        resync = [max(f["address_at"], f["authz_at"]) - t_kill for f in moved]
+        resync = [max(f["address_at"], f["authz_at"]) - run.killed_at for f in moved]
         figures["failover: streams that reconnected"] = float(len(moved))
-        figures["failover: their resync p99 s"] = pct(resync, 0.99)
+        figures["failover: their full push after kill p50 s"] = pct(resync, 0.5)
+        figures["failover: their full push after kill p99 s"] = pct(resync, 0.99)
         return figures
     finally:
         for p in planes:
@@ -400,10 +402,10 @@ def verdicts(args: argparse.Namespace, sizes: list[int], out: dict[str, Any]) ->
     last = out["streams"][sizes[-1]]
     rss = max(out["burst"]["peak RSS MB"], out["restart"]["peak RSS MB"])
     change_ms = last["change p99 ms"]
-    reconnect = out["restart"]["all streams synced after ready s"]
+    reconnect = out["restart"]["start to all streams synced s"]
     return [
         f"one change to every stream p99 {change_ms:.0f} ms (target <= {CHANGE_P99_MS:.0f})",
-        f"full reconnect {reconnect:.1f} s (target <= {RECONNECT_TARGET_S:.0f})",
+        f"full reconnect (process start to all synced) {reconnect:.1f} s (target <= 30)",
         f"peak RSS {rss:.0f} MB (target <= {RSS_TARGET_MB:.0f})",
         f"cost exponent in streams {out['cost fit']['exponent (1 = linear)']:.2f} (target <= 1)",
     ]
