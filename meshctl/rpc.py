@@ -404,7 +404,14 @@ def _decoding(handler: Any, method: str) -> Any:
 
             return await stream(requests(), context)
 
+        serialize = handler.response_serializer
+
+        def encode(message: Any) -> bytes:
+            # Bytes are a response the servicer encoded already (one full state shared by many
+            # streams: encoded once, not once per stream).
+            return message if isinstance(message, bytes) else serialize(message)
+
         return grpc.stream_stream_rpc_method_handler(
-            streaming, response_serializer=handler.response_serializer
+            streaming, response_serializer=encode if serialize is not None else None
         )
     return handler  # unary-stream and stream-unary: none of ours

@@ -54,6 +54,11 @@ from .metrics import Metrics
 log = logging.getLogger(__name__)
 
 _BODY_CACHE = 20_000  # encoded resources kept (by key and version)
+# A response this large (a full state: a stream's first, on every reconnect) is encoded once
+# and the bytes written to every stream it is decided for alike (same resources, versions,
+# nonce and generation): a restart's reconnecting fleet costs one encoding, not one per stream.
+_SHARED_MIN = 64
+_SHARED_KEEP = 4  # such encodings kept (newest first out last)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,6 +156,7 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
         self.metrics = metrics
         self._streams: set[_Stream] = set()
         self._bodies: OrderedDict[tuple[str, str, str], any_pb2.Any] = OrderedDict()
+        self._encoded: OrderedDict[tuple[delta.Response, str], bytes] = OrderedDict()
         self._views: dict[ProxyScope, frozenset[str]] = {}  # for the current store generation
         # Streams are answered once the store is whole (the source sets it after its first
         # lists), so no proxy ever takes a half-built store for the mesh.
@@ -247,6 +253,28 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
             if len(self._bodies) > _BODY_CACHE:
                 self._bodies.popitem(last=False)
         return body
+
+    def _encode(
+        self, response: delta.Response, version: str
+    ) -> xds_pb2.DeltaDiscoveryResponse | bytes:
+        """The message to write; a large one as bytes, encoded once for every stream."""
+        if len(response.resources) < _SHARED_MIN:
+            return self._message(response, version)
+        key = (response, version)  # by value: Response is frozen
+        data = self._encoded.get(key)
+        if data is None:
+            data = self._encoded[key] = self._message(response, version).SerializeToString()
+            while len(self._encoded) > _SHARED_KEEP:
+                self._encoded.popitem(last=False)
+        else:
+            self._encoded.move_to_end(key)
+        return data
+
+    def _message(self, response: delta.Response, version: str) -> xds_pb2.DeltaDiscoveryResponse:
+        bodies = {
+            r.key: self._body(response.type_url, r.key, r.version) for r in response.resources
+        }
+        return xds.response_to_proto(response, bodies, system_version=version)
 
     # -- the gRPC side ---------------------------------------------------------------------------
 
@@ -444,12 +472,8 @@ class DiscoveryServer(xds_pb2_grpc.AggregatedDiscoveryServiceServicer):
         decided: tuple[delta.Response, float],
     ) -> None:
         response, since = decided
-        bodies = {
-            r.key: self._body(response.type_url, r.key, r.version) for r in response.resources
-        }
         version = str(self.store.generation)
-        message = xds.response_to_proto(response, bodies, system_version=version)
-        await context.write(message)
+        await context.write(self._encode(response, version))  # type: ignore[arg-type]
         stream.book.sent(
             response.type_url, nonce=response.nonce, version=version, at=time.monotonic()
         )

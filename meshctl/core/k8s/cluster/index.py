@@ -57,7 +57,12 @@ class ClusterIndex:
         self._pods_by_ns: dict[str, set[str]] = {}
         self._ns_labels: dict[str, dict[str, str]] = {}
         self._services: dict[Key, ServiceFacts] = {}
-        self._services_by_ns: dict[str, set[str]] = {}
+        # Services by how a pod finds them: those with a selector under one of its pairs (every
+        # service selecting a pod has all its pairs among the pod's labels, so the pod's own
+        # pairs find each candidate: a pod's build costs its labels, not the namespace's
+        # services), those without under their namespace (their slices name the pods).
+        self._by_selector_pair: dict[str, dict[tuple[str, str], set[str]]] = {}
+        self._selectorless: dict[str, set[str]] = {}
         self._slices: dict[Key, SliceFacts] = {}
         self._slices_by_service: dict[Key, set[str]] = {}
         self._policies: dict[Key, PolicyFacts] = {}
@@ -153,19 +158,32 @@ class ClusterIndex:
 
     def _set_service(self, key: Key, svc: ServiceFacts | None) -> list[Update]:
         namespace, name = key
-        if svc is None:
-            if self._services.pop(key, None) is None:
-                return []
-            self._services_by_ns.get(namespace, set()).discard(name)
-        else:
-            if self._services.get(key) == svc:
-                return []
+        old = self._services.get(key)
+        if old == svc:
+            return []
+        if old is not None:
+            self._index_service(old, add=False)
+            del self._services[key]
+        if svc is not None:
             self._services[key] = svc
-            self._services_by_ns.setdefault(namespace, set()).add(name)
+            self._index_service(svc, add=True)
         record = build_service(svc, self.settings) if svc is not None else None
         skey = store_key(self.settings, namespace, name)
         updates = _emit(self._emitted_services, key, Kind.SERVICE, skey, record)
         return updates + self._refresh_pods(self._pods_by_ns.get(namespace, set()), namespace)
+
+    def _index_service(self, svc: ServiceFacts, *, add: bool) -> None:
+        if svc.external_name:
+            return  # selects no pod
+        if svc.selector:
+            pairs = self._by_selector_pair.setdefault(svc.namespace, {})
+            names = pairs.setdefault(min(svc.selector.items()), set())
+        else:
+            names = self._selectorless.setdefault(svc.namespace, set())
+        if add:
+            names.add(svc.name)
+        else:
+            names.discard(svc.name)
 
     def _set_slice(self, key: Key, new: SliceFacts | None) -> list[Update]:
         old = self._slices.get(key)
@@ -222,14 +240,14 @@ class ClusterIndex:
     def _build(self, pod: PodFacts) -> Workload | None:
         ns = pod.namespace
         services: dict[str, dict[int, int]] = {}
-        for svc_name in self._services_by_ns.get(ns, ()):
+        pairs = self._by_selector_pair.get(ns, {})
+        candidates = set().union(*(pairs.get(pair, ()) for pair in pod.labels.items()))
+        for svc_name in candidates:
             svc = self._services[(ns, svc_name)]
-            if svc.external_name:
-                continue
-            if svc.selector:
-                if selects(svc, pod):
-                    services[store_key(self.settings, ns, svc_name)] = ports_for_pod(svc, pod)
-                continue
+            if selects(svc, pod):
+                services[store_key(self.settings, ns, svc_name)] = ports_for_pod(svc, pod)
+        for svc_name in self._selectorless.get(ns, ()):
+            svc = self._services[(ns, svc_name)]
             for slice_name in self._slices_by_service.get((ns, svc_name), ()):
                 found = self._slices[(ns, slice_name)]
                 if pod.name in found.pods:

@@ -390,3 +390,40 @@ def test_the_proxys_client_syncs_reconnects_and_receives_removals(tmp_path: Path
         await h.stop()
 
     run(scenario())
+
+
+def test_a_full_state_sent_to_many_streams_is_encoded_once(monkeypatch: pytest.MonkeyPatch):
+    from meshctl import xds
+
+    encoded: list[int] = []
+    original = xds.response_to_proto
+
+    def counting(response, bodies, **kw):
+        encoded.append(len(response.resources))
+        return original(response, bodies, **kw)
+
+    monkeypatch.setattr(xds, "response_to_proto", counting)
+
+    async def scenario():
+        h = Harness({"node": NODE_PROXY})
+        h.store.apply([put(wl(f"w{i}", f"10.1.{i // 200}.{i % 200 + 1}")) for i in range(100)])
+        await h.start()
+        opened = [await h.stream() for _ in range(3)]
+        firsts = [(await subscribe_both(stream))[tc.ADDRESS] for _, stream in opened]
+        # Every stream got the whole state, decoded as the product's message.
+        for first in firsts:
+            assert len(tc.decode(first)) == 100
+            assert first.SerializeToString() == firsts[0].SerializeToString()
+        assert [n for n in encoded if n == 100] == [100]  # one encoding for the three
+        # A change after that is each stream's own small response, still delivered.
+        h.store.apply([put(wl("w0", "10.2.0.1"))])
+        for _, stream in opened:
+            changed = await stream.recv()
+            body = tc.decode(changed)["Kubernetes//Pod/prod/w0"]
+            assert bytes(body.addresses[0]) == ipaddress.ip_address("10.2.0.1").packed
+        for channel, stream in opened:
+            await stream.close()
+            await channel.close()
+        await h.stop()
+
+    run(scenario())

@@ -477,3 +477,26 @@ def test_arbitrary_objects_are_read_or_refused_with_an_object_error(obj, resourc
     index = ClusterIndex(SETTINGS)
     with contextlib.suppress(ObjectError):
         index.upsert(resource, obj)
+
+
+def test_a_pods_services_are_found_through_its_labels_not_by_trying_every_service(monkeypatch):
+    import meshctl.core.k8s.cluster.index as index_module
+
+    index = ClusterIndex(SETTINGS)
+    for n in range(300):  # one namespace with many services, as at cluster scale
+        index.upsert(Resource.SERVICE, service(f"s{n}", selector={"app": f"app-{n}"}))
+    index.upsert(Resource.SERVICE, service("two-labels", selector={"app": "web", "version": "v2"}))
+    v1 = {"app": "web", "version": "v1"}
+    index.upsert(Resource.SERVICE, service("other-version", selector=v1))
+    tried = []
+    real = index_module.selects
+    monkeypatch.setattr(index_module, "selects", lambda svc, p: tried.append(svc) or real(svc, p))
+    (update,) = index.upsert(Resource.POD, pod("a"))
+    assert set(update.record.services) == {"prod/two-labels.prod.svc.cluster.local"}
+    assert len(tried) <= 2  # the services sharing one of its label pairs, not all 302
+    # Moving a service's selector off the pod removes it; back on, it returns.
+    index.upsert(Resource.SERVICE, service("two-labels", selector={"app": "web", "version": "v3"}))
+    assert index.upsert(Resource.POD, pod("a")) == []
+    assert index._build(read_pod(pod("a"))).services == {}
+    joined = index.upsert(Resource.SERVICE, service("other-version", selector={"app": "web"}))
+    assert any(u.key == "c1//Pod/prod/a" and u.record.services for u in joined)
