@@ -103,7 +103,26 @@ FOREIGN = {
         "--http",
         "--grpc-service",
         "--slash--",
+        "--istio-cni",
+        "--start-then-wait",
+        # the scale benchmarks (docs/scale.md)
+        "--burst",
+        "--burst-accounts",
+        "--burst-channels",
+        "--enrolled",
+        "--identities",
+        "--only",
+        "--pods",
+        "--profile-burst",
+        "--py-spy",
+        "--rate",
+        "--requests",
+        "--rps",
+        "--samples",
+        "--services",
+        "--streams",
     },
+    "istio-cni's install-cni (its version line)": {"--short"},
 }
 FOREIGN_FLAGS = set().union(*FOREIGN.values())
 
