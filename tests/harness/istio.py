@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -62,31 +63,40 @@ def istioctl_path() -> Path:
 def istioctl_binary() -> Path:
     """istioctl of the pinned module, built once per machine (by build.sh, which CI runs first;
     here when missing). Skips when it cannot be had, except under ``CI=true``: fails."""
-    found = build_istioctl()
-    if isinstance(found, Path):
-        return found
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"istioctl is required in CI: {found}")
-    pytest.skip(found)
+    return _required(build_istioctl(), "istioctl")
 
 
 def build_istioctl() -> Path | str:
     """The cached istioctl (a stat when built), or why it cannot be built."""
     binary = istioctl_path()
-    if os.access(binary, os.X_OK):
-        return binary
+    return _built("--istioctl", "istioctl", binary, lambda: os.access(binary, os.X_OK))
+
+
+def _required(found: Path | str, what: str) -> Path:
+    if isinstance(found, Path):
+        return found
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} is required in CI: {found}")
+    pytest.skip(found)
+
+
+def _built(flag: str, what: str, out: Path, ready: Callable[[], bool]) -> Path | str:
+    """``out`` once ``ready()``, building it with ``build.sh FLAG`` first when it is not, or
+    why it cannot be built."""
+    if ready():
+        return out
     if not shutil.which("go") and not os.access("/usr/local/go/bin/go", os.X_OK):
-        return "the go command is not installed (istioctl is built from the Istio module)"
+        return f"the go command is not installed ({what} is built from the Istio module)"
     done = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--istioctl"],
+        ["bash", str(BUILD_SCRIPT), flag],
         capture_output=True,
         text=True,
-        timeout=3600,  # cold: every dependency of istioctl is fetched and compiled
+        timeout=3600,  # cold: every dependency is fetched and compiled
         check=False,
     )
-    if done.returncode == 0 and os.access(binary, os.X_OK):
-        return binary
-    return f"bash {BUILD_SCRIPT} --istioctl failed: {(done.stdout + done.stderr)[-400:]}"
+    if done.returncode == 0 and ready():
+        return out
+    return f"bash {BUILD_SCRIPT} {flag} failed: {(done.stdout + done.stderr)[-400:]}"
 
 
 ISTIO_CNI_BINARIES = ("install-cni", "istio-cni")
@@ -103,28 +113,14 @@ def istio_cni_binaries() -> Path:
     """The folder of ``install-cni`` and ``istio-cni`` of the pinned module, built once per
     machine (by build.sh, which CI runs first; here when missing). Skips when they cannot be
     had, except under ``CI=true``: fails."""
-    found = build_istio_cni()
-    if isinstance(found, Path):
-        return found
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"Istio's CNI agent is required in CI: {found}")
-    pytest.skip(found)
+    return _required(build_istio_cni(), "Istio's CNI agent")
 
 
 def build_istio_cni() -> Path | str:
     """The cached binaries' folder (a stat when built), or why they cannot be built."""
     folder = istio_cni_dir()
-    if all(os.access(folder / name, os.X_OK) for name in ISTIO_CNI_BINARIES):
-        return folder
-    if not shutil.which("go") and not os.access("/usr/local/go/bin/go", os.X_OK):
-        return "the go command is not installed (Istio's CNI agent is built from the Istio module)"
-    done = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), "--istio-cni"],
-        capture_output=True,
-        text=True,
-        timeout=3600,  # cold: every dependency of the agent is fetched and compiled
-        check=False,
-    )
-    if done.returncode == 0 and all(os.access(folder / n, os.X_OK) for n in ISTIO_CNI_BINARIES):
-        return folder
-    return f"bash {BUILD_SCRIPT} --istio-cni failed: {(done.stdout + done.stderr)[-400:]}"
+
+    def ready() -> bool:
+        return all(os.access(folder / name, os.X_OK) for name in ISTIO_CNI_BINARIES)
+
+    return _built("--istio-cni", "Istio's CNI agent", folder, ready)

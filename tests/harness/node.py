@@ -1007,17 +1007,34 @@ def pytest_runtest_makereport(
 
 
 def _main(argv: list[str]) -> int:
+    return start_then_wait(argv, "tests.harness.node", lock_timeout=60)
+
+
+def start_then_wait(
+    argv: list[str],
+    module: str,
+    *,
+    lock_timeout: float,
+    more: Callable[[TestNode], object] | None = None,
+    pod_spec: Mapping[str, Any] | None = None,
+) -> int:
+    """``python -m MODULE --start-then-wait``: start the node (and ``more`` of it), run a pod
+    (with ``pod_spec``'s fields), say ``ready`` and wait for SIGKILL (the killed-run tests)."""
     if argv != ["--start-then-wait"]:
-        print("usage: python -m tests.harness.node --start-then-wait", file=sys.stderr)
+        print(f"usage: python -m {module} --start-then-wait", file=sys.stderr)
         return 2
     binaries = locate_node_binaries()
     if isinstance(binaries, str):
         print(binaries, file=sys.stderr)
         return 1
-    node = TestNode(binaries, lock_timeout=60)
+    node = TestNode(binaries, lock_timeout=lock_timeout)
     cluster = node.start()
+    if more is not None:
+        more(node)
     with cluster.api_client() as api:
-        pod = wl.busybox_pod("leftover", cluster.images["busybox"], ["sleep", "3600"])
+        pod = wl.busybox_pod(
+            "leftover", cluster.images["busybox"], ["sleep", "3600"], **(pod_spec or {})
+        )
         k8s.CoreV1Api(api).create_namespaced_pod("default", pod)
         wl.wait_pod_ready(api, "default", "leftover", timeout=120)
     print("ready", flush=True)

@@ -466,32 +466,15 @@ def _healthz_at(host: str, port: int) -> bool:
 
 
 def _main(argv: list[str]) -> int:
-    import sys
+    from tests.harness.node import start_then_wait
 
-    from tests.harness import workloads as wl
-    from tests.harness.node import locate_node_binaries
-
-    if argv != ["--start-then-wait"]:
-        print("usage: python -m tests.harness.node2 --start-then-wait", file=sys.stderr)
-        return 2
-    binaries = locate_node_binaries()
-    if isinstance(binaries, str):
-        print(binaries, file=sys.stderr)
-        return 1
-    node = TestNode(binaries, lock_timeout=1200)
-    cluster = node.start()
-    SecondNode(node).start()
-    with cluster.api_client() as api:
-        pod = wl.busybox_pod(
-            "leftover", cluster.images["busybox"], ["sleep", "3600"], nodeName=NODE2_NAME
-        )
-        k8s.CoreV1Api(api).create_namespaced_pod("default", pod)
-        wl.wait_pod_ready(api, "default", "leftover", timeout=120)
-    print("ready", flush=True)
-    # Nothing stops this run but SIGKILL: what it leaves is the next start's to clean up.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    while True:
-        time.sleep(3600)
+    return start_then_wait(
+        argv,
+        "tests.harness.node2",
+        lock_timeout=1200,
+        more=lambda node: SecondNode(node).start(),
+        pod_spec={"nodeName": NODE2_NAME},
+    )
 
 
 if __name__ == "__main__":
